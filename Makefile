@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set everything up.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+EXTRAS := dev,torch,nvtx,verl
+
+.PHONY: demo test lint bench system-deps
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $@
+
+# Prometheus and promtool from Debian: the tests start a real server on loopback.
+system-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+demo: $(STAMP)
+	$(VENV)/bin/rlotel demo
+
+test: $(STAMP) system-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/phase_overhead.py

@@ -1,0 +1,66 @@
+"""rlotel: OpenTelemetry spans, NVTX ranges and Prometheus series for RL training steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+from rlotel.config import ConfigError
+from rlotel.ledger import PhaseScope, Step
+from rlotel.telemetry import Telemetry, build
+
+__all__ = ["ConfigError", "Step", "Telemetry", "init", "marked_timer", "current"]
+__version__ = "0.1.0"
+
+_current: Telemetry | None = None
+
+
+def init(
+    run: str = "default",
+    service_name: str | None = None,
+    n_gpus: int = 1,
+    prometheus_addr: str = "127.0.0.1",
+    prometheus_port: int | None = 9464,
+    traces_file: Any = None,
+    profile_steps: Iterable[int] = (),
+    profile_dir: Any = None,
+    *,
+    max_metric_keys: int = 256,
+    queue_size: int = 1024,
+    shutdown_timeout_s: float = 5.0,
+) -> Telemetry:
+    """Start telemetry for one run; raises `ConfigError` at once on a bad configuration."""
+    global _current
+    _current = build(
+        run,
+        service_name,
+        n_gpus,
+        prometheus_addr,
+        prometheus_port,
+        traces_file,
+        profile_steps,
+        profile_dir,
+        max_metric_keys=max_metric_keys,
+        queue_size=queue_size,
+        shutdown_timeout_s=shutdown_timeout_s,
+    )
+    return _current
+
+
+def current() -> Telemetry | None:
+    """The telemetry `init` created last (None before init or after its shutdown)."""
+    return _current
+
+
+def marked_timer(
+    name: str,
+    timing_raw: MutableMapping[str, float],
+    color: str | None = None,
+    domain: str | None = None,
+    category: str | None = None,
+) -> PhaseScope:
+    """Drop-in for verl's `marked_timer`: sums seconds into `timing_raw[name]` like verl,
+    mirrors an NVTX range, and records the phase in the current step when rlotel is on.
+    `domain` and `category` are accepted for signature compatibility."""
+    tel = _current
+    return PhaseScope(tel.ledger if tel is not None else None, name, color, timing_raw)

@@ -1,0 +1,162 @@
+"""The one list of rlotel's Prometheus metrics.
+
+Exporters, the dashboards builder and the alert rules import these specs, so a panel or
+rule that names a metric missing here fails the build instead of showing an empty graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+PREFIX = "rlotel_"
+
+# RL windows span milliseconds (a reward call) to an hour (a long rollout or checkpoint):
+# roughly three buckets per decade from 10 ms to 3600 s.
+_DECADES = np.outer(10.0 ** np.arange(-2, 4), [1.0, 2.5, 5.0]).ravel()
+DURATION_BUCKETS: tuple[float, ...] = (
+    *(float(f"{v:.3g}") for v in _DECADES if v < 3600.0),
+    3600.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Name, kind, unit and labels of one metric family; `run` is added to every series."""
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return ("run", *self.labels)
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """Series names as they appear in the text exposition (what PromQL queries)."""
+        if self.kind == "counter":
+            return (f"{self.name}_total",)
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+STEP_PHASE_SECONDS = MetricSpec(
+    "rlotel_step_phase_seconds",
+    "gauge",
+    "seconds",
+    "Seconds spent in each phase during the last completed step (0 for a phase seen earlier "
+    "in the run but absent from that step).",
+    ("phase",),
+)
+PHASE_DURATION = MetricSpec(
+    "rlotel_phase_duration_seconds",
+    "histogram",
+    "seconds",
+    "Per-step total seconds of each phase (repeated phases within a step are summed).",
+    ("phase",),
+    DURATION_BUCKETS,
+)
+STEP_TIME = MetricSpec(
+    "rlotel_step_time_seconds",
+    "gauge",
+    "seconds",
+    "Wall time of the last completed step (verl perf/time_per_step).",
+)
+STEP_DURATION = MetricSpec(
+    "rlotel_step_duration_seconds",
+    "histogram",
+    "seconds",
+    "Wall time of every completed step.",
+    (),
+    DURATION_BUCKETS,
+)
+STEP_UNACCOUNTED = MetricSpec(
+    "rlotel_step_unaccounted_seconds",
+    "gauge",
+    "seconds",
+    "Seconds of the last step covered by no top-level phase (waiting between windows).",
+)
+STEPS = MetricSpec("rlotel_steps", "counter", "", "Completed steps.")
+STEP = MetricSpec("rlotel_step", "gauge", "", "Global step of the last completed or logged step.")
+LAST_STEP_TIMESTAMP = MetricSpec(
+    "rlotel_last_step_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "Unix time at which the last step completed (alert when it stops moving).",
+)
+PHASE_TIME_PER_TOKEN = MetricSpec(
+    "rlotel_phase_time_per_token_seconds",
+    "gauge",
+    "seconds",
+    "verl timing_per_token_ms of the last step, in seconds per token.",
+    ("phase",),
+)
+THROUGHPUT = MetricSpec(
+    "rlotel_throughput_tokens_per_second_per_gpu",
+    "gauge",
+    "",
+    "verl perf/throughput of the last step: total tokens / (step seconds * GPUs).",
+)
+STEP_TOKENS = MetricSpec(
+    "rlotel_step_tokens",
+    "gauge",
+    "tokens",
+    "Tokens in the last step by kind (prompt, response, total).",
+    ("kind",),
+)
+TOKENS = MetricSpec("rlotel_tokens", "counter", "tokens", "Tokens processed by kind.", ("kind",))
+MFU = MetricSpec(
+    "rlotel_mfu_ratio",
+    "gauge",
+    "ratio",
+    "Model FLOPs utilisation of the last step by role (verl perf/mfu/*).",
+    ("role",),
+)
+TRAIN_METRIC = MetricSpec(
+    "rlotel_train_metric",
+    "gauge",
+    "",
+    "Any other numeric scalar passed to tel.log, by key (distinct keys are capped).",
+    ("key",),
+)
+DROPPED = MetricSpec(
+    "rlotel_telemetry_dropped",
+    "counter",
+    "",
+    "Telemetry inputs dropped, by signal and reason; training is never interrupted.",
+    ("signal", "reason"),
+)
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    STEP_PHASE_SECONDS,
+    PHASE_DURATION,
+    STEP_TIME,
+    STEP_DURATION,
+    STEP_UNACCOUNTED,
+    STEPS,
+    STEP,
+    LAST_STEP_TIMESTAMP,
+    PHASE_TIME_PER_TOKEN,
+    THROUGHPUT,
+    STEP_TOKENS,
+    TOKENS,
+    MFU,
+    TRAIN_METRIC,
+    DROPPED,
+)
+
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
+
+
+def series_names() -> set[str]:
+    """Every series name a PromQL query may use."""
+    return {name for spec in CATALOGUE for name in spec.sample_names}

@@ -1,0 +1,132 @@
+"""Validated configuration: `rlotel.init` arguments plus the standard OTel variables.
+
+Everything that can be wrong with a configuration is found here, at `init`, and raised as
+`ConfigError` with a message that says what to change; after `init`, nothing raises.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SERVICE_NAME = "rlotel"
+
+
+class ConfigError(ValueError):
+    """A configuration rlotel cannot run with; the message says how to fix it."""
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Config:
+    run: str
+    service_name: str
+    n_gpus: int
+    prometheus_addr: str
+    prometheus_port: int | None
+    traces_file: Path | None
+    profile_steps: tuple[int, ...]
+    profile_dir: Path | None
+    sdk_disabled: bool
+    max_metric_keys: int = 256
+    max_phases: int = 64
+    queue_size: int = 1024
+    shutdown_timeout_s: float = 5.0
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        run: str,
+        service_name: str | None,
+        n_gpus: int,
+        prometheus_addr: str,
+        prometheus_port: int | None,
+        traces_file: str | os.PathLike | None,
+        profile_steps: Iterable[int],
+        profile_dir: str | os.PathLike | None,
+        max_metric_keys: int,
+        queue_size: int,
+        shutdown_timeout_s: float,
+        environ: Mapping[str, str],
+    ) -> Config:
+        if not isinstance(run, str) or not run.strip():
+            raise ConfigError(f"run must be a non-empty string naming the experiment, got {run!r}")
+        name = service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
+        if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
+            raise ConfigError(f"n_gpus must be a positive integer (GPUs in the job), got {n_gpus!r}")
+        if prometheus_port is not None and (
+            not isinstance(prometheus_port, int)
+            or isinstance(prometheus_port, bool)
+            or not 0 <= prometheus_port <= 65535
+        ):
+            raise ConfigError(
+                f"prometheus_port must be 0..65535 (0 = ephemeral) or None (no endpoint), "
+                f"got {prometheus_port!r}"
+            )
+        if not isinstance(prometheus_addr, str) or not prometheus_addr:
+            raise ConfigError(f"prometheus_addr must be a host address, got {prometheus_addr!r}")
+        steps = _steps(profile_steps)
+        for label, value in (
+            ("max_metric_keys", max_metric_keys),
+            ("queue_size", queue_size),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{label} must be a positive integer, got {value!r}")
+        if not shutdown_timeout_s > 0:
+            raise ConfigError(f"shutdown_timeout_s must be > 0, got {shutdown_timeout_s!r}")
+        return cls(
+            run=run,
+            service_name=name,
+            n_gpus=n_gpus,
+            prometheus_addr=prometheus_addr,
+            prometheus_port=prometheus_port,
+            traces_file=_writable_file(traces_file, "traces_file"),
+            profile_steps=steps,
+            profile_dir=_writable_dir(profile_dir, "profile_dir"),
+            sdk_disabled=_truthy(environ.get("OTEL_SDK_DISABLED")),
+            max_metric_keys=max_metric_keys,
+            queue_size=queue_size,
+            shutdown_timeout_s=float(shutdown_timeout_s),
+        )
+
+
+def _steps(profile_steps: Iterable[int]) -> tuple[int, ...]:
+    try:
+        steps = tuple(sorted(set(profile_steps or ())))
+    except TypeError as exc:
+        raise ConfigError(f"profile_steps must be a list of global steps: {exc}") from None
+    bad = [s for s in steps if not isinstance(s, int) or isinstance(s, bool) or s < 0]
+    if bad:
+        raise ConfigError(f"profile_steps must be non-negative integers, got {bad!r}")
+    return steps
+
+
+def _writable_dir(path: str | os.PathLike | None, label: str) -> Path | None:
+    if path is None:
+        return None
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{label} {str(directory)!r} cannot be created: {exc.strerror}") from None
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(f"{label} {str(directory)!r} is not writable: choose another directory")
+    return directory
+
+
+def _writable_file(path: str | os.PathLike | None, label: str) -> Path | None:
+    if path is None:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"{label} {str(file)!r} is a directory: give a file path")
+    _writable_dir(file.parent, f"{label}'s directory")
+    if file.exists() and not os.access(file, os.W_OK):
+        raise ConfigError(f"{label} {str(file)!r} is not writable: choose another path")
+    return file

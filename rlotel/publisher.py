@@ -1,0 +1,79 @@
+"""The thread that turns closed steps into spans and series, off the training thread.
+
+The training thread pays one deque append and one event set per step. The queue is
+bounded and drops the oldest item when full (counted), so a stuck exporter can never grow
+memory or block training.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from rlotel.drops import Drops
+
+log = logging.getLogger("rlotel")
+
+
+class Publisher:
+    def __init__(self, handle: Callable[[Any], None], drops: Drops, maxlen: int) -> None:
+        self._handle = handle
+        self._drops = drops
+        self._queue: deque[Any] = deque(maxlen=maxlen)
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._submitted = 0  # sequence number of the newest item
+        self._handled = 0  # sequence number of the newest item handled (older: handled/dropped)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="rlotel-publisher", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Any) -> None:
+        queue = self._queue
+        if len(queue) == queue.maxlen:
+            self._drops.add("spans", "queue_full", f"publisher queue of {queue.maxlen} is full")
+        self._submitted += 1
+        queue.append((self._submitted, item))  # a full deque discards its oldest item
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                try:
+                    sequence, item = self._queue.popleft()
+                except IndexError:
+                    break
+                try:
+                    self._handle(item)
+                except Exception:
+                    log.exception("rlotel publisher failed on %s; continuing", type(item).__name__)
+                    self._drops.add("spans", "internal_error", "publisher failed on one item")
+                with self._idle:
+                    self._handled = sequence
+                    self._idle.notify_all()
+            if self._stopping:
+                return
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far has been handled."""
+        target = self._submitted
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._handled < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def stop(self, timeout_s: float) -> bool:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()

@@ -1,0 +1,1 @@
+"""Where closed steps go: spans (OTLP, file) and Prometheus series."""

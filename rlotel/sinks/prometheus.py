@@ -1,0 +1,283 @@
+"""Prometheus series for closed steps and logged dicts, served on `/metrics`.
+
+A custom collector over plain arrays: the publisher thread writes, scrapes read a snapshot,
+the training thread never touches either. Histograms count buckets with numpy. Every
+series carries `run`; label sets per family are capped, excess counted as drops.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from rlotel import catalogue as cat
+from rlotel.config import ConfigError
+from rlotel.drops import Drops, as_finite_float
+from rlotel.formulas import VERL_STEP_STAGES
+from rlotel.ledger import Step
+
+Labels = tuple[str, ...]
+
+
+class _Histogram:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
+        self.sum = 0.0
+
+    def observe(self, values: np.ndarray) -> None:
+        index = np.searchsorted(self.bounds, values, side="left")  # v <= bound → that bucket
+        self.counts += np.bincount(index, minlength=self.counts.size)
+        self.sum += float(values.sum())
+
+
+class SeriesStore(Collector):
+    """Values of every catalogue family, by label values (without `run`)."""
+
+    def __init__(self, run: str, drops: Drops, max_series: int) -> None:
+        self._run = run
+        self._drops = drops
+        self._max_series = max_series
+        self._lock = threading.Lock()
+        self._scalars: dict[cat.MetricSpec, dict[Labels, float]] = {}
+        self._histograms: dict[cat.MetricSpec, dict[Labels, _Histogram]] = {}
+
+    def _admit(self, spec: cat.MetricSpec, family: Mapping, labels: Labels) -> bool:
+        if labels in family or len(family) < self._max_series:
+            return True
+        self._drops.add(
+            "metrics", "label_cap", f"{spec.name}{list(labels)}: {self._max_series} series reached"
+        )
+        return False
+
+    def set(self, spec: cat.MetricSpec, value: float, *labels: str) -> None:
+        with self._lock:
+            family = self._scalars.setdefault(spec, {})
+            if self._admit(spec, family, labels):
+                family[labels] = value
+
+    def inc(self, spec: cat.MetricSpec, amount: float, *labels: str) -> None:
+        with self._lock:
+            family = self._scalars.setdefault(spec, {})
+            if self._admit(spec, family, labels):
+                family[labels] = family.get(labels, 0.0) + amount
+
+    def observe(self, spec: cat.MetricSpec, values: np.ndarray, *labels: str) -> None:
+        with self._lock:
+            family = self._histograms.setdefault(spec, {})
+            if not self._admit(spec, family, labels):
+                return
+            histogram = family.get(labels)
+            if histogram is None:
+                histogram = family[labels] = _Histogram(spec.buckets)
+            histogram.observe(values)
+
+    def get(self, spec: cat.MetricSpec, *labels: str) -> float | None:
+        with self._lock:
+            return self._scalars.get(spec, {}).get(labels)
+
+    def label_values(self, spec: cat.MetricSpec) -> list[Labels]:
+        with self._lock:
+            return list(self._scalars.get(spec, {}))
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            scalars = {spec: dict(family) for spec, family in self._scalars.items()}
+            histograms = {
+                spec: [(labels, h.counts.cumsum(), h.sum) for labels, h in family.items()]
+                for spec, family in self._histograms.items()
+            }
+        for (signal, reason), count in self._drops.snapshot().items():
+            scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
+        for spec in cat.CATALOGUE:
+            if spec.kind == "histogram":
+                if spec not in histograms:
+                    continue
+                family = HistogramMetricFamily(spec.name, spec.help, labels=spec.label_names)
+                for labels, cumulative, total in histograms[spec]:
+                    bounds = [*(_le(b) for b in spec.buckets), "+Inf"]
+                    family.add_metric(
+                        [self._run, *labels],
+                        [(le, float(c)) for le, c in zip(bounds, cumulative, strict=True)],
+                        total,
+                    )
+                yield family
+                continue
+            if spec not in scalars:
+                continue
+            kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = kind(spec.name, spec.help, labels=spec.label_names, unit=spec.unit)
+            for labels, value in scalars[spec].items():
+                family.add_metric([self._run, *labels], value)
+            yield family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class PrometheusSink:
+    """Maps closed steps and `tel.log` dicts onto catalogue series."""
+
+    def __init__(self, run: str, drops: Drops, max_series: int) -> None:
+        self.store = SeriesStore(run, drops, max_series)
+        self._drops = drops
+        self._phases_seen: set[str] = set()
+        self._last_counted = -1
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.store)
+        self._server = None
+        self.url: str | None = None
+
+    def serve(self, addr: str, port: int) -> str:
+        try:
+            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve /metrics on {addr}:{port}: {exc.strerror or exc}; choose a free "
+                "prometheus_port (0 = ephemeral) or prometheus_port=None for no endpoint"
+            ) from None
+        host = f"[{addr}]" if ":" in addr else addr
+        self.url = f"http://{host}:{self._server.server_port}/metrics"
+        return self.url
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # --- closed steps (publisher thread) ---------------------------------------------------
+
+    def observe_step(self, step: Step) -> None:
+        store = self.store
+        phases = {name: value for name, value in step.timing_raw.items() if name != "step"}
+        self._set_phase_seconds(phases)
+        for name, value in phases.items():
+            store.observe(cat.PHASE_DURATION, np.array([value]), name)
+        seconds = step.timing_raw["step"]
+        store.set(cat.STEP_TIME, seconds)
+        store.observe(cat.STEP_DURATION, np.array([seconds]))
+        store.set(cat.STEP_UNACCOUNTED, step.unaccounted_seconds)
+        self._count_step(step.number)
+        for key, value in step.metrics.items():
+            if not key.startswith("timing_s/"):
+                self._map_known(key, value)
+        if step.prompt_tokens is not None:
+            for kind, count in (
+                ("prompt", step.prompt_tokens),
+                ("response", step.response_tokens),
+                ("total", step.total_tokens),
+            ):
+                store.set(cat.STEP_TOKENS, float(count), kind)
+                store.inc(cat.TOKENS, float(count), kind)
+
+    def _set_phase_seconds(self, phases: Mapping[str, float]) -> None:
+        self._phases_seen.update(phases)
+        for name in self._phases_seen:
+            self.store.set(cat.STEP_PHASE_SECONDS, phases.get(name, 0.0), name)
+
+    def _count_step(self, number: int) -> None:
+        self.store.inc(cat.STEPS, 1.0)
+        self.store.set(cat.STEP, float(number))
+        self.store.set(cat.LAST_STEP_TIMESTAMP, time.time())
+        self._last_counted = number
+
+    # --- tel.log (publisher thread) --------------------------------------------------------
+
+    def observe_log(self, data: Mapping[Any, Any], step: Any) -> None:
+        """verl `Tracking.log` dicts: known keys to the catalogue, other scalars generic.
+
+        For a step the ledger already closed, the ledger's numbers stand and only the
+        generic keys are taken, so a verl run that both times phases and logs its dict is
+        neither counted twice nor overwritten with a second measurement.
+        """
+        number, reason = as_finite_float(step)
+        if number is None or not float(number).is_integer() or number < 0:
+            self._drops.add("metrics", reason or "bad_step", f"tel.log step={step!r} ignored")
+            number = None
+        fresh = number is None or int(number) != self._last_counted
+        phases: dict[str, float] = {}
+        for key, raw in data.items():
+            if not isinstance(key, str) or not key:
+                self._drops.add("metrics", "bad_key", f"key {key!r} is not a non-empty string")
+                continue
+            value, why = as_finite_float(raw)
+            if value is None:
+                self._drops.add("metrics", why, f"{key}={_short(raw)}")
+            elif key.startswith("timing_s/") and "/" not in key[9:]:
+                if value < 0:
+                    self._drops.add("metrics", "negative", f"{key}={value}")
+                else:
+                    phases[key[9:]] = value
+            elif fresh or _generic(key):
+                self._map_known(key, value)
+        if not fresh:
+            return
+        seconds = phases.pop("step", None)
+        if phases:
+            self._set_phase_seconds(phases)
+        if number is None:
+            return
+        if seconds is not None:
+            self.store.set(cat.STEP_TIME, seconds)
+            self.store.observe(cat.STEP_DURATION, np.array([seconds]))
+            covered = sum(v for k, v in phases.items() if k in VERL_STEP_STAGES)
+            self.store.set(cat.STEP_UNACCOUNTED, max(0.0, seconds - covered))
+        for name, value in phases.items():
+            self.store.observe(cat.PHASE_DURATION, np.array([value]), name)
+        total = as_finite_float(data.get("perf/total_num_tokens"))[0]
+        if total is not None and total >= 0:
+            self.store.inc(cat.TOKENS, total, "total")
+        self._count_step(int(number))
+
+    def _map_known(self, key: str, value: float) -> None:
+        """Gauges of one verl metric key; unknown keys go to the capped generic gauge."""
+        store = self.store
+        target: tuple | None = None
+        if key.startswith("timing_per_token_ms/"):
+            target = (cat.PHASE_TIME_PER_TOKEN, value / 1000, key[20:])
+        elif key == "perf/throughput":
+            target = (cat.THROUGHPUT, value)
+        elif key == "perf/time_per_step":
+            target = (cat.STEP_TIME, value)
+        elif key == "perf/total_num_tokens":
+            target = (cat.STEP_TOKENS, value, "total")
+        elif key.startswith("perf/mfu/"):
+            target = (cat.MFU, value, key[9:])
+        if target is None:
+            if key.startswith("timing_s/") and value < 0:
+                self._drops.add("metrics", "negative", f"{key}={value}")
+            else:
+                store.set(cat.TRAIN_METRIC, value, key)
+        elif value < 0:
+            self._drops.add("metrics", "negative", f"{key}={value}")
+        else:
+            store.set(*target)
+
+
+_LEDGER_KEYS = frozenset({"perf/time_per_step", "perf/total_num_tokens", "perf/throughput"})
+
+
+def _generic(key: str) -> bool:
+    """Keys the ledger never produces, so a logged value is the only one there is."""
+    return key not in _LEDGER_KEYS and not key.startswith(("timing_per_token_ms/", "perf/mfu/"))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,142 @@
+"""Closed traces → OpenTelemetry spans with the recorded start and end times.
+
+Runs on the publisher thread. Span and trace ids were drawn on the training thread when
+each window opened (so they can be handed to workers and exemplars before the span
+exists); a preset id generator makes the SDK use exactly those ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Status, StatusCode
+
+from rlotel.drops import Drops
+from rlotel.ledger import PhaseRecord, Step, Trace
+
+
+class PresetIdGenerator(RandomIdGenerator):
+    """Hands out the next preset id once, then falls back to random ids."""
+
+    def __init__(self) -> None:
+        self.trace_id = 0
+        self.span_id = 0
+
+    def generate_trace_id(self) -> int:
+        preset, self.trace_id = self.trace_id, 0
+        return preset or super().generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        preset, self.span_id = self.span_id, 0
+        return preset or super().generate_span_id()
+
+
+class CountingExporter(SpanExporter):
+    """Counts spans an exporter failed to deliver in rlotel_telemetry_dropped_total."""
+
+    def __init__(self, inner: SpanExporter, drops: Drops, name: str) -> None:
+        self._inner = inner
+        self._drops = drops
+        self._name = name
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception as exc:
+            self._drops.add("spans", "export_failed", f"{self._name}: {exc!r}", len(spans))
+            return SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._drops.add("spans", "export_failed", f"{self._name} refused a batch", len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class SpanSink:
+    """Owns rlotel's TracerProvider (never the global one) and turns traces into spans."""
+
+    def __init__(
+        self, service_name: str, run: str, exporters: dict[str, SpanExporter], drops: Drops
+    ) -> None:
+        resource = Resource.create({"service.name": service_name, "rl.run": run})
+        self._ids = PresetIdGenerator()
+        self.provider = TracerProvider(resource=resource, id_generator=self._ids)
+        for name, exporter in exporters.items():
+            self.provider.add_span_processor(
+                BatchSpanProcessor(CountingExporter(exporter, drops, name), schedule_delay_millis=1000)
+            )
+        self._tracer = self.provider.get_tracer("rlotel")
+        self._run = run
+
+    def export_step(self, step: Step) -> None:
+        self._export(step.trace, _step_attributes(step))
+
+    def export_trace(self, trace: Trace) -> None:
+        """A phase tree opened outside any step (verl's `testing`)."""
+        self._export(trace, {"rl.phase": trace.root.name})
+
+    def _export(self, trace: Trace, root_attributes: dict) -> None:
+        offset = time.time_ns() - time.perf_counter_ns()  # one offset: durations stay exact
+        common: dict = {"rl.run": self._run}
+        if trace.step is not None:
+            common["rl.step"] = trace.step
+        root = trace.root
+        root_span = self._start(root, None, offset, trace.trace_id, {**common, **root_attributes})
+        spans = {id(root): root_span}
+        closed = [record for record in trace.records if record.end_ns]
+        for record in closed:
+            parent = spans.get(id(record.parent or root), root_span)
+            spans[id(record)] = self._start(
+                record, parent, offset, 0, {**common, "rl.phase": record.name}
+            )
+        for record in reversed(closed):
+            self._end(spans[id(record)], record, offset)
+        self._end(root_span, root, offset)
+
+    def _start(self, record: PhaseRecord, parent, offset: int, trace_id: int, attributes: dict):
+        self._ids.trace_id = trace_id
+        self._ids.span_id = record.span_id
+        context = trace_api.set_span_in_context(parent) if parent is not None else None
+        return self._tracer.start_span(
+            record.name,
+            context=context,
+            attributes=attributes,
+            start_time=record.start_ns + offset,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+    @staticmethod
+    def _end(span, record: PhaseRecord, offset: int) -> None:
+        if record.error is not None:
+            error = record.error
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.record_exception(error, timestamp=record.end_ns + offset, escaped=True)
+        span.end(end_time=record.end_ns + offset)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def _step_attributes(step: Step) -> dict:
+    result: dict = {"rl.unaccounted_s": step.unaccounted_seconds}
+    if step.prompt_tokens is not None:
+        result["rl.tokens.prompt"] = step.prompt_tokens
+        result["rl.tokens.response"] = step.response_tokens
+        result["rl.tokens.total"] = step.total_tokens
+    for key in ("perf/throughput", "perf/time_per_step"):
+        if key in step.metrics:
+            result["rl." + key.split("/", 1)[1]] = step.metrics[key]
+    for role, value in step.mfu.items():
+        result[f"rl.mfu.{role}"] = value
+    return result

@@ -1,0 +1,172 @@
+"""`Telemetry`: wires the ledger, the publisher and the sinks behind the public API."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from rlotel.config import Config
+from rlotel.drops import Drops
+from rlotel.ledger import Ledger, PhaseScope, Step, Trace
+from rlotel.publisher import Publisher
+from rlotel.sinks.jsonl import OtlpJsonLinesExporter
+from rlotel.sinks.otlp import otlp_span_exporter
+from rlotel.sinks.prometheus import PrometheusSink
+from rlotel.sinks.spans import SpanSink
+
+log = logging.getLogger("rlotel")
+
+
+class _LogRecord:
+    __slots__ = ("data", "step")
+
+    def __init__(self, data: dict, step: Any) -> None:
+        self.data = data
+        self.step = step
+
+
+class Telemetry:
+    """One run's telemetry. Create with `rlotel.init`; nothing here raises after that."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.drops = Drops()
+        self._spans: SpanSink | None = None
+        self._prometheus: PrometheusSink | None = None
+        self.metrics_url: str | None = None
+        if config.sdk_disabled:
+            log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
+        else:
+            self._prometheus = PrometheusSink(config.run, self.drops, config.max_metric_keys)
+            if config.prometheus_port is not None:
+                self.metrics_url = self._prometheus.serve(
+                    config.prometheus_addr, config.prometheus_port
+                )
+            exporters: dict[str, SpanExporter] = {}
+            try:
+                otlp = otlp_span_exporter(os.environ)
+                if otlp is not None:
+                    exporters["otlp"] = otlp
+                if config.traces_file is not None:
+                    exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
+            except Exception:
+                if self._prometheus is not None:
+                    self._prometheus.shutdown()
+                raise
+            if exporters:
+                self._spans = SpanSink(config.service_name, config.run, exporters, self.drops)
+        self._publisher = Publisher(self._publish, self.drops, config.queue_size)
+        self.ledger = Ledger(self._publisher.submit, self.drops, config.n_gpus)
+        self._closed = False
+
+    # --- training-thread API ---------------------------------------------------------------
+
+    def step(self, global_step: int) -> Step:
+        """Context manager of one training step (root span `step`, NVTX range `step`)."""
+        return Step(self.ledger, global_step)
+
+    def phase(self, name: str, color: str | None = None) -> PhaseScope:
+        """Context manager of one phase: a child span of the open step (or a root span)."""
+        if not isinstance(name, str) or not name:
+            self.drops.add("spans", "bad_name", f"phase name {name!r} is not a non-empty string")
+            return PhaseScope(None, str(name) or "unnamed", color)
+        return PhaseScope(self.ledger, name, color)
+
+    @property
+    def current_step(self) -> Step | None:
+        return self.ledger.current_step
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """verl `Tracking.log`-compatible: known keys to the catalogue, other scalars generic."""
+        try:
+            snapshot = dict(data)
+        except Exception as exc:
+            self.drops.add("metrics", "bad_dict", f"tel.log data is not a mapping: {exc!r}")
+            return
+        self._publisher.submit(_LogRecord(snapshot, step))
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Publish everything closed so far and flush span exporters; bounded wait."""
+        timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        done = self._publisher.flush(timeout)
+        if self._spans is not None:
+            done = self._spans.provider.force_flush(int(timeout * 1000)) and done
+        return done
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Flush and stop everything, returning within about `timeout_s` seconds."""
+        if self._closed:
+            return
+        self._closed = True
+        timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        self._publisher.flush(timeout / 2)
+        self._publisher.stop(0.5)
+        if self._spans is not None:
+            # A blackholed exporter can block shutdown; give it a bounded thread.
+            spans = self._spans
+            closer = threading.Thread(target=spans.shutdown, name="rlotel-shutdown", daemon=True)
+            closer.start()
+            closer.join(timeout / 2)
+            if closer.is_alive():
+                log.warning("rlotel: span export did not finish within %.1fs; giving up", timeout)
+        if self._prometheus is not None:
+            self._prometheus.shutdown()
+        import rlotel
+
+        if rlotel._current is self:
+            rlotel._current = None
+
+    # --- publisher thread ------------------------------------------------------------------
+
+    def _publish(self, item: Step | Trace | _LogRecord) -> None:
+        if isinstance(item, Step):
+            if self._spans is not None:
+                self._spans.export_step(item)
+            if self._prometheus is not None:
+                self._prometheus.observe_step(item)
+        elif isinstance(item, Trace):
+            if self._spans is not None:
+                self._spans.export_trace(item)
+        elif self._prometheus is not None:
+            self._prometheus.observe_log(item.data, item.step)
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def build(
+    run: str,
+    service_name: str | None,
+    n_gpus: int,
+    prometheus_addr: str,
+    prometheus_port: int | None,
+    traces_file: Any,
+    profile_steps: Iterable[int],
+    profile_dir: Any,
+    **tuning: Any,
+) -> Telemetry:
+    config = Config.build(
+        run=run,
+        service_name=service_name,
+        n_gpus=n_gpus,
+        prometheus_addr=prometheus_addr,
+        prometheus_port=prometheus_port,
+        traces_file=traces_file,
+        profile_steps=profile_steps,
+        profile_dir=profile_dir,
+        max_metric_keys=tuning.get("max_metric_keys", 256),
+        queue_size=tuning.get("queue_size", 1024),
+        shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
+        environ=os.environ,
+    )
+    return Telemetry(config)
