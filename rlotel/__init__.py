@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from rlotel.config import ConfigError
 from rlotel.ledger import PhaseScope, Step
 from rlotel.telemetry import Telemetry, build
 
-__all__ = ["ConfigError", "Step", "Telemetry", "init", "marked_timer", "current"]
+__all__ = ["ConfigError", "Step", "Telemetry", "current", "init", "marked_timer"]
 __version__ = "0.1.0"
 
 _current: Telemetry | None = None
@@ -28,8 +30,13 @@ def init(
     max_metric_keys: int = 256,
     queue_size: int = 1024,
     shutdown_timeout_s: float = 5.0,
+    span_exporters: Sequence[SpanExporter] = (),
 ) -> Telemetry:
-    """Start telemetry for one run; raises `ConfigError` at once on a bad configuration."""
+    """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
+
+    `span_exporters` adds exporters of your own (each behind its own batch processor) to
+    the ones the OTEL_EXPORTER_OTLP_* variables and `traces_file` switch on.
+    """
     global _current
     _current = build(
         run,
@@ -43,6 +50,7 @@ def init(
         max_metric_keys=max_metric_keys,
         queue_size=queue_size,
         shutdown_timeout_s=shutdown_timeout_s,
+        span_exporters=span_exporters,
     )
     return _current
 

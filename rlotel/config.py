@@ -59,7 +59,9 @@ class Config:
             raise ConfigError(f"run must be a non-empty string naming the experiment, got {run!r}")
         name = service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
-            raise ConfigError(f"n_gpus must be a positive integer (GPUs in the job), got {n_gpus!r}")
+            raise ConfigError(
+                f"n_gpus must be a positive integer (GPUs in the job), got {n_gpus!r}"
+            )
         if prometheus_port is not None and (
             not isinstance(prometheus_port, int)
             or isinstance(prometheus_port, bool)

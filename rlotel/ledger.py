@@ -23,7 +23,7 @@ log = logging.getLogger("rlotel")
 class PhaseRecord:
     """One timed window. `parent` is the enclosing record, None for a top-level window."""
 
-    __slots__ = ("name", "color", "parent", "span_id", "start_ns", "end_ns", "error")
+    __slots__ = ("color", "end_ns", "error", "name", "parent", "span_id", "start_ns")
 
     def __init__(self, name: str, color: str | None, parent: PhaseRecord | None) -> None:
         self.name = name
@@ -42,7 +42,7 @@ class PhaseRecord:
 class Trace:
     """A tree of records with one root: a step, or a phase opened outside any step."""
 
-    __slots__ = ("trace_id", "root", "records", "step")
+    __slots__ = ("records", "root", "step", "trace_id")
 
     def __init__(self, root: PhaseRecord, step: int | None) -> None:
         self.trace_id = getrandbits(128) or 1
@@ -155,7 +155,7 @@ def _length(values: Any) -> int:
 class PhaseScope:
     """Context manager of one phase; also verl's `marked_timer` when given a `sink` dict."""
 
-    __slots__ = ("_ledger", "_name", "_color", "_sink", "_record", "_start")
+    __slots__ = ("_color", "_ledger", "_name", "_record", "_sink", "_start")
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -33,7 +33,7 @@ class _LogRecord:
 class Telemetry:
     """One run's telemetry. Create with `rlotel.init`; nothing here raises after that."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, span_exporters: Sequence[SpanExporter] = ()) -> None:
         self.config = config
         self.drops = Drops()
         self._spans: SpanSink | None = None
@@ -54,6 +54,8 @@ class Telemetry:
                     exporters["otlp"] = otlp
                 if config.traces_file is not None:
                     exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
+                for index, exporter in enumerate(span_exporters):
+                    exporters[f"{type(exporter).__name__}#{index}"] = exporter
             except Exception:
                 if self._prometheus is not None:
                     self._prometheus.shutdown()
@@ -153,6 +155,7 @@ def build(
     traces_file: Any,
     profile_steps: Iterable[int],
     profile_dir: Any,
+    span_exporters: Sequence[SpanExporter] = (),
     **tuning: Any,
 ) -> Telemetry:
     config = Config.build(
@@ -169,4 +172,4 @@ def build(
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
         environ=os.environ,
     )
-    return Telemetry(config)
+    return Telemetry(config, span_exporters)

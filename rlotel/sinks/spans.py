@@ -73,7 +73,9 @@ class SpanSink:
         self.provider = TracerProvider(resource=resource, id_generator=self._ids)
         for name, exporter in exporters.items():
             self.provider.add_span_processor(
-                BatchSpanProcessor(CountingExporter(exporter, drops, name), schedule_delay_millis=1000)
+                BatchSpanProcessor(
+                    CountingExporter(exporter, drops, name), schedule_delay_millis=1000
+                )
             )
         self._tracer = self.provider.get_tracer("rlotel")
         self._run = run

@@ -1,0 +1,93 @@
+"""Shared fixtures: a telemetry with an in-memory span exporter, a recording NVTX backend."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import rlotel
+from rlotel import nvtx
+
+
+class RecordingNvtx:
+    """NVTX backend that remembers every push and pop, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None, str | None]] = []
+        self.depth = 0
+
+    def push(self, name: str, color: str | None) -> None:
+        self.events.append(("push", name, color))
+        self.depth += 1
+
+    def pop(self) -> None:
+        self.events.append(("pop", None, None))
+        self.depth -= 1
+
+    @property
+    def pushed(self) -> list[str]:
+        return [name for kind, name, _ in self.events if kind == "push"]
+
+
+@pytest.fixture
+def recording_nvtx() -> Iterator[RecordingNvtx]:
+    recorder = RecordingNvtx()
+    previous = nvtx.set_backend(recorder)
+    yield recorder
+    nvtx.set_backend(previous)
+
+
+@pytest.fixture
+def span_exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def make_tel(span_exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch):
+    """Factory for telemetry on an ephemeral port, shut down after the test."""
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    made: list[rlotel.Telemetry] = []
+
+    def make(**kwargs) -> rlotel.Telemetry:
+        kwargs.setdefault("run", "test")
+        kwargs.setdefault("prometheus_port", 0)
+        kwargs.setdefault("span_exporters", [span_exporter])
+        tel = rlotel.init(**kwargs)
+        made.append(tel)
+        return tel
+
+    yield make
+    for tel in made:
+        tel.shutdown()
+
+
+@pytest.fixture
+def tel(make_tel) -> rlotel.Telemetry:
+    return make_tel()
+
+
+def finished_spans(tel: rlotel.Telemetry, exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    assert tel.flush(10)
+    return list(exporter.get_finished_spans())
+
+
+def scrape(url: str, accept: str | None = None) -> str:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()
+
+
+def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
+    """Samples of a classic text exposition by (name, labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
