@@ -83,7 +83,9 @@ def test_nvtx_names_equal_span_names(tel, span_exporter, recording_nvtx):
     assert recording_nvtx.events[0] == ("push", "step", None)
 
 
-def test_exception_in_phase_is_recorded_and_propagates_unchanged(tel, span_exporter, recording_nvtx):
+def test_exception_in_phase_is_recorded_and_propagates_unchanged(
+    tel, span_exporter, recording_nvtx
+):
     error = RuntimeError("CUDA out of memory (simulated)")
     with pytest.raises(RuntimeError) as caught, tel.step(4) as step:
         with tel.phase("gen"):
