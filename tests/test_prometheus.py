@@ -58,7 +58,7 @@ def test_promql_equals_step_numbers(make_tel, prometheus_for):
         )
         assert prometheus.scalar(f"rlotel_step_time_seconds{sel}") == step.timing_raw["step"]
         assert (
-            prometheus.scalar(f'rlotel_mfu_ratio{{run="promql",role="actor"}}')
+            prometheus.scalar('rlotel_mfu_ratio{run="promql",role="actor"}')
             == (step.metrics["perf/mfu/actor"])
         )
         per_token = prometheus.scalar(
@@ -66,12 +66,8 @@ def test_promql_equals_step_numbers(make_tel, prometheus_for):
         )
         assert per_token == step.metrics["timing_per_token_ms/update_actor"] / 1000
     assert prometheus.scalar(f"rlotel_steps_total{sel}") == 3
-    assert (
-        prometheus.scalar(f'rlotel_phase_duration_seconds_count{{run="promql",phase="gen"}}') == 3
-    )
-    assert (
-        prometheus.scalar(f'rlotel_phase_duration_seconds_count{{run="promql",phase="ref"}}') == 2
-    )
+    assert prometheus.scalar('rlotel_phase_duration_seconds_count{run="promql",phase="gen"}') == 3
+    assert prometheus.scalar('rlotel_phase_duration_seconds_count{run="promql",phase="ref"}') == 2
     assert prometheus.query('{__name__=~"rlotel_.*_created"}') == []
     unlabelled = prometheus.query('{__name__=~"rlotel_.*", run=""}')
     assert unlabelled == []
