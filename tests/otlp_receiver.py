@@ -1,0 +1,94 @@
+"""Throwaway OTLP receivers on loopback that decode requests with opentelemetry-proto."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import zlib
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+
+class Received:
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.lock = threading.Lock()
+
+    def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        with self.lock:
+            self.requests.append(request)
+
+    def spans(self) -> list[tuple[Span, dict]]:
+        """Every span with its resource attributes."""
+        with self.lock:
+            requests = list(self.requests)
+        out = []
+        for request in requests:
+            for resource_spans in request.resource_spans:
+                resource = {
+                    kv.key: kv.value.string_value for kv in resource_spans.resource.attributes
+                }
+                for scope_spans in resource_spans.scope_spans:
+                    out.extend((span, resource) for span in scope_spans.spans)
+        return out
+
+
+class HttpReceiver(Received):
+    def __init__(self) -> None:
+        super().__init__()
+        received = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                encoding = self.headers.get("Content-Encoding")
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                if self.path == "/v1/traces":
+                    received.add(request)
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class GrpcReceiver(Received):
+    def __init__(self) -> None:
+        super().__init__()
+        received = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                received.add(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.endpoint = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.stop(grace=None)

@@ -1,0 +1,178 @@
+"""OTLP export (HTTP and gRPC, switched on by OTEL_EXPORTER_OTLP_*) and the traces file."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import rlotel
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver
+
+PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
+
+
+def run_steps(tel: rlotel.Telemetry, steps: int) -> list[rlotel.Step]:
+    done = []
+    for number in range(steps):
+        with tel.step(number) as step:
+            for phase in PHASES:
+                with tel.phase(phase):
+                    sum(range(5000))
+            step.set_tokens(prompt=[10, 12], response=[20, 5])
+        done.append(step)
+    with pytest.raises(ZeroDivisionError), tel.step(steps) as failing:
+        with tel.phase("gen"):
+            pass
+        with tel.phase("update_actor"):
+            _ = 1 / 0
+    done.append(failing)
+    return done
+
+
+def check_tree(spans: list[dict], steps: list[rlotel.Step]) -> None:
+    """`spans`: dicts with name, trace, id, parent, start, end, attrs, status."""
+    roots = {s["attrs"]["rl.step"]: s for s in spans if s["name"] == "step"}
+    assert sorted(roots) == [step.number for step in steps]
+    for step in steps:
+        root = roots[step.number]
+        assert root["parent"] in ("", None)
+        children = {s["name"]: s for s in spans if s["parent"] == root["id"]}
+        expected = set(step.timing_raw) - {"step"}
+        assert set(children) == expected
+        for name, child in children.items():
+            assert child["trace"] == root["trace"]
+            assert abs((child["end"] - child["start"]) / 1e9 - step.timing_raw[name]) < 1e-6
+        assert abs((root["end"] - root["start"]) / 1e9 - step.timing_raw["step"]) < 1e-6
+    failing = roots[steps[-1].number]
+    assert failing["status"] == 2  # STATUS_CODE_ERROR
+    actor = next(s for s in spans if s["parent"] == failing["id"] and s["name"] == "update_actor")
+    assert actor["status"] == 2
+
+
+def proto_spans(received) -> list[dict]:
+    spans = []
+    for span, resource in received.spans():
+        assert resource["service.name"] == "otlp-test" and resource["rl.run"] == "otlp"
+        attrs = {}
+        for kv in span.attributes:
+            kind = kv.value.WhichOneof("value")
+            attrs[kv.key] = getattr(kv.value, kind)
+        spans.append(
+            {
+                "name": span.name,
+                "trace": span.trace_id.hex(),
+                "id": span.span_id.hex(),
+                "parent": span.parent_span_id.hex(),
+                "start": span.start_time_unix_nano,
+                "end": span.end_time_unix_nano,
+                "attrs": attrs,
+                "status": span.status.code,
+            }
+        )
+    return spans
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_otlp_receiver_gets_span_tree(protocol, monkeypatch):
+    receiver = HttpReceiver() if protocol == "http/protobuf" else GrpcReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "otlp-test")
+    if protocol == "grpc":
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    tel = rlotel.init(run="otlp", prometheus_port=None)
+    try:
+        steps = run_steps(tel, 3)
+        assert tel.flush(10)
+    finally:
+        tel.shutdown()
+        receiver.stop()
+    spans = proto_spans(receiver)
+    assert len(spans) == sum(len(s.timing_raw) for s in steps)
+    check_tree(spans, steps)
+    assert all(s["attrs"]["rl.step"] in range(4) for s in spans)
+
+
+HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def file_spans(path) -> list[dict]:
+    spans = []
+    for line in path.read_text().splitlines():
+        request = json.loads(line)  # one ExportTraceServiceRequest per line
+        for resource_spans in request["resourceSpans"]:
+            resource = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+            assert resource["rl.run"] == {"stringValue": "file"}
+            for scope_spans in resource_spans["scopeSpans"]:
+                for span in scope_spans["spans"]:
+                    assert len(span["traceId"]) == 32 and HEX.match(span["traceId"])
+                    assert len(span["spanId"]) == 16 and HEX.match(span["spanId"])
+                    assert isinstance(span["kind"], int)
+                    attrs = {}
+                    for a in span["attributes"]:
+                        ((kind, value),) = a["value"].items()
+                        attrs[a["key"]] = int(value) if kind == "intValue" else value
+                    spans.append(
+                        {
+                            "name": span["name"],
+                            "trace": span["traceId"],
+                            "id": span["spanId"],
+                            "parent": span.get("parentSpanId", ""),
+                            "start": int(span["startTimeUnixNano"]),
+                            "end": int(span["endTimeUnixNano"]),
+                            "attrs": attrs,
+                            "status": span.get("status", {}).get("code", 0),
+                        }
+                    )
+    return spans
+
+
+def test_traces_file_is_otlp_json_lines(tmp_path, monkeypatch):
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    path = tmp_path / "runs" / "traces.jsonl"
+    tel = rlotel.init(run="file", prometheus_port=None, traces_file=path)
+    try:
+        steps = run_steps(tel, 3)
+        with tel.phase("testing"):
+            pass
+    finally:
+        tel.shutdown()
+    spans = file_spans(path)
+    check_tree([s for s in spans if s["name"] != "testing"], steps)
+    testing = [s for s in spans if s["name"] == "testing"]
+    assert len(testing) == 1 and testing[0]["parent"] == ""
+
+
+def test_traces_file_parses_with_protobuf_after_id_decoding(tmp_path):
+    """The lines are valid ExportTraceServiceRequest JSON once ids are read as hex."""
+    import base64
+
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    path = tmp_path / "t.jsonl"
+    tel = rlotel.init(run="file", prometheus_port=None, traces_file=path)
+    with tel.step(1), tel.phase("gen"):
+        pass
+    tel.shutdown()
+
+    def to_b64(node):
+        if isinstance(node, dict):
+            return {
+                k: base64.b64encode(bytes.fromhex(v)).decode()
+                if k in ("traceId", "spanId", "parentSpanId")
+                else to_b64(v)
+                for k, v in node.items()
+            }
+        if isinstance(node, list):
+            return [to_b64(v) for v in node]
+        return node
+
+    for line in path.read_text().splitlines():
+        request = ParseDict(to_b64(json.loads(line)), ExportTraceServiceRequest())
+        names = {s.name for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans}
+        assert names == {"step", "gen"}
