@@ -206,9 +206,9 @@ class PrometheusSink:
         generic keys are taken, so a verl run that both times phases and logs its dict is
         neither counted twice nor overwritten with a second measurement.
         """
-        number, reason = as_finite_float(step)
+        number = as_finite_float(step)[0]
         if number is None or not float(number).is_integer() or number < 0:
-            self._drops.add("metrics", reason or "bad_step", f"tel.log step={step!r} ignored")
+            self._drops.add("metrics", "bad_step", f"tel.log step={_short(step)} ignored")
             number = None
         fresh = number is None or int(number) != self._last_counted
         phases: dict[str, float] = {}
