@@ -8,7 +8,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from rlotel.config import ConfigError
-from rlotel.ledger import PhaseScope, Step
+from rlotel.ledger import Phase, Step
 from rlotel.telemetry import Telemetry, build
 
 __all__ = ["ConfigError", "Step", "Telemetry", "current", "init", "marked_timer"]
@@ -66,9 +66,9 @@ def marked_timer(
     color: str | None = None,
     domain: str | None = None,
     category: str | None = None,
-) -> PhaseScope:
+) -> Phase:
     """Drop-in for verl's `marked_timer`: sums seconds into `timing_raw[name]` like verl,
     mirrors an NVTX range, and records the phase in the current step when rlotel is on.
     `domain` and `category` are accepted for signature compatibility."""
     tel = _current
-    return PhaseScope(tel.ledger if tel is not None else None, name, color, timing_raw)
+    return Phase(tel.ledger if tel is not None else None, name, color, timing_raw)

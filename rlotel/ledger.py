@@ -20,16 +20,38 @@ from rlotel.drops import Drops, as_finite_float, clean_counts
 log = logging.getLogger("rlotel")
 
 
-class PhaseRecord:
-    """One timed window. `parent` is the enclosing record, None for a top-level window."""
+class Phase:
+    """One timed window: the context manager the user holds is also the ledger's record.
 
-    __slots__ = ("color", "end_ns", "error", "name", "parent", "span_id", "start_ns")
+    `parent` is the enclosing phase (None at the top of a step). `span_id` is 0 until
+    someone needs it before export (context propagation); the span sink draws it otherwise.
+    """
 
-    def __init__(self, name: str, color: str | None, parent: PhaseRecord | None) -> None:
+    __slots__ = (
+        "_ledger",
+        "_sink",
+        "color",
+        "end_ns",
+        "error",
+        "name",
+        "parent",
+        "span_id",
+        "start_ns",
+    )
+
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        name: str,
+        color: str | None = None,
+        sink: MutableMapping[str, float] | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._sink = sink
         self.name = name
         self.color = color
-        self.parent = parent
-        self.span_id = getrandbits(64) or 1
+        self.parent: Phase | None = None
+        self.span_id = 0
         self.start_ns = 0
         self.end_ns = 0
         self.error: BaseException | None = None
@@ -38,16 +60,65 @@ class PhaseRecord:
     def seconds(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
 
+    def __enter__(self) -> Phase:
+        ledger = self._ledger
+        if ledger is not None:
+            stack = ledger.stack
+            if stack:
+                self.parent = stack[-1]
+            records = ledger.records
+            if records is None:
+                ledger.open_loose(self)
+            else:
+                records.append(self)
+            stack.append(self)
+        backend = nvtx._backend
+        if backend is not None:
+            backend.push(self.name, self.color)
+        self.start_ns = perf_counter_ns()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.end_ns = end = perf_counter_ns()
+        backend = nvtx._backend
+        if backend is not None:
+            backend.pop()
+        if exc is not None:
+            self.error = exc
+        sink = self._sink
+        if sink is not None:
+            try:
+                sink[self.name] = sink.get(self.name, 0) + (end - self.start_ns) / 1e9
+            except Exception as sink_error:
+                _drop(self._ledger, "timing_raw", "bad_dict", sink_error)
+        ledger = self._ledger
+        if ledger is not None:
+            stack = ledger.stack
+            if stack and stack[-1] is self:
+                stack.pop()
+            else:
+                ledger.unwind(self)
+            if ledger.loose_root is self:
+                ledger.close_loose()
+        return False
+
+
+def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException) -> None:
+    if ledger is not None:
+        ledger.drops.add(signal, reason, repr(error))
+    else:
+        log.warning("rlotel: %s input dropped (%s): %r", signal, reason, error)
+
 
 class Trace:
-    """A tree of records with one root: a step, or a phase opened outside any step."""
+    """A tree of phases with one root: a step, or a phase opened outside any step."""
 
     __slots__ = ("records", "root", "step", "trace_id")
 
-    def __init__(self, root: PhaseRecord, step: int | None) -> None:
+    def __init__(self, root: Phase, step: int | None) -> None:
         self.trace_id = getrandbits(128) or 1
         self.root = root
-        self.records: list[PhaseRecord] = []
+        self.records: list[Phase] = []
         self.step = step
 
 
@@ -56,19 +127,18 @@ class Step:
 
     def __init__(self, ledger: Ledger, number: int) -> None:
         self._ledger = ledger
+        self._n_gpus = ledger.n_gpus
         self.number = number
-        self.trace = Trace(PhaseRecord("step", None, None), number)
+        self.trace = Trace(Phase(None, "step"), number)
         self.prompt_tokens: int | float | None = None
         self.response_tokens: int | float | None = None
         self.mfu: dict[str, float] = {}
-        self.timing_raw: dict[str, float] = {}
-        self.metrics: dict[str, float] = {}
-        self.unaccounted_seconds: float = 0.0
         self.verdict: Any = None
         self.closed = False
+        self._derived: tuple[dict[str, float], dict[str, float], float] | None = None
 
     @property
-    def record(self) -> PhaseRecord:
+    def record(self) -> Phase:
         return self.trace.root
 
     @property
@@ -96,6 +166,7 @@ class Step:
                     "(sums kept)",
                 )
             self.prompt_tokens, self.response_tokens = sums
+            self._derived = None
         except Exception as exc:  # telemetry must never raise into training
             self._ledger.drops.add("tokens", "internal_error", repr(exc))
 
@@ -107,6 +178,7 @@ class Step:
                 self._ledger.drops.add("mfu", reason or "negative", f"mfu {role}={value!r}")
                 continue
             self.mfu[role] = number
+            self._derived = None
 
     def __enter__(self) -> Step:
         self._ledger.open_step(self)
@@ -116,20 +188,40 @@ class Step:
         self._ledger.close_step(self, exc)
         return False
 
-    def finish(self, n_gpus: int) -> None:
-        """Compute verl's timing_raw and metrics from the closed records."""
+    @property
+    def timing_raw(self) -> dict[str, float]:
+        """verl's `timing_raw`: seconds per phase name (repeats summed) plus `step`."""
+        return self._derive()[0]
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """verl's `timing_s/*`, `timing_per_token_ms/*` and `perf/*` for this step."""
+        return self._derive()[1]
+
+    @property
+    def unaccounted_seconds(self) -> float:
+        """Step time covered by no top-level phase."""
+        return self._derive()[2]
+
+    def _derive(self) -> tuple[dict[str, float], dict[str, float], float]:
+        """Computed on first read after close (usually by the publisher thread), so closing
+        a step costs the training thread nothing per phase."""
+        derived = self._derived
+        if derived is not None:
+            return derived
+        if not self.closed:
+            return {}, {}, 0.0
         timing: dict[str, float] = {}
         for record in self.trace.records:
             if record.end_ns:
                 timing[record.name] = timing.get(record.name, 0) + record.seconds
         timing["step"] = self.record.seconds
-        self.timing_raw = timing
         metrics = formulas.timing_metrics(timing, self.prompt_tokens, self.response_tokens)
-        metrics.update(formulas.throughput_metrics(timing, self.total_tokens, n_gpus))
+        metrics.update(formulas.throughput_metrics(timing, self.total_tokens, self._n_gpus))
         metrics.update(formulas.mfu_metrics(self.mfu))
-        self.metrics = metrics
-        self.unaccounted_seconds = max(0.0, timing["step"] - self._top_level_seconds())
-        self.closed = True
+        unaccounted = max(0.0, timing["step"] - self._top_level_seconds())
+        self._derived = derived = (timing, metrics, unaccounted)
+        return derived
 
     def _top_level_seconds(self) -> float:
         """Seconds covered by top-level phases, overlaps counted once."""
@@ -152,73 +244,22 @@ def _length(values: Any) -> int:
         return 1
 
 
-class PhaseScope:
-    """Context manager of one phase; also verl's `marked_timer` when given a `sink` dict."""
-
-    __slots__ = ("_color", "_ledger", "_name", "_record", "_sink", "_start")
-
-    def __init__(
-        self,
-        ledger: Ledger | None,
-        name: str,
-        color: str | None = None,
-        sink: MutableMapping[str, float] | None = None,
-    ) -> None:
-        self._ledger = ledger
-        self._name = name
-        self._color = color
-        self._sink = sink
-        self._record: PhaseRecord | None = None
-
-    def __enter__(self) -> PhaseScope:
-        ledger = self._ledger
-        if ledger is not None:
-            try:
-                self._record = ledger.open_phase(self._name, self._color)
-            except Exception as exc:
-                ledger.drops.add("spans", "internal_error", repr(exc))
-        backend = nvtx._backend
-        if backend is not None:
-            backend.push(self._name, self._color)
-        self._start = start = perf_counter_ns()
-        if self._record is not None:
-            self._record.start_ns = start
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        end = perf_counter_ns()
-        backend = nvtx._backend
-        if backend is not None:
-            backend.pop()
-        sink = self._sink
-        if sink is not None:
-            try:
-                sink[self._name] = sink.get(self._name, 0) + (end - self._start) / 1e9
-            except Exception as sink_exc:
-                if self._ledger is not None:
-                    self._ledger.drops.add("timing_raw", "bad_dict", repr(sink_exc))
-        record = self._record
-        if record is not None:
-            record.end_ns = end
-            if exc is not None:
-                record.error = exc
-            try:
-                self._ledger.close_phase(record)
-            except Exception as ledger_exc:
-                self._ledger.drops.add("spans", "internal_error", repr(ledger_exc))
-        return False
-
-
 class Ledger:
-    """Open step, open phases and the hand-off of closed traces to the publisher."""
+    """Open step, open phases and the hand-off of closed traces to the publisher.
+
+    `records` is the open trace's list (None when no trace is open) and `stack` the open
+    phases, so entering a phase is two appends with no method call.
+    """
 
     def __init__(self, publish: Callable[[Any], None], drops: Drops, n_gpus: int) -> None:
         self._publish = publish
         self.drops = drops
-        self._n_gpus = n_gpus
-        self._stack: list[PhaseRecord] = []
-        self._step: Step | None = None
+        self.n_gpus = n_gpus
+        self.stack: list[Phase] = []
+        self.records: list[Phase] | None = None
+        self.loose_root: Phase | None = None
         self._loose: Trace | None = None
+        self._step: Step | None = None
         self.last_step_number: int | None = None
 
     @property
@@ -234,8 +275,11 @@ class Ledger:
                 "are recorded in the outer step",
             )
             return
+        if self._loose is not None:  # a step inside a loose phase: publish what came before
+            self.close_loose()
         self._step = step
-        self._stack.clear()
+        self.stack.clear()
+        self.records = step.trace.records
         backend = nvtx._backend
         if backend is not None:
             backend.push("step", None)
@@ -251,37 +295,28 @@ class Ledger:
         step.record.end_ns = end
         step.record.error = exc
         self._step = None
-        self._stack.clear()
+        self.records = None
+        self.stack.clear()
         self.last_step_number = step.number
-        try:
-            unclosed = [r.name for r in step.trace.records if not r.end_ns]
-            if unclosed:
-                self.drops.add("spans", "unclosed_phase", f"step closed with {unclosed} open")
-            step.finish(self._n_gpus)
-        except Exception as finish_exc:
-            self.drops.add("metrics", "internal_error", repr(finish_exc))
+        step.closed = True
         self._publish(step)
 
-    def open_phase(self, name: str, color: str | None) -> PhaseRecord:
-        stack = self._stack
-        record = PhaseRecord(name, color, stack[-1] if stack else None)
-        if self._step is not None:
-            self._step.trace.records.append(record)
-        elif self._loose is None:
-            self._loose = Trace(record, self.last_step_number)
-        else:
-            self._loose.records.append(record)
-        stack.append(record)
-        return record
+    def open_loose(self, root: Phase) -> None:
+        """A phase with no step open becomes the root of a trace of its own."""
+        self._loose = Trace(root, self.last_step_number)
+        self.loose_root = root
+        self.records = self._loose.records
 
-    def close_phase(self, record: PhaseRecord) -> None:
-        stack = self._stack
-        if stack and stack[-1] is record:
-            stack.pop()
-        elif record in stack:
-            stack.remove(record)
+    def close_loose(self) -> None:
         loose = self._loose
-        if loose is not None and loose.root is record:
-            self._loose = None
-            stack.clear()
+        self._loose = None
+        self.loose_root = None
+        self.records = None
+        self.stack.clear()
+        if loose is not None:
             self._publish(loose)
+
+    def unwind(self, phase: Phase) -> None:
+        """A phase closed out of order (threads, generators): forget it wherever it is."""
+        if phase in self.stack:
+            self.stack.remove(phase)

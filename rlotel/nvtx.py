@@ -1,8 +1,9 @@
 """NVTX ranges named exactly like the spans, so Nsight and the trace UI show the same words.
 
-Backend choice (once, at import of the ledger): the `nvtx` package when importable (as verl
-does, with colours and domains), else `torch.cuda.nvtx` when torch is already imported and
-CUDA is available, else nothing. Tests inject a recording backend with `set_backend`.
+Backend choice (once, at import): the `nvtx` package when importable and a tool such as
+Nsight Systems is attached to receive the ranges (as verl does, with colours), else
+`torch.cuda.nvtx` when torch is already imported and CUDA is available, else nothing.
+Tests inject a recording backend with `set_backend`.
 """
 
 from __future__ import annotations
@@ -20,15 +21,23 @@ class NvtxBackend(Protocol):
 
 
 class _NvtxPackage:
+    """The `nvtx` package's domain API with event attributes cached per (name, colour)."""
+
+    MAX_CACHED = 4096
+
     def __init__(self, module) -> None:
-        self._push_range = module.push_range
-        self._pop_range = module.pop_range
+        self._domain = module.get_domain()
+        self._attributes: dict[tuple[str, str | None], object] = {}
+        self.pop = self._domain.pop_range
 
     def push(self, name: str, color: str | None) -> None:
-        self._push_range(message=name, color=color)
-
-    def pop(self) -> None:
-        self._pop_range()
+        key = (name, color)
+        attributes = self._attributes.get(key)
+        if attributes is None:
+            attributes = self._domain.get_event_attributes(message=name, color=color)
+            if len(self._attributes) < self.MAX_CACHED:
+                self._attributes[key] = attributes
+        self._domain.push_range(attributes)
 
 
 class _TorchCudaNvtx:
@@ -49,6 +58,11 @@ def detect_backend() -> NvtxBackend | None:
     except ImportError:
         pass
     else:
+        # Without an attached tool (Nsight sets NVTX_INJECTION64_PATH before start) the
+        # package hands out a dummy domain that records nothing: skip the calls entirely.
+        dummy = getattr(getattr(nvtx, "_lib", None), "DummyDomain", ())
+        if isinstance(nvtx.get_domain(), dummy):
+            return None
         return _NvtxPackage(nvtx)
     torch = sys.modules.get("torch")  # importing torch here would cost seconds for non-users
     if torch is not None and torch.cuda.is_available():

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from rlotel.config import Config
 from rlotel.drops import Drops
-from rlotel.ledger import Ledger, PhaseScope, Step, Trace
+from rlotel.ledger import Ledger, Phase, Step, Trace
 from rlotel.publisher import Publisher
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.otlp import otlp_span_exporter
@@ -72,12 +72,12 @@ class Telemetry:
         """Context manager of one training step (root span `step`, NVTX range `step`)."""
         return Step(self.ledger, global_step)
 
-    def phase(self, name: str, color: str | None = None) -> PhaseScope:
+    def phase(self, name: str, color: str | None = None) -> Phase:
         """Context manager of one phase: a child span of the open step (or a root span)."""
         if not isinstance(name, str) or not name:
             self.drops.add("spans", "bad_name", f"phase name {name!r} is not a non-empty string")
-            return PhaseScope(None, str(name) or "unnamed", color)
-        return PhaseScope(self.ledger, name, color)
+            return Phase(None, str(name) or "unnamed", color)
+        return Phase(self.ledger, name, color)
 
     @property
     def current_step(self) -> Step | None:
@@ -129,6 +129,9 @@ class Telemetry:
 
     def _publish(self, item: Step | Trace | _LogRecord) -> None:
         if isinstance(item, Step):
+            unclosed = [phase.name for phase in item.trace.records if not phase.end_ns]
+            if unclosed:
+                self.drops.add("spans", "unclosed_phase", f"step closed with {unclosed} open")
             if self._spans is not None:
                 self._spans.export_step(item)
             if self._prometheus is not None:

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Status, StatusCode
 
 from rlotel.drops import Drops
-from rlotel.ledger import PhaseRecord, Step, Trace
+from rlotel.ledger import Phase, Step, Trace
 
 
 class PresetIdGenerator(RandomIdGenerator):
@@ -105,7 +105,7 @@ class SpanSink:
             self._end(spans[id(record)], record, offset)
         self._end(root_span, root, offset)
 
-    def _start(self, record: PhaseRecord, parent, offset: int, trace_id: int, attributes: dict):
+    def _start(self, record: Phase, parent, offset: int, trace_id: int, attributes: dict):
         self._ids.trace_id = trace_id
         self._ids.span_id = record.span_id
         context = trace_api.set_span_in_context(parent) if parent is not None else None
@@ -119,7 +119,7 @@ class SpanSink:
         )
 
     @staticmethod
-    def _end(span, record: PhaseRecord, offset: int) -> None:
+    def _end(span, record: Phase, offset: int) -> None:
         if record.error is not None:
             error = record.error
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
