@@ -1,0 +1,112 @@
+"""`rlotel` command line: `rlotel demo` runs the instrumented toy RL loop."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import rlotel
+
+console = Console()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rlotel.demo.loop import DemoConfig, StepResult, train
+
+    traces = Path(args.runs_dir) / args.run / "traces.jsonl"
+    try:
+        tel = rlotel.init(
+            run=args.run,
+            prometheus_addr=args.addr,
+            prometheus_port=args.port,
+            traces_file=traces,
+        )
+    except rlotel.ConfigError as error:
+        console.print(f"[red]rlotel: {error}[/red]")
+        return 2
+    config = DemoConfig(steps=args.steps, seed=args.seed, peak_flops=args.peak_flops)
+    console.print(f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url}")
+    with Progress(
+        TextColumn("[bold]step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("train", total=config.steps, status="")
+
+        def on_step(result: StepResult) -> None:
+            phases = {k: v for k, v in result.timing_raw.items() if k != "step"}
+            largest = max(phases, key=phases.get)
+            progress.update(
+                task,
+                advance=1,
+                status=f"{result.timing_raw['step'] * 1000:6.1f} ms/step, largest "
+                f"{largest} {phases[largest] * 1000:.1f} ms, reward {result.reward_mean:.3f}",
+            )
+
+        outcome = train(tel, config, on_step)
+    console.print(_ledger_table(outcome.steps))
+    first, last = outcome.reward_gain()
+    console.print(f"reward: first steps {first:.3f} → last steps {last:.3f}")
+    console.print(f"traces: {traces}\nmetrics: {tel.metrics_url}")
+    if args.serve_seconds > 0 and tel.metrics_url:
+        console.print(f"serving /metrics for {args.serve_seconds:.0f}s (Ctrl-C to stop)")
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(args.serve_seconds)
+    tel.shutdown()
+    return 0
+
+
+def _ledger_table(steps) -> Table:
+    """Per phase: mean seconds, share of step, per-token ms (verl's numbers)."""
+    table = Table(title=f"Step ledger over {len(steps)} steps (means)")
+    for column in ("phase", "seconds", "share of step", "per-token ms"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    step_mean = sum(s.timing_raw["step"] for s in steps) / len(steps)
+    names = [n for n in steps[-1].timing_raw if n != "step"]
+    for name in [*names, "step"]:
+        values = [s.timing_raw.get(name, 0.0) for s in steps]
+        mean = sum(values) / len(values)
+        per_token = [
+            s.metrics[f"timing_per_token_ms/{name}"]
+            for s in steps
+            if f"timing_per_token_ms/{name}" in s.metrics
+        ]
+        table.add_row(
+            name,
+            f"{mean:.4f}",
+            f"{mean / step_mean:.1%}",
+            f"{sum(per_token) / len(per_token):.4f}" if per_token else "",
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlotel", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="run a tiny real GRPO loop, fully instrumented")
+    demo.add_argument("--steps", type=int, default=30)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--run", default="demo", help="run name (label `run`)")
+    demo.add_argument("--addr", default="127.0.0.1", help="/metrics bind address")
+    demo.add_argument("--port", type=int, default=9464, help="/metrics port (0 = ephemeral)")
+    demo.add_argument("--runs-dir", default="runs", help="where runs/<run>/traces.jsonl goes")
+    demo.add_argument("--serve-seconds", type=float, default=0.0)
+    demo.add_argument("--peak-flops", type=float, default=448e9, help="device peak FLOP/s")
+    demo.set_defaults(handler=_demo)
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""GRPO on the toy task, every window under verl's name and fed to rlotel."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+
+import torch
+
+import rlotel
+from rlotel.demo import policy as P
+
+CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
+
+
+@dataclass
+class DemoConfig:
+    steps: int = 30
+    seed: int = 0
+    prompts_per_step: int = 16
+    group_size: int = 4
+    mini_batches: int = 2
+    lr: float = 3e-3
+    clip: float = 0.2
+    kl_coef: float = 0.01
+    peak_flops: float = CPU_PEAK_FLOPS
+
+
+@dataclass
+class StepResult:
+    number: int
+    timing_raw: dict[str, float]
+    metrics: dict[str, float]
+    reward_mean: float
+
+
+@dataclass
+class DemoResult:
+    steps: list[StepResult] = field(default_factory=list)
+
+    def reward_gain(self, window: int = 5) -> tuple[float, float]:
+        """Mean reward of the first and of the last `window` steps."""
+        rewards = [s.reward_mean for s in self.steps]
+        window = max(1, min(window, len(rewards) // 2 or 1))
+        return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+
+
+def train(
+    tel: rlotel.Telemetry,
+    config: DemoConfig,
+    on_step: Callable[[StepResult], None] | None = None,
+) -> DemoResult:
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    actor = P.TinyPolicy()
+    rollout_policy = copy.deepcopy(actor)  # the inference engine's copy of the weights
+    reference = copy.deepcopy(actor).requires_grad_(False)
+    optimizer = torch.optim.Adam(actor.parameters(), lr=config.lr)
+    batch = config.prompts_per_step * config.group_size
+    result = DemoResult()
+
+    for number in range(1, config.steps + 1):
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                prompts = P.make_prompts(config.prompts_per_step, generator)
+                prompts = prompts.repeat_interleave(config.group_size, 0)
+                tokens, mask = P.generate(rollout_policy, prompts, generator)
+                rollout = P.Rollout(tokens, mask, prompts[:, 1] - P.TARGET_BASE)
+            with tel.phase("reward"):
+                scores = P.rewards(rollout)
+            with tel.phase("old_log_prob"), torch.no_grad():
+                started = perf_counter()
+                old_log_probs = P.response_log_probs(actor, tokens)
+                infer_seconds = perf_counter() - started
+            with tel.phase("ref"), torch.no_grad():
+                ref_log_probs = P.response_log_probs(reference, tokens)
+            with tel.phase("adv"):
+                grouped = scores.view(config.prompts_per_step, config.group_size)
+                advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
+                    grouped.std(-1, keepdim=True) + 1e-6
+                )
+                advantages = advantages.view(-1, 1)
+            with tel.phase("update_actor"):
+                started = perf_counter()
+                loss = _update_actor(
+                    actor,
+                    optimizer,
+                    tokens,
+                    mask,
+                    old_log_probs,
+                    ref_log_probs,
+                    advantages,
+                    config,
+                    generator,
+                )
+                actor_seconds = perf_counter() - started
+            with tel.phase("update_weights"):
+                rollout_policy.load_state_dict(actor.state_dict())
+
+            response_lengths = rollout.response_lengths.tolist()
+            step.set_tokens(prompt=[P.PROMPT_LEN] * batch, response=response_lengths)
+            seqlens = [P.PROMPT_LEN + n for n in response_lengths]
+            flops = P.dense_flops(actor, seqlens)
+            step.set_mfu(
+                actor=flops / actor_seconds / config.peak_flops,
+                actor_infer=flops / 3 / infer_seconds / config.peak_flops,
+            )
+        reward_mean = float(scores.mean())
+        tel.log({"critic/score/mean": reward_mean, "actor/pg_loss": loss}, step=number)
+        outcome = StepResult(number, dict(step.timing_raw), dict(step.metrics), reward_mean)
+        result.steps.append(outcome)
+        if on_step is not None:
+            on_step(outcome)
+    return result
+
+
+def _update_actor(
+    actor: P.TinyPolicy,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    config: DemoConfig,
+    generator: torch.Generator,
+) -> float:
+    """PPO clipped objective with a k3 KL penalty to the reference, over mini-batches."""
+    order = torch.randperm(tokens.shape[0], generator=generator)
+    losses = []
+    for indices in order.chunk(config.mini_batches):
+        log_probs = P.response_log_probs(actor, tokens[indices])
+        ratio = torch.exp(log_probs - old_log_probs[indices])
+        clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
+        surrogate = torch.minimum(ratio * advantages[indices], clipped * advantages[indices])
+        log_ratio_ref = ref_log_probs[indices] - log_probs
+        kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+        per_token = -surrogate + config.kl_coef * kl
+        weights = mask[indices].float()
+        loss = (per_token * weights).sum() / weights.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return sum(losses) / len(losses)
