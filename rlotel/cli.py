@@ -15,6 +15,7 @@ from rich.table import Table
 import rlotel
 
 console = Console()
+errors = Console(stderr=True, soft_wrap=True)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def _demo(args: argparse.Namespace) -> int:
             traces_file=traces,
         )
     except rlotel.ConfigError as error:
-        console.print(f"[red]rlotel: {error}[/red]")
+        errors.print(f"[red]rlotel: {error}[/red]")
         return 2
     config = DemoConfig(steps=args.steps, seed=args.seed, peak_flops=args.peak_flops)
     console.print(f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url}")

@@ -34,4 +34,4 @@ def test_demo_reports_busy_port(tmp_path, capsys):
         port = sock.getsockname()[1]
         code = cli.main(["demo", "--steps", "1", "--port", str(port), "--runs-dir", str(tmp_path)])
     assert code == 2
-    assert "choose a free prometheus_port" in capsys.readouterr().out
+    assert "Address already in use; choose a free prometheus_port" in capsys.readouterr().err
