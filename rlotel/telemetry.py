@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -65,6 +66,7 @@ class Telemetry:
         self._publisher = Publisher(self._publish, self.drops, config.queue_size)
         self.ledger = Ledger(self._publisher.submit, self.drops, config.n_gpus)
         self._closed = False
+        atexit.register(self.shutdown)  # flush what training closed, within the time bound
 
     # --- training-thread API ---------------------------------------------------------------
 
@@ -107,6 +109,7 @@ class Telemetry:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.shutdown)
         timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
         self._publisher.flush(timeout / 2)
         self._publisher.stop(0.5)

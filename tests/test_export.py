@@ -176,3 +176,25 @@ def test_traces_file_parses_with_protobuf_after_id_decoding(tmp_path):
         request = ParseDict(to_b64(json.loads(line)), ExportTraceServiceRequest())
         names = {s.name for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans}
         assert names == {"step", "gen"}
+
+
+def test_shutdown_is_bounded_against_a_blackhole(monkeypatch):
+    """A collector that accepts connections and never answers cannot hold training."""
+    import socket
+    import time
+
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(16)
+        port = blackhole.getsockname()[1]
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        tel = rlotel.init(run="blackhole", prometheus_port=None, shutdown_timeout_s=2.0)
+        started = time.monotonic()
+        run_steps(tel, 2)
+        training = time.monotonic() - started
+        started = time.monotonic()
+        tel.shutdown()
+        elapsed = time.monotonic() - started
+    assert training < 2.0  # export happens off the training thread
+    assert elapsed < 3.5, f"shutdown took {elapsed:.1f}s with a 2s budget"

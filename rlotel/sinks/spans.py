@@ -70,7 +70,10 @@ class SpanSink:
     ) -> None:
         resource = Resource.create({"service.name": service_name, "rl.run": run})
         self._ids = PresetIdGenerator()
-        self.provider = TracerProvider(resource=resource, id_generator=self._ids)
+        # rlotel shuts the provider down itself, within its own time bound (atexit included).
+        self.provider = TracerProvider(
+            resource=resource, id_generator=self._ids, shutdown_on_exit=False
+        )
         for name, exporter in exporters.items():
             self.provider.add_span_processor(
                 BatchSpanProcessor(
