@@ -198,3 +198,22 @@ def test_shutdown_is_bounded_against_a_blackhole(monkeypatch):
         elapsed = time.monotonic() - started
     assert training < 2.0  # export happens off the training thread
     assert elapsed < 3.5, f"shutdown took {elapsed:.1f}s with a 2s budget"
+
+
+def test_exit_without_shutdown_still_flushes(tmp_path):
+    """A script that forgets tel.shutdown() still gets its spans written at exit."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.jsonl"
+    script = (
+        "import rlotel\n"
+        f"tel = rlotel.init(run='file', prometheus_port=None, traces_file={str(path)!r})\n"
+        "for n in range(3):\n"
+        "    with tel.step(n):\n"
+        "        with tel.phase('gen'):\n"
+        "            pass\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    steps = sorted(s["attrs"]["rl.step"] for s in file_spans(path) if s["name"] == "step")
+    assert steps == [0, 1, 2]
