@@ -28,14 +28,16 @@ def init(
     profile_dir: Any = None,
     *,
     max_metric_keys: int = 256,
+    max_sample_spans: int = 4,
     queue_size: int = 1024,
     shutdown_timeout_s: float = 5.0,
     span_exporters: Sequence[SpanExporter] = (),
 ) -> Telemetry:
     """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
 
-    `span_exporters` adds exporters of your own (each behind its own batch processor) to
-    the ones the OTEL_EXPORTER_OTLP_* variables and `traces_file` switch on.
+    `max_sample_spans` caps the slowest samples per step that get a span (and serve as
+    histogram exemplars). `span_exporters` adds exporters of your own (each behind its
+    own batch processor) to the ones OTEL_EXPORTER_OTLP_* and `traces_file` switch on.
     """
     global _current
     _current = build(
@@ -48,6 +50,7 @@ def init(
         profile_steps,
         profile_dir,
         max_metric_keys=max_metric_keys,
+        max_sample_spans=max_sample_spans,
         queue_size=queue_size,
         shutdown_timeout_s=shutdown_timeout_s,
         span_exporters=span_exporters,

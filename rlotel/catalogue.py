@@ -23,6 +23,15 @@ DURATION_BUCKETS: tuple[float, ...] = (
     3600.0,
 )
 
+# Per-sample windows are shorter than phases (a reward call, a tool call): from 1 ms.
+_SAMPLE_DECADES = np.outer(10.0 ** np.arange(-3, 4), [1.0, 2.5, 5.0]).ravel()
+SAMPLE_DURATION_BUCKETS: tuple[float, ...] = (
+    *(float(f"{v:.3g}") for v in _SAMPLE_DECADES if v < 3600.0),
+    3600.0,
+)
+# Prompt and response lengths: powers of two from 1 to 2^20 (~1M) tokens.
+LENGTH_BUCKETS: tuple[float, ...] = tuple(float(2**k) for k in range(21))
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -128,6 +137,43 @@ TRAIN_METRIC = MetricSpec(
     "Any other numeric scalar passed to tel.log, by key (distinct keys are capped).",
     ("key",),
 )
+AGENT_LOOP_DURATION = MetricSpec(
+    "rlotel_agent_loop_duration_seconds",
+    "histogram",
+    "seconds",
+    "Per-sample agent-loop seconds by stage (generate_sequences, tool_calls, compute_score); "
+    "exemplars link the slowest samples to their spans.",
+    ("stage",),
+    SAMPLE_DURATION_BUCKETS,
+)
+AGENT_LOOP_LENGTH = MetricSpec(
+    "rlotel_agent_loop_length_tokens",
+    "histogram",
+    "tokens",
+    "Per-sample prompt and response lengths.",
+    ("kind",),
+    LENGTH_BUCKETS,
+)
+AGENT_LOOP_PREEMPTIONS = MetricSpec(
+    "rlotel_agent_loop_preemptions",
+    "counter",
+    "",
+    "Preemptions reported by agent-loop samples (samples reporting -1, unknown, add nothing).",
+)
+AGENT_LOOP_SLOWEST = MetricSpec(
+    "rlotel_agent_loop_slowest_seconds",
+    "gauge",
+    "seconds",
+    "Stage seconds of the last step's slowest sample (verl agent_loop/slowest/*).",
+    ("stage",),
+)
+AGENT_LOOP_SLOWEST_LENGTH = MetricSpec(
+    "rlotel_agent_loop_slowest_length_tokens",
+    "gauge",
+    "tokens",
+    "Prompt and response length of the last step's slowest sample.",
+    ("kind",),
+)
 DROPPED = MetricSpec(
     "rlotel_telemetry_dropped",
     "counter",
@@ -151,6 +197,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     TOKENS,
     MFU,
     TRAIN_METRIC,
+    AGENT_LOOP_DURATION,
+    AGENT_LOOP_LENGTH,
+    AGENT_LOOP_PREEMPTIONS,
+    AGENT_LOOP_SLOWEST,
+    AGENT_LOOP_SLOWEST_LENGTH,
     DROPPED,
 )
 

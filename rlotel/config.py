@@ -34,7 +34,7 @@ class Config:
     profile_dir: Path | None
     sdk_disabled: bool
     max_metric_keys: int = 256
-    max_phases: int = 64
+    max_sample_spans: int = 4
     queue_size: int = 1024
     shutdown_timeout_s: float = 5.0
 
@@ -51,6 +51,7 @@ class Config:
         profile_steps: Iterable[int],
         profile_dir: str | os.PathLike | None,
         max_metric_keys: int,
+        max_sample_spans: int,
         queue_size: int,
         shutdown_timeout_s: float,
         environ: Mapping[str, str],
@@ -74,12 +75,13 @@ class Config:
         if not isinstance(prometheus_addr, str) or not prometheus_addr:
             raise ConfigError(f"prometheus_addr must be a host address, got {prometheus_addr!r}")
         steps = _steps(profile_steps)
-        for label, value in (
-            ("max_metric_keys", max_metric_keys),
-            ("queue_size", queue_size),
+        for label, value, least in (
+            ("max_metric_keys", max_metric_keys, 1),
+            ("max_sample_spans", max_sample_spans, 0),
+            ("queue_size", queue_size, 1),
         ):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{label} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{label} must be an integer ≥ {least}, got {value!r}")
         if not shutdown_timeout_s > 0:
             raise ConfigError(f"shutdown_timeout_s must be > 0, got {shutdown_timeout_s!r}")
         return cls(
@@ -93,6 +95,7 @@ class Config:
             profile_dir=_writable_dir(profile_dir, "profile_dir"),
             sdk_disabled=_truthy(environ.get("OTEL_SDK_DISABLED")),
             max_metric_keys=max_metric_keys,
+            max_sample_spans=max_sample_spans,
             queue_size=queue_size,
             shutdown_timeout_s=float(shutdown_timeout_s),
         )

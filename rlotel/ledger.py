@@ -14,8 +14,9 @@ from random import getrandbits
 from time import perf_counter_ns
 from typing import Any
 
-from rlotel import formulas, nvtx
+from rlotel import formulas, nvtx, samples
 from rlotel.drops import Drops, as_finite_float, clean_counts
+from rlotel.samples import SampleBatch
 
 log = logging.getLogger("rlotel")
 
@@ -113,13 +114,18 @@ def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException)
 class Trace:
     """A tree of phases with one root: a step, or a phase opened outside any step."""
 
-    __slots__ = ("records", "root", "step", "trace_id")
+    __slots__ = ("records", "root", "samples", "step", "trace_id")
 
     def __init__(self, root: Phase, step: int | None) -> None:
         self.trace_id = getrandbits(128) or 1
         self.root = root
         self.records: list[Phase] = []
+        self.samples: list[SampleBatch] = []
         self.step = step
+
+    @property
+    def sample_spans(self) -> int:
+        return sum(len(batch.spans) for batch in self.samples)
 
 
 class Step:
@@ -219,6 +225,8 @@ class Step:
         metrics = formulas.timing_metrics(timing, self.prompt_tokens, self.response_tokens)
         metrics.update(formulas.throughput_metrics(timing, self.total_tokens, self._n_gpus))
         metrics.update(formulas.mfu_metrics(self.mfu))
+        if self.trace.samples:
+            metrics.update(samples.verl_aggregates(self.trace.samples))
         unaccounted = max(0.0, timing["step"] - self._top_level_seconds())
         self._derived = derived = (timing, metrics, unaccounted)
         return derived
@@ -265,6 +273,28 @@ class Ledger:
     @property
     def current_step(self) -> Step | None:
         return self._step
+
+    @property
+    def current_trace(self) -> Trace | None:
+        """The trace phases are recorded into now: the open step's, or a loose one."""
+        if self._step is not None:
+            return self._step.trace
+        return self._loose
+
+    def attach_samples(self, batch: SampleBatch, max_spans: int) -> bool:
+        """Give samples recorded inside a trace their parent, ids and span budget.
+
+        Returns False when no trace is open (the caller publishes the batch on its own).
+        """
+        trace = self.current_trace
+        batch.end_ns = perf_counter_ns()
+        if trace is None:
+            return False
+        batch.trace_id = trace.trace_id
+        batch.parent = self.stack[-1] if self.stack else trace.root
+        samples.pick_sample_spans(batch, max_spans - trace.sample_spans)
+        trace.samples.append(batch)
+        return True
 
     def open_step(self, step: Step) -> None:
         if self._step is not None:

@@ -15,6 +15,7 @@ from rlotel.config import Config
 from rlotel.drops import Drops
 from rlotel.ledger import Ledger, Phase, Step, Trace
 from rlotel.publisher import Publisher
+from rlotel.samples import SampleBatch, build_batch
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.otlp import otlp_span_exporter
 from rlotel.sinks.prometheus import PrometheusSink
@@ -85,6 +86,24 @@ class Telemetry:
     def current_step(self) -> Step | None:
         return self.ledger.current_step
 
+    def record_samples(self, records: Any = None, /, **fields: Any) -> None:
+        """Per-sample agent-loop timings and lengths, one entry per sample.
+
+        Keyword arrays (lists, numpy, torch): generate_sequences, tool_calls, compute_score
+        (seconds), num_preempted (-1 = unknown), prompt_length, response_length; any
+        subset. Or verl's shapes as `records`: a list of per-sample metric dicts, or the
+        list[list[dict]] of worker chunks `AgentLoopManager._performance_metrics` receives.
+        """
+        try:
+            batch = build_batch(records, fields, self.drops)
+            if batch is None:
+                return
+            span_budget = self.config.max_sample_spans if self._spans is not None else 0
+            if not self.ledger.attach_samples(batch, span_budget):
+                self._publisher.submit(batch)  # outside any trace: histograms only
+        except Exception as error:  # telemetry must never raise into training
+            self.drops.add("samples", "internal_error", repr(error))
+
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl `Tracking.log`-compatible: known keys to the catalogue, other scalars generic."""
         try:
@@ -130,7 +149,15 @@ class Telemetry:
 
     # --- publisher thread ------------------------------------------------------------------
 
-    def _publish(self, item: Step | Trace | _LogRecord) -> None:
+    def _publish(self, item: Step | Trace | SampleBatch | _LogRecord) -> None:
+        if isinstance(item, _LogRecord):
+            if self._prometheus is not None:
+                self._prometheus.observe_log(item.data, item.step)
+            return
+        if isinstance(item, SampleBatch):
+            if self._prometheus is not None:
+                self._prometheus.observe_samples(item)
+            return
         if isinstance(item, Step):
             unclosed = [phase.name for phase in item.trace.records if not phase.end_ns]
             if unclosed:
@@ -139,11 +166,14 @@ class Telemetry:
                 self._spans.export_step(item)
             if self._prometheus is not None:
                 self._prometheus.observe_step(item)
-        elif isinstance(item, Trace):
+            trace = item.trace
+        else:
             if self._spans is not None:
                 self._spans.export_trace(item)
-        elif self._prometheus is not None:
-            self._prometheus.observe_log(item.data, item.step)
+            trace = item
+        if self._prometheus is not None:
+            for batch in trace.samples:
+                self._prometheus.observe_samples(batch)
 
     def __enter__(self) -> Telemetry:
         return self
@@ -174,6 +204,7 @@ def build(
         profile_steps=profile_steps,
         profile_dir=profile_dir,
         max_metric_keys=tuning.get("max_metric_keys", 256),
+        max_sample_spans=tuning.get("max_sample_spans", 4),
         queue_size=tuning.get("queue_size", 1024),
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
         environ=os.environ,

@@ -21,28 +21,35 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 
 from rlotel import catalogue as cat
 from rlotel.config import ConfigError
 from rlotel.drops import Drops, as_finite_float
 from rlotel.formulas import VERL_STEP_STAGES
 from rlotel.ledger import Step
+from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
 
 Labels = tuple[str, ...]
 
 
 class _Histogram:
-    __slots__ = ("bounds", "counts", "sum")
+    """Cumulative bucket counts plus the latest exemplar of each bucket."""
+
+    __slots__ = ("bounds", "counts", "exemplars", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
         self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
         self.sum = 0.0
+        self.exemplars: dict[int, Exemplar] = {}
 
-    def observe(self, values: np.ndarray) -> None:
+    def observe(self, values: np.ndarray, exemplars: list[Exemplar]) -> None:
         index = np.searchsorted(self.bounds, values, side="left")  # v <= bound → that bucket
         self.counts += np.bincount(index, minlength=self.counts.size)
         self.sum += float(values.sum())
+        for exemplar in sorted(exemplars, key=lambda e: e.value):  # slowest written last
+            self.exemplars[int(np.searchsorted(self.bounds, exemplar.value))] = exemplar
 
 
 class SeriesStore(Collector):
@@ -76,7 +83,13 @@ class SeriesStore(Collector):
             if self._admit(spec, family, labels):
                 family[labels] = family.get(labels, 0.0) + amount
 
-    def observe(self, spec: cat.MetricSpec, values: np.ndarray, *labels: str) -> None:
+    def observe(
+        self,
+        spec: cat.MetricSpec,
+        values: np.ndarray,
+        *labels: str,
+        exemplars: list[Exemplar] = (),  # type: ignore[assignment]
+    ) -> None:
         with self._lock:
             family = self._histograms.setdefault(spec, {})
             if not self._admit(spec, family, labels):
@@ -84,7 +97,7 @@ class SeriesStore(Collector):
             histogram = family.get(labels)
             if histogram is None:
                 histogram = family[labels] = _Histogram(spec.buckets)
-            histogram.observe(values)
+            histogram.observe(values, exemplars)
 
     def get(self, spec: cat.MetricSpec, *labels: str) -> float | None:
         with self._lock:
@@ -98,7 +111,10 @@ class SeriesStore(Collector):
         with self._lock:
             scalars = {spec: dict(family) for spec, family in self._scalars.items()}
             histograms = {
-                spec: [(labels, h.counts.cumsum(), h.sum) for labels, h in family.items()]
+                spec: [
+                    (labels, h.counts.cumsum(), h.sum, dict(h.exemplars))
+                    for labels, h in family.items()
+                ]
                 for spec, family in self._histograms.items()
             }
         for (signal, reason), count in self._drops.snapshot().items():
@@ -108,13 +124,13 @@ class SeriesStore(Collector):
                 if spec not in histograms:
                     continue
                 family = HistogramMetricFamily(spec.name, spec.help, labels=spec.label_names)
-                for labels, cumulative, total in histograms[spec]:
-                    bounds = [*(_le(b) for b in spec.buckets), "+Inf"]
-                    family.add_metric(
-                        [self._run, *labels],
-                        [(le, float(c)) for le, c in zip(bounds, cumulative, strict=True)],
-                        total,
-                    )
+                bounds = [*(_le(b) for b in spec.buckets), "+Inf"]
+                for labels, cumulative, total, exemplars in histograms[spec]:
+                    buckets = [
+                        (le, float(c), exemplars[i]) if i in exemplars else (le, float(c))
+                        for i, (le, c) in enumerate(zip(bounds, cumulative, strict=True))
+                    ]
+                    family.add_metric([self._run, *labels], buckets, total)
                 yield family
                 continue
             if spec not in scalars:
@@ -175,6 +191,8 @@ class PrometheusSink:
         store.set(cat.STEP_UNACCOUNTED, step.unaccounted_seconds)
         self._count_step(step.number)
         for key, value in step.metrics.items():
+            if key.startswith("agent_loop/") and not key.startswith("agent_loop/slowest/"):
+                continue  # min/max/mean are verl's view; the histograms hold every sample
             if not key.startswith("timing_s/"):
                 self._map_known(key, value)
         if step.prompt_tokens is not None:
@@ -196,6 +214,33 @@ class PrometheusSink:
         self.store.set(cat.STEP, float(number))
         self.store.set(cat.LAST_STEP_TIMESTAMP, time.time())
         self._last_counted = number
+
+    def observe_samples(self, batch: SampleBatch) -> None:
+        """Every valid sample into the stage/length histograms; sample spans as exemplars."""
+        age_s = (time.perf_counter_ns() - batch.end_ns) / 1e9 if batch.end_ns else 0.0
+        timestamp = time.time() - age_s
+        for name, spec, label in (
+            *((f, cat.AGENT_LOOP_DURATION, f) for f in DURATION_FIELDS),
+            *((f, cat.AGENT_LOOP_LENGTH, kind) for f, kind in LENGTH_KINDS.items()),
+        ):
+            if name not in batch.columns:
+                continue
+            exemplars = [
+                Exemplar(
+                    {
+                        "trace_id": f"{batch.trace_id:032x}",
+                        "span_id": f"{span.span_id:016x}",
+                    },
+                    span.values[name],
+                    timestamp,
+                )
+                for span in batch.spans
+                if name in span.values
+            ]
+            self.store.observe(spec, batch.valid(name), label, exemplars=exemplars)
+        if PREEMPTED in batch.columns:
+            reported = batch.valid(PREEMPTED)
+            self.store.inc(cat.AGENT_LOOP_PREEMPTIONS, float(reported[reported >= 0].sum()))
 
     # --- tel.log (publisher thread) --------------------------------------------------------
 
@@ -259,6 +304,12 @@ class PrometheusSink:
             target = (cat.STEP_TOKENS, value, "total")
         elif key.startswith("perf/mfu/"):
             target = (cat.MFU, value, key[9:])
+        elif key.startswith(("agent_loop/slowest/", "timing_s/agent_loop/slowest/")):
+            field = key.rsplit("/", 1)[1]
+            if field in DURATION_FIELDS:
+                target = (cat.AGENT_LOOP_SLOWEST, value, field)
+            elif field in LENGTH_KINDS:
+                target = (cat.AGENT_LOOP_SLOWEST_LENGTH, value, LENGTH_KINDS[field])
         if target is None:
             if key.startswith("timing_s/") and value < 0:
                 self._drops.add("metrics", "negative", f"{key}={value}")

@@ -19,6 +19,15 @@ from opentelemetry.trace import Status, StatusCode
 
 from rlotel.drops import Drops
 from rlotel.ledger import Phase, Step, Trace
+from rlotel.samples import DURATION_FIELDS, PREEMPTED, SampleBatch
+
+# OTel GenAI conventions where one exists; rl.sample.* otherwise.
+_SAMPLE_ATTRIBUTES = {
+    "prompt_length": "gen_ai.usage.input_tokens",
+    "response_length": "gen_ai.usage.output_tokens",
+    **{name: f"rl.sample.{name}_s" for name in DURATION_FIELDS},
+}
+_INTEGER_FIELDS = frozenset({PREEMPTED, "prompt_length", "response_length"})
 
 
 class PresetIdGenerator(RandomIdGenerator):
@@ -104,9 +113,35 @@ class SpanSink:
             spans[id(record)] = self._start(
                 record, parent, offset, 0, {**common, "rl.phase": record.name}
             )
+        for batch in trace.samples:
+            self._export_samples(batch, spans.get(id(batch.parent), root_span), offset, common)
         for record in reversed(closed):
             self._end(spans[id(record)], record, offset)
         self._end(root_span, root, offset)
+
+    def _export_samples(self, batch: SampleBatch, parent, offset: int, common: dict) -> None:
+        """The slowest samples as children of the phase they were recorded in.
+
+        A sample is placed to end when `record_samples` was called, lasting the sum of its
+        stage seconds (clamped to start no earlier than its parent).
+        """
+        parent_start = getattr(parent, "start_time", None) or 0
+        end = batch.end_ns + offset
+        for sample in batch.spans:
+            seconds = sum(sample.values.get(f, 0.0) for f in DURATION_FIELDS)
+            start = max(end - int(seconds * 1e9), parent_start)
+            self._ids.span_id = sample.span_id
+            attributes = {**common, "rl.sample.index": sample.index}
+            for name, value in sample.values.items():
+                key = _SAMPLE_ATTRIBUTES.get(name, f"rl.sample.{name}")
+                attributes[key] = int(value) if name in _INTEGER_FIELDS else value
+            span = self._tracer.start_span(
+                "sample",
+                context=trace_api.set_span_in_context(parent),
+                attributes=attributes,
+                start_time=start,
+            )
+            span.end(end_time=end)
 
     def _start(self, record: Phase, parent, offset: int, trace_id: int, attributes: dict):
         self._ids.trace_id = trace_id

@@ -1,0 +1,208 @@
+"""Agent-loop per-sample timings: validated columns, verl's aggregates, slowest-sample picks.
+
+verl reduces each batch to min/max/mean and one slowest sample; rlotel keeps every sample
+(histograms, vectorised with numpy) and still produces verl's `agent_loop/*` keys exactly.
+Invalid entries become NaN in their column: they are counted as drops and excluded, and
+everything valid is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from random import getrandbits
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rlotel.drops import Drops, as_finite_float
+
+DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
+PREEMPTED = "num_preempted"
+LENGTH_KINDS = {"prompt_length": "prompt", "response_length": "response"}
+FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS)
+UNKNOWN_PREEMPTIONS = -1.0  # verl's AgentLoopMetrics default: "not available"
+
+
+class SampleSpan(NamedTuple):
+    """One sample that gets its own span and serves as the exemplar of its buckets."""
+
+    index: int
+    span_id: int
+    values: dict[str, float]
+
+
+class SampleBatch:
+    """One `record_samples` call: columns of equal meaning, NaN where a value was invalid."""
+
+    __slots__ = ("columns", "end_ns", "parent", "spans", "trace_id")
+
+    def __init__(self, columns: dict[str, np.ndarray]) -> None:
+        self.columns = columns
+        self.spans: list[SampleSpan] = []
+        self.trace_id = 0
+        self.parent: Any = None  # the Phase open when the samples were recorded
+        self.end_ns = 0
+
+    def valid(self, field: str) -> np.ndarray:
+        column = self.columns[field]
+        return column[~np.isnan(column)]
+
+    def durations_aligned(self) -> bool:
+        lengths = {self.columns[f].size for f in DURATION_FIELDS if f in self.columns}
+        return len(lengths) == 1
+
+    def totals(self) -> np.ndarray | None:
+        """Per-sample sum of the duration stages present (-inf where any is invalid)."""
+        present = [self.columns[f] for f in DURATION_FIELDS if f in self.columns]
+        if not present or not self.durations_aligned():
+            return None
+        total = present[0]
+        for column in present[1:]:
+            total = total + column  # verl's order: (generate + tools) + score
+        return np.where(np.isnan(total), -np.inf, total)
+
+
+def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> SampleBatch | None:
+    """Columns from keyword arrays and/or verl's per-sample dicts (flat or per worker chunk)."""
+    raw: dict[str, Any] = {}
+    if records is not None:
+        raw.update(_columns_from_records(records, drops))
+    for name, values in fields.items():
+        if name not in FIELDS:
+            drops.add("samples", "unknown_field", f"record_samples({name}=...) is not a field")
+            continue
+        if values is not None:
+            raw[name] = values
+    columns = {name: _column(name, values, drops) for name, values in raw.items()}
+    columns = {name: column for name, column in columns.items() if column.size}
+    if not columns:
+        return None
+    batch = SampleBatch(columns)
+    sizes = {column.size for column in columns.values()}
+    if len(sizes) > 1:
+        drops.add(
+            "samples",
+            "length_mismatch",
+            f"columns of different lengths {sorted(sizes)}: each kept for its histogram, "
+            "no slowest-sample pick across them",
+        )
+    return batch
+
+
+def _columns_from_records(records: Any, drops: Drops) -> dict[str, list]:
+    """verl shapes: list[dict] per sample, or list[list[dict]] per worker chunk."""
+    try:
+        items = list(records)
+    except TypeError:
+        drops.add("samples", "bad_records", f"records of type {type(records).__name__}")
+        return {}
+    if items and all(isinstance(item, (list, tuple)) for item in items):
+        items = [sample for chunk in items for sample in chunk]
+    columns: dict[str, list] = {}
+    for position, sample in enumerate(items):
+        for name in FIELDS:
+            if isinstance(sample, Mapping):
+                value = sample.get(name, _MISSING)
+            else:
+                value = getattr(sample, name, _MISSING)  # pydantic AgentLoopMetrics
+            if value is not _MISSING:
+                columns.setdefault(name, [None] * position).append(value)
+        for column in columns.values():
+            if len(column) < position + 1:
+                column.append(None)  # a sample without this field: invalid, counted
+    return columns
+
+
+_MISSING = object()
+
+
+def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
+    """float64 column; invalid entries NaN and counted. -1 preemptions stay (unknown)."""
+    if hasattr(values, "detach") and hasattr(values, "numpy"):  # torch tensor
+        values = values.detach().cpu().numpy()
+    if not isinstance(values, np.ndarray):
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            values = [values]
+        values = np.asarray(values if isinstance(values, list) else list(values))
+    if values.dtype.kind in "iufb":
+        column = values.astype(np.float64).ravel()
+        reason = ""
+    else:
+        parsed = [as_finite_float(item) for item in values.ravel().tolist()]
+        column = np.array([np.nan if v is None else v for v, _ in parsed], dtype=np.float64)
+        reason = next((r for _, r in parsed if r), "")
+    finite = np.isfinite(column)
+    if name == PREEMPTED:
+        valid = finite & ((column >= 0) | (column == UNKNOWN_PREEMPTIONS))
+        valid &= np.floor(np.where(finite, column, 0)) == np.where(finite, column, 0)
+    else:
+        valid = finite & (column >= 0)
+    n_bad = column.size - int(np.count_nonzero(valid))
+    if n_bad:
+        if not reason:
+            reason = "non_finite" if not finite.all() else "negative"
+        drops.add("samples", reason, f"{n_bad} invalid {name} value(s) of {column.size}", n_bad)
+        column = np.where(valid, column, np.nan)
+    return column
+
+
+def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
+    """The `limit` slowest samples (by total stage seconds) get span ids and exemplars."""
+    totals = batch.totals()
+    if limit <= 0 or totals is None:
+        return
+    candidates = np.flatnonzero(np.isfinite(totals))
+    if not candidates.size:
+        return
+    if candidates.size > limit:
+        top = np.argpartition(-totals[candidates], limit - 1)[:limit]
+        candidates = candidates[top]
+    order = candidates[np.argsort(-totals[candidates], kind="stable")]
+    for index in order.tolist():
+        values = {
+            name: float(column[index])
+            for name, column in batch.columns.items()
+            if index < column.size and not np.isnan(column[index])
+        }
+        batch.spans.append(SampleSpan(index, getrandbits(64) or 1, values))
+
+
+def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
+    """verl 0.9.1 `AgentLoopManager._performance_metrics`, over every sample of a step.
+
+    min/max/mean per field (num_preempted keeps verl's -1 for unknown); the slowest sample
+    is the first argmax of generate_sequences + tool_calls + compute_score, as in verl.
+    """
+    metrics: dict[str, float] = {}
+    for name in (PREEMPTED, *DURATION_FIELDS):
+        values = [b.valid(name) for b in batches if name in b.columns]
+        if not values or not sum(v.size for v in values):
+            continue
+        column = np.concatenate(values)
+        low, high = column.min(), column.max()
+        if name == PREEMPTED:
+            low, high = int(low), int(high)
+        metrics[f"agent_loop/{name}/min"] = low
+        metrics[f"agent_loop/{name}/max"] = high
+        metrics[f"agent_loop/{name}/mean"] = column.mean()
+    aligned = [b for b in batches if b.totals() is not None]
+    if not aligned:
+        return metrics
+    totals = np.concatenate([b.totals() for b in aligned])
+    if not np.isfinite(totals).any():
+        return metrics
+    slowest = int(np.argmax(totals))
+    for batch in aligned:
+        size = batch.totals().size
+        if slowest >= size:
+            slowest -= size
+            continue
+        for name in (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS):
+            column = batch.columns.get(name)
+            if column is None or slowest >= column.size or np.isnan(column[slowest]):
+                continue
+            value = column[slowest]
+            integral = name == PREEMPTED or name in LENGTH_KINDS
+            metrics[f"agent_loop/slowest/{name}"] = int(value) if integral else value
+        break
+    return metrics
