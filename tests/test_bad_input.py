@@ -132,7 +132,8 @@ def test_phase_label_explosion_is_capped(make_tel):
         ({"n_gpus": 0}, "n_gpus must be a positive integer"),
         ({"run": ""}, "run must be a non-empty string"),
         ({"profile_steps": [1, -2]}, "profile_steps must be non-negative"),
-        ({"max_metric_keys": 0}, "max_metric_keys must be a positive integer"),
+        ({"max_metric_keys": 0}, "max_metric_keys must be an integer ≥ 1"),
+        ({"max_sample_spans": -1}, "max_sample_spans must be an integer ≥ 0"),
     ],
 )
 def test_config_errors_raise_at_init(kwargs, message):
