@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
@@ -91,3 +94,57 @@ def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
         for sample in family.samples:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return samples
+
+
+HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def file_spans(path, run: str | None = None) -> list[dict]:
+    """Spans of an OTLP/JSON lines file as flat dicts, checking the encoding rules."""
+    spans = []
+    for line in path.read_text().splitlines():
+        request = json.loads(line)  # one ExportTraceServiceRequest per line
+        for resource_spans in request["resourceSpans"]:
+            resource = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+            if run is not None:
+                assert resource["rl.run"] == {"stringValue": run}
+            for scope_spans in resource_spans["scopeSpans"]:
+                for span in scope_spans["spans"]:
+                    assert len(span["traceId"]) == 32 and HEX.match(span["traceId"])
+                    assert len(span["spanId"]) == 16 and HEX.match(span["spanId"])
+                    assert isinstance(span["kind"], int)
+                    attrs = {}
+                    for a in span["attributes"]:
+                        ((kind, value),) = a["value"].items()
+                        attrs[a["key"]] = int(value) if kind == "intValue" else value
+                    spans.append(
+                        {
+                            "name": span["name"],
+                            "trace": span["traceId"],
+                            "id": span["spanId"],
+                            "parent": span.get("parentSpanId", ""),
+                            "start": int(span["startTimeUnixNano"]),
+                            "end": int(span["endTimeUnixNano"]),
+                            "attrs": attrs,
+                            "status": span.get("status", {}).get("code", 0),
+                        }
+                    )
+    return spans
+
+
+@pytest.fixture
+def prometheus_for(tmp_path):
+    """Start a real Prometheus scraping a metrics URL; stopped by PID after the test."""
+    from tests.promserver import Prometheus
+
+    started: list[Prometheus] = []
+
+    def start(metrics_url: str, **kwargs) -> Prometheus:
+        target = urllib.parse.urlsplit(metrics_url).netloc
+        server = Prometheus(tmp_path, [target], **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

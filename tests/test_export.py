@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 import rlotel
+from tests.conftest import file_spans
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
@@ -95,40 +95,6 @@ def test_otlp_receiver_gets_span_tree(protocol, monkeypatch):
     assert all(s["attrs"]["rl.step"] in range(4) for s in spans)
 
 
-HEX = re.compile(r"^[0-9a-f]+$")
-
-
-def file_spans(path) -> list[dict]:
-    spans = []
-    for line in path.read_text().splitlines():
-        request = json.loads(line)  # one ExportTraceServiceRequest per line
-        for resource_spans in request["resourceSpans"]:
-            resource = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
-            assert resource["rl.run"] == {"stringValue": "file"}
-            for scope_spans in resource_spans["scopeSpans"]:
-                for span in scope_spans["spans"]:
-                    assert len(span["traceId"]) == 32 and HEX.match(span["traceId"])
-                    assert len(span["spanId"]) == 16 and HEX.match(span["spanId"])
-                    assert isinstance(span["kind"], int)
-                    attrs = {}
-                    for a in span["attributes"]:
-                        ((kind, value),) = a["value"].items()
-                        attrs[a["key"]] = int(value) if kind == "intValue" else value
-                    spans.append(
-                        {
-                            "name": span["name"],
-                            "trace": span["traceId"],
-                            "id": span["spanId"],
-                            "parent": span.get("parentSpanId", ""),
-                            "start": int(span["startTimeUnixNano"]),
-                            "end": int(span["endTimeUnixNano"]),
-                            "attrs": attrs,
-                            "status": span.get("status", {}).get("code", 0),
-                        }
-                    )
-    return spans
-
-
 def test_traces_file_is_otlp_json_lines(tmp_path, monkeypatch):
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     path = tmp_path / "runs" / "traces.jsonl"
@@ -139,7 +105,7 @@ def test_traces_file_is_otlp_json_lines(tmp_path, monkeypatch):
             pass
     finally:
         tel.shutdown()
-    spans = file_spans(path)
+    spans = file_spans(path, run="file")
     check_tree([s for s in spans if s["name"] != "testing"], steps)
     testing = [s for s in spans if s["name"] == "testing"]
     assert len(testing) == 1 and testing[0]["parent"] == ""

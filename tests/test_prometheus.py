@@ -4,30 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import urllib.parse
 
-import pytest
 import torch
 
 from tests.conftest import parse_exposition, scrape
-from tests.promserver import Prometheus
 
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
-
-
-@pytest.fixture
-def prometheus_for(tmp_path):
-    started: list[Prometheus] = []
-
-    def start(metrics_url: str, **kwargs) -> Prometheus:
-        target = urllib.parse.urlsplit(metrics_url).netloc
-        server = Prometheus(tmp_path, [target], **kwargs)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def work(size: int) -> None:
