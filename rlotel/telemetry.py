@@ -6,18 +6,21 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from rlotel.config import Config
+from rlotel.config import Config, ConfigError
 from rlotel.drops import Drops
 from rlotel.ledger import Ledger, Phase, Step, Trace
 from rlotel.publisher import Publisher
 from rlotel.samples import SampleBatch, build_batch
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.otlp import otlp_span_exporter
+from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
 from rlotel.sinks.prometheus import PrometheusSink
 from rlotel.sinks.spans import SpanSink
 
@@ -40,34 +43,47 @@ class Telemetry:
         self.drops = Drops()
         self._spans: SpanSink | None = None
         self._prometheus: PrometheusSink | None = None
+        self._otlp_metrics: OtlpMetricsPusher | None = None
         self.metrics_url: str | None = None
         if config.sdk_disabled:
             log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
         else:
-            self._prometheus = PrometheusSink(config.run, self.drops, config.max_metric_keys)
-            if config.prometheus_port is not None:
-                self.metrics_url = self._prometheus.serve(
-                    config.prometheus_addr, config.prometheus_port
-                )
-            exporters: dict[str, SpanExporter] = {}
-            try:
-                otlp = otlp_span_exporter(os.environ)
-                if otlp is not None:
-                    exporters["otlp"] = otlp
-                if config.traces_file is not None:
-                    exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
-                for index, exporter in enumerate(span_exporters):
-                    exporters[f"{type(exporter).__name__}#{index}"] = exporter
-            except Exception:
-                if self._prometheus is not None:
-                    self._prometheus.shutdown()
-                raise
-            if exporters:
-                self._spans = SpanSink(config.service_name, config.run, exporters, self.drops)
+            self._start_sinks(span_exporters)
         self._publisher = Publisher(self._publish, self.drops, config.queue_size)
         self.ledger = Ledger(self._publisher.submit, self.drops, config.n_gpus)
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
+
+    def _start_sinks(self, span_exporters: Sequence[SpanExporter]) -> None:
+        """Everything that can fail on configuration fails here, before training starts."""
+        config = self.config
+        resource = Resource.create({"service.name": config.service_name, "rl.run": config.run})
+        exporters: dict[str, SpanExporter] = {}
+        otlp = otlp_span_exporter(os.environ)
+        if otlp is not None:
+            exporters["otlp"] = otlp
+        metric_exporter = otlp_metric_exporter(os.environ)
+        interval_s = _export_interval_s(os.environ)
+        if config.traces_file is not None:
+            exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
+        for index, exporter in enumerate(span_exporters):
+            exporters[f"{type(exporter).__name__}#{index}"] = exporter
+        self._prometheus = PrometheusSink(config.run, self.drops, config.max_metric_keys)
+        if config.prometheus_port is not None:
+            self.metrics_url = self._prometheus.serve(
+                config.prometheus_addr, config.prometheus_port
+            )
+        if exporters:
+            self._spans = SpanSink(resource, config.run, exporters, self.drops)
+        if metric_exporter is not None:
+            self._otlp_metrics = OtlpMetricsPusher(
+                metric_exporter,
+                self._prometheus.store,
+                config.run,
+                resource,
+                self.drops,
+                interval_s,
+            )
 
     # --- training-thread API ---------------------------------------------------------------
 
@@ -116,11 +132,15 @@ class Telemetry:
     # --- lifecycle -------------------------------------------------------------------------
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Publish everything closed so far and flush span exporters; bounded wait."""
+        """Publish everything closed so far and push it to every exporter; bounded wait."""
         timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        deadline = time.monotonic() + timeout
         done = self._publisher.flush(timeout)
         if self._spans is not None:
-            done = self._spans.provider.force_flush(int(timeout * 1000)) and done
+            left = max(0.0, deadline - time.monotonic())
+            done = self._spans.provider.force_flush(int(left * 1000)) and done
+        if self._otlp_metrics is not None:
+            done = self._otlp_metrics.export(max(0.1, deadline - time.monotonic())) and done
         return done
 
     def shutdown(self, timeout_s: float | None = None) -> None:
@@ -132,14 +152,23 @@ class Telemetry:
         timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
         self._publisher.flush(timeout / 2)
         self._publisher.stop(0.5)
+        # Exporters may face a blackholed collector: close them in parallel, bounded threads.
+        closers = []
         if self._spans is not None:
-            # A blackholed exporter can block shutdown; give it a bounded thread.
-            spans = self._spans
-            closer = threading.Thread(target=spans.shutdown, name="rlotel-shutdown", daemon=True)
+            closers.append(threading.Thread(target=self._spans.shutdown, daemon=True))
+        if self._otlp_metrics is not None:
+            closers.append(
+                threading.Thread(
+                    target=self._otlp_metrics.shutdown, args=(timeout / 2,), daemon=True
+                )
+            )
+        deadline = time.monotonic() + timeout / 2
+        for closer in closers:
             closer.start()
-            closer.join(timeout / 2)
+        for closer in closers:
+            closer.join(max(0.0, deadline - time.monotonic()))
             if closer.is_alive():
-                log.warning("rlotel: span export did not finish within %.1fs; giving up", timeout)
+                log.warning("rlotel: export did not finish within %.1fs; giving up", timeout)
         if self._prometheus is not None:
             self._prometheus.shutdown()
         import rlotel
@@ -180,6 +209,19 @@ class Telemetry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _export_interval_s(environ: Mapping[str, str]) -> float:
+    raw = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000")
+    try:
+        interval_ms = float(raw)
+    except ValueError:
+        interval_ms = -1.0
+    if not interval_ms > 0:
+        raise ConfigError(
+            f"OTEL_METRIC_EXPORT_INTERVAL must be a positive number of milliseconds, got {raw!r}"
+        )
+    return interval_ms / 1000
 
 
 def build(

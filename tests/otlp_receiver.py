@@ -9,6 +9,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -16,11 +17,29 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 class Received:
     def __init__(self) -> None:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.metric_requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self.lock = threading.Lock()
 
     def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
         with self.lock:
             self.requests.append(request)
+
+    def add_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
+        with self.lock:
+            self.metric_requests.append(request)
+
+    def last_metrics(self) -> dict[str, object]:
+        """Metrics of the newest export by name (protobuf Metric messages)."""
+        with self.lock:
+            if not self.metric_requests:
+                return {}
+            request = self.metric_requests[-1]
+        return {
+            metric.name: metric
+            for resource_metrics in request.resource_metrics
+            for scope_metrics in resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics
+        }
 
     def spans(self) -> list[tuple[Span, dict]]:
         """Every span with its resource attributes."""
@@ -50,11 +69,16 @@ class HttpReceiver(Received):
                     body = gzip.decompress(body)
                 elif encoding == "deflate":
                     body = zlib.decompress(body)
-                request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                if self.path == "/v1/traces":
+                if self.path == "/v1/metrics":
+                    metrics = metrics_service_pb2.ExportMetricsServiceRequest()
+                    metrics.ParseFromString(body)
+                    received.add_metrics(metrics)
+                    reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                else:
+                    request = trace_service_pb2.ExportTraceServiceRequest()
+                    request.ParseFromString(body)
                     received.add(request)
-                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                    reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(reply)))
@@ -84,8 +108,14 @@ class GrpcReceiver(Received):
                 received.add(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):
+                received.add_metrics(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
         self.endpoint = f"http://127.0.0.1:{port}"

@@ -17,18 +17,19 @@ from rlotel.config import ConfigError
 PROTOCOLS = ("grpc", "http/protobuf")
 
 
-def otlp_traces_enabled(environ: Mapping[str, str]) -> bool:
-    if "none" in environ.get("OTEL_TRACES_EXPORTER", "").replace(" ", "").split(","):
+def otlp_enabled(environ: Mapping[str, str], signal: str) -> bool:
+    """`signal` is TRACES or METRICS; `OTEL_{signal}_EXPORTER=none` switches it off."""
+    if "none" in environ.get(f"OTEL_{signal}_EXPORTER", "").replace(" ", "").split(","):
         return False
     return bool(
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
         or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     )
 
 
-def otlp_protocol(environ: Mapping[str, str]) -> str:
+def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
     protocol = (
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
         or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         or "http/protobuf"
     ).strip()
@@ -41,9 +42,9 @@ def otlp_protocol(environ: Mapping[str, str]) -> str:
 
 
 def otlp_span_exporter(environ: Mapping[str, str]) -> SpanExporter | None:
-    if not otlp_traces_enabled(environ):
+    if not otlp_enabled(environ, "TRACES"):
         return None
-    if otlp_protocol(environ) == "grpc":
+    if otlp_protocol(environ, "TRACES") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

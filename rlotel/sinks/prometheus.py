@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
@@ -34,22 +34,44 @@ Labels = tuple[str, ...]
 
 
 class _Histogram:
-    """Cumulative bucket counts plus the latest exemplar of each bucket."""
+    """Per-bucket counts (numpy), sum, min, max and the latest exemplar of each bucket."""
 
-    __slots__ = ("bounds", "counts", "exemplars", "sum")
+    __slots__ = ("bounds", "counts", "exemplars", "max", "min", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
         self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound
         self.sum = 0.0
+        self.min = np.inf
+        self.max = -np.inf
         self.exemplars: dict[int, Exemplar] = {}
 
     def observe(self, values: np.ndarray, exemplars: list[Exemplar]) -> None:
+        if not values.size:
+            return
         index = np.searchsorted(self.bounds, values, side="left")  # v <= bound → that bucket
         self.counts += np.bincount(index, minlength=self.counts.size)
         self.sum += float(values.sum())
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
         for exemplar in sorted(exemplars, key=lambda e: e.value):  # slowest written last
             self.exemplars[int(np.searchsorted(self.bounds, exemplar.value))] = exemplar
+
+
+class HistogramPoint(NamedTuple):
+    labels: Labels
+    counts: np.ndarray  # per bucket, the last one above every bound
+    sum: float
+    min: float
+    max: float
+    exemplars: dict[int, Exemplar]
+
+
+class Snapshot(NamedTuple):
+    """A consistent copy of every series, for one scrape or one OTLP export."""
+
+    scalars: dict[cat.MetricSpec, dict[Labels, float]]
+    histograms: dict[cat.MetricSpec, list[HistogramPoint]]
 
 
 class SeriesStore(Collector):
@@ -99,38 +121,37 @@ class SeriesStore(Collector):
                 histogram = family[labels] = _Histogram(spec.buckets)
             histogram.observe(values, exemplars)
 
-    def get(self, spec: cat.MetricSpec, *labels: str) -> float | None:
-        with self._lock:
-            return self._scalars.get(spec, {}).get(labels)
-
-    def label_values(self, spec: cat.MetricSpec) -> list[Labels]:
-        with self._lock:
-            return list(self._scalars.get(spec, {}))
-
-    def collect(self) -> Iterator[Metric]:
+    def snapshot(self) -> Snapshot:
         with self._lock:
             scalars = {spec: dict(family) for spec, family in self._scalars.items()}
             histograms = {
                 spec: [
-                    (labels, h.counts.cumsum(), h.sum, dict(h.exemplars))
+                    HistogramPoint(labels, h.counts.copy(), h.sum, h.min, h.max, dict(h.exemplars))
                     for labels, h in family.items()
                 ]
                 for spec, family in self._histograms.items()
             }
         for (signal, reason), count in self._drops.snapshot().items():
             scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
+        return Snapshot(scalars, histograms)
+
+    def collect(self) -> Iterator[Metric]:
+        scalars, histograms = self.snapshot()
         for spec in cat.CATALOGUE:
             if spec.kind == "histogram":
                 if spec not in histograms:
                     continue
                 family = HistogramMetricFamily(spec.name, spec.help, labels=spec.label_names)
                 bounds = [*(_le(b) for b in spec.buckets), "+Inf"]
-                for labels, cumulative, total, exemplars in histograms[spec]:
+                for point in histograms[spec]:
+                    cumulative = point.counts.cumsum()
                     buckets = [
-                        (le, float(c), exemplars[i]) if i in exemplars else (le, float(c))
+                        (le, float(c), point.exemplars[i])
+                        if i in point.exemplars
+                        else (le, float(c))
                         for i, (le, c) in enumerate(zip(bounds, cumulative, strict=True))
                     ]
-                    family.add_metric([self._run, *labels], buckets, total)
+                    family.add_metric([self._run, *point.labels], buckets, point.sum)
                 yield family
                 continue
             if spec not in scalars:

@@ -75,9 +75,8 @@ class SpanSink:
     """Owns rlotel's TracerProvider (never the global one) and turns traces into spans."""
 
     def __init__(
-        self, service_name: str, run: str, exporters: dict[str, SpanExporter], drops: Drops
+        self, resource: Resource, run: str, exporters: dict[str, SpanExporter], drops: Drops
     ) -> None:
-        resource = Resource.create({"service.name": service_name, "rl.run": run})
         self._ids = PresetIdGenerator()
         # rlotel shuts the provider down itself, within its own time bound (atexit included).
         self.provider = TracerProvider(

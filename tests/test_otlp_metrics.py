@@ -1,0 +1,67 @@
+"""The same histograms reach an OTLP metrics endpoint, with the catalogue's bucket bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlotel
+from rlotel import catalogue
+from tests.conftest import parse_exposition, scrape
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_histograms_reach_otlp_with_matching_bounds(protocol, monkeypatch):
+    receiver = HttpReceiver() if protocol == "http/protobuf" else GrpcReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    tel = rlotel.init(run="otlpm", prometheus_port=0)
+    try:
+        rng = np.random.default_rng(3)
+        values = rng.lognormal(0, 1.2, 500)
+        with tel.step(1) as step:
+            with tel.phase("gen"):
+                tel.record_samples(generate_sequences=values, response_length=[10] * 500)
+            step.set_tokens(prompt=[5, 5], response=[10, 20])
+        assert tel.flush(10)
+        exposition = parse_exposition(scrape(tel.metrics_url))
+    finally:
+        tel.shutdown()
+        receiver.stop()
+    metrics = receiver.last_metrics()
+    duration = metrics["rlotel_agent_loop_duration_seconds"]
+    assert duration.unit == "s"
+    (point,) = [
+        p
+        for p in duration.histogram.data_points
+        if {a.key: a.value.string_value for a in p.attributes}
+        == {"run": "otlpm", "stage": "generate_sequences"}
+    ]
+    assert list(point.explicit_bounds) == list(catalogue.SAMPLE_DURATION_BUCKETS)
+    assert duration.histogram.aggregation_temporality == 2  # CUMULATIVE
+    assert point.count == 500 and point.sum == pytest.approx(values.sum())
+    assert point.min == values.min() and point.max == values.max()
+    # Same numbers as the Prometheus exposition, bucket for bucket.
+    cumulative = np.cumsum(point.bucket_counts)
+    for bound, count in zip(
+        [*catalogue.SAMPLE_DURATION_BUCKETS, float("inf")], cumulative, strict=True
+    ):
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        key = (
+            "rlotel_agent_loop_duration_seconds_bucket",
+            frozenset({("run", "otlpm"), ("stage", "generate_sequences"), ("le", le)}),
+        )
+        assert exposition[key] == count
+    steps = metrics["rlotel_steps"]
+    assert steps.sum.is_monotonic and steps.sum.data_points[0].as_double == 1.0
+    phase = metrics["rlotel_step_phase_seconds"].gauge.data_points[0]
+    assert phase.as_double == step.timing_raw["gen"]
+
+
+def test_bad_export_interval_raises(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "soon")
+    with pytest.raises(rlotel.ConfigError, match="OTEL_METRIC_EXPORT_INTERVAL"):
+        rlotel.init(prometheus_port=None)
