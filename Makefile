@@ -28,3 +28,4 @@ test: $(STAMP) system-deps
 
 bench: $(STAMP)
 	$(PY) benchmarks/phase_overhead.py
+	$(PY) benchmarks/sample_ingest.py

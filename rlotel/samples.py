@@ -34,7 +34,7 @@ class SampleSpan(NamedTuple):
 class SampleBatch:
     """One `record_samples` call: columns of equal meaning, NaN where a value was invalid."""
 
-    __slots__ = ("columns", "end_ns", "parent", "spans", "trace_id")
+    __slots__ = ("_totals", "columns", "end_ns", "parent", "spans", "trace_id")
 
     def __init__(self, columns: dict[str, np.ndarray]) -> None:
         self.columns = columns
@@ -42,6 +42,7 @@ class SampleBatch:
         self.trace_id = 0
         self.parent: Any = None  # the Phase open when the samples were recorded
         self.end_ns = 0
+        self._totals: np.ndarray | None = None
 
     def valid(self, field: str) -> np.ndarray:
         column = self.columns[field]
@@ -53,13 +54,16 @@ class SampleBatch:
 
     def totals(self) -> np.ndarray | None:
         """Per-sample sum of the duration stages present (-inf where any is invalid)."""
+        if self._totals is not None:
+            return self._totals
         present = [self.columns[f] for f in DURATION_FIELDS if f in self.columns]
         if not present or not self.durations_aligned():
             return None
         total = present[0]
         for column in present[1:]:
             total = total + column  # verl's order: (generate + tools) + score
-        return np.where(np.isnan(total), -np.inf, total)
+        self._totals = np.where(np.isnan(total), -np.inf, total)
+        return self._totals
 
 
 def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> SampleBatch | None:
@@ -151,12 +155,11 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
     totals = batch.totals()
     if limit <= 0 or totals is None:
         return
-    candidates = np.flatnonzero(np.isfinite(totals))
-    if not candidates.size:
-        return
-    if candidates.size > limit:
-        top = np.argpartition(-totals[candidates], limit - 1)[:limit]
-        candidates = candidates[top]
+    if totals.size > limit:
+        candidates = np.argpartition(totals, totals.size - limit)[-limit:]
+    else:
+        candidates = np.arange(totals.size)
+    candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
     for index in order.tolist():
         values = {
@@ -178,7 +181,7 @@ def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
         values = [b.valid(name) for b in batches if name in b.columns]
         if not values or not sum(v.size for v in values):
             continue
-        column = np.concatenate(values)
+        column = values[0] if len(values) == 1 else np.concatenate(values)
         low, high = column.min(), column.max()
         if name == PREEMPTED:
             low, high = int(low), int(high)
@@ -188,7 +191,9 @@ def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
     aligned = [b for b in batches if b.totals() is not None]
     if not aligned:
         return metrics
-    totals = np.concatenate([b.totals() for b in aligned])
+    totals = (
+        aligned[0].totals() if len(aligned) == 1 else np.concatenate([b.totals() for b in aligned])
+    )
     if not np.isfinite(totals).any():
         return metrics
     slowest = int(np.argmax(totals))

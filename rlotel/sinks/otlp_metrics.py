@@ -61,7 +61,7 @@ def to_metrics_data(
                     attributes=_attributes(spec, run, p.labels),
                     start_time_unix_nano=start_ns,
                     time_unix_nano=now_ns,
-                    count=int(p.counts.sum()),
+                    count=int(p.cumulative[-1]),
                     sum=p.sum,
                     bucket_counts=[int(c) for c in p.counts],
                     explicit_bounds=list(spec.buckets),

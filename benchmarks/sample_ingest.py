@@ -1,0 +1,118 @@
+"""Ingest of per-sample agent-loop timings: rlotel vs per-sample histogram loops.
+
+100k samples x 3 stages, measured side by side in one run, printed as ratios. rlotel's row
+is the whole path: `record_samples` on the training thread plus the publisher's numpy
+bucket counting (drained with `tel.flush`). Goals: ≥ 20x a prometheus_client
+`child.observe` loop, ≥ 200x an OTel SDK `histogram.record` loop.
+
+    python benchmarks/sample_ingest.py [--samples N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from prometheus_client import CollectorRegistry, Histogram
+from rich.console import Console
+from rich.table import Table
+
+import rlotel
+from rlotel.catalogue import SAMPLE_DURATION_BUCKETS
+
+STAGES = ("generate_sequences", "tool_calls", "compute_score")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    columns = {stage: rng.lognormal(0, 1, args.samples) for stage in STAGES}
+    as_lists = {stage: column.tolist() for stage, column in columns.items()}
+
+    tel = rlotel.init(run="bench", prometheus_port=None, max_sample_spans=4)
+
+    registry = CollectorRegistry()
+    prom = Histogram(
+        "bench_seconds", "bench", ["stage"], buckets=SAMPLE_DURATION_BUCKETS, registry=registry
+    )
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(
+        metric_readers=[reader],
+        views=[
+            View(
+                instrument_name="bench",
+                aggregation=ExplicitBucketHistogramAggregation(SAMPLE_DURATION_BUCKETS),
+            )
+        ],
+    )
+    otel = provider.get_meter("bench").create_histogram("bench", unit="s")
+
+    def rlotel_arrays() -> None:
+        with tel.step(0):
+            tel.record_samples(**columns)
+        tel.flush(60)
+
+    def rlotel_lists() -> None:
+        with tel.step(0):
+            tel.record_samples(**as_lists)
+        tel.flush(60)
+
+    def prometheus_loop() -> None:
+        for stage in STAGES:
+            child = prom.labels(stage)
+            for value in as_lists[stage]:
+                child.observe(value)
+
+    def otel_loop() -> None:
+        for stage in STAGES:
+            attributes = {"stage": stage}
+            for value in as_lists[stage]:
+                otel.record(value, attributes)
+
+    cases = {
+        "rlotel record_samples (numpy arrays)": rlotel_arrays,
+        "rlotel record_samples (Python lists)": rlotel_lists,
+        "prometheus_client child.observe loop": prometheus_loop,
+        "OTel SDK histogram.record loop": otel_loop,
+    }
+    best: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for name, case in cases.items():
+            start = time.perf_counter()
+            case()
+            best[name] = min(best.get(name, np.inf), time.perf_counter() - start)
+    tel.shutdown()
+    provider.shutdown()
+
+    ours = best["rlotel record_samples (numpy arrays)"]
+    table = Table(
+        title=f"Ingest of {args.samples:,} samples x {len(STAGES)} stages (best of {args.rounds})"
+    )
+    for column in ("path", "ms", "samples/s", "x slower than rlotel (arrays)"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    total = args.samples * len(STAGES)
+    for name, seconds in best.items():
+        table.add_row(
+            name, f"{seconds * 1e3:.1f}", f"{total / seconds:,.0f}", f"{seconds / ours:.1f}"
+        )
+    console = Console(width=110)
+    console.print(table)
+    prom_ratio = best["prometheus_client child.observe loop"] / ours
+    otel_ratio = best["OTel SDK histogram.record loop"] / ours
+    console.print(
+        f"goals: ≥ 20x prometheus_client → {prom_ratio:.0f}x "
+        f"({'met' if prom_ratio >= 20 else 'NOT met'}); ≥ 200x OTel SDK → {otel_ratio:.0f}x "
+        f"({'met' if otel_ratio >= 200 else 'NOT met'})"
+    )
+
+
+if __name__ == "__main__":
+    main()
