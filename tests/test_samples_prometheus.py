@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from rlotel import catalogue
-from tests.conftest import file_spans, scrape
+from tests.conftest import file_spans, parse_exposition, scrape
 
 
 def test_p99_and_exemplars_through_prometheus(make_tel, prometheus_for, tmp_path):
@@ -68,7 +68,7 @@ def test_p99_and_exemplars_through_prometheus(make_tel, prometheus_for, tmp_path
 
 def test_classic_text_stays_promtool_clean_with_exemplars(make_tel, tmp_path):
     tel = make_tel(run="lint2", traces_file=tmp_path / "t.jsonl")
-    with tel.step(1), tel.phase("gen"):
+    with tel.step(1) as step, tel.phase("gen"):
         tel.record_samples(
             generate_sequences=[0.5, 1.5, 30.0],
             tool_calls=[0.0, 0.1, 0.2],
@@ -82,6 +82,15 @@ def test_classic_text_stays_promtool_clean_with_exemplars(make_tel, tmp_path):
     assert '# {span_id="' in openmetrics and "trace_id=" in openmetrics
     classic = scrape(tel.metrics_url)
     assert "trace_id" not in classic
+    series = parse_exposition(classic)
+    run = ("run", "lint2")
+    slowest = step.metrics["agent_loop/slowest/generate_sequences"]
+    assert slowest == 30.0
+    key = ("rlotel_agent_loop_slowest_seconds", frozenset({run, ("stage", "generate_sequences")}))
+    assert series[key] == slowest
+    key = ("rlotel_agent_loop_slowest_length_tokens", frozenset({run, ("kind", "response")}))
+    assert series[key] == 70000
+    assert series[("rlotel_agent_loop_preemptions_total", frozenset({run}))] == 2
     promtool = shutil.which("promtool")
     assert promtool
     result = subprocess.run(
