@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -58,8 +59,25 @@ def _demo(args: argparse.Namespace) -> int:
         outcome = train(tel, config, on_step)
     console.print(_ledger_table(outcome.steps))
     first, last = outcome.reward_gain()
-    console.print(f"reward: first steps {first:.3f} → last steps {last:.3f}")
-    console.print(f"traces: {traces}\nmetrics: {tel.metrics_url}")
+    last_step = outcome.steps[-1]
+    console.print(
+        f"reward: first steps {first:.3f} → last steps {last:.3f}; tool calls in "
+        f"{last_step.tool_call_ratio:.0%} of the last step's samples; slowest sample "
+        f"{last_step.metrics.get('agent_loop/slowest/generate_sequences', 0) * 1000:.1f} ms"
+    )
+    summary = traces.with_name("summary.json")
+    summary.write_text(
+        json.dumps(
+            {
+                "run": args.run,
+                "reward_first": first,
+                "reward_last": last,
+                "steps": [s.as_json() for s in outcome.steps],
+            },
+            indent=1,
+        )
+    )
+    console.print(f"traces: {traces}\nsummary: {summary}\nmetrics: {tel.metrics_url}")
     if args.serve_seconds > 0 and tel.metrics_url:
         console.print(f"serving /metrics for {args.serve_seconds:.0f}s (Ctrl-C to stop)")
         with contextlib.suppress(KeyboardInterrupt):
@@ -96,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlotel", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a tiny real GRPO loop, fully instrumented")
-    demo.add_argument("--steps", type=int, default=30)
+    demo.add_argument("--steps", type=int, default=60)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--run", default="demo", help="run name (label `run`)")
     demo.add_argument("--addr", default="127.0.0.1", help="/metrics bind address")

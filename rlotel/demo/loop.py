@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from time import perf_counter
 
 import torch
 
 import rlotel
+from rlotel.demo import agent
 from rlotel.demo import policy as P
 
 CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
@@ -17,7 +18,7 @@ CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
 
 @dataclass
 class DemoConfig:
-    steps: int = 30
+    steps: int = 60
     seed: int = 0
     prompts_per_step: int = 16
     group_size: int = 4
@@ -34,6 +35,15 @@ class StepResult:
     timing_raw: dict[str, float]
     metrics: dict[str, float]
     reward_mean: float
+    tool_call_ratio: float
+    actor_flops: float
+    actor_changed: bool  # update_actor moved the weights
+    rollout_synced: bool  # update_weights made the rollout copy equal the actor
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        data["metrics"] = {k: float(v) for k, v in self.metrics.items()}
+        return data
 
 
 @dataclass
@@ -45,6 +55,10 @@ class DemoResult:
         rewards = [s.reward_mean for s in self.steps]
         window = max(1, min(window, len(rewards) // 2 or 1))
         return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
 
 
 def train(
@@ -66,29 +80,38 @@ def train(
             with tel.phase("gen"):
                 prompts = P.make_prompts(config.prompts_per_step, generator)
                 prompts = prompts.repeat_interleave(config.group_size, 0)
-                tokens, mask = P.generate(rollout_policy, prompts, generator)
-                rollout = P.Rollout(tokens, mask, prompts[:, 1] - P.TARGET_BASE)
+                checked = torch.arange(batch) // config.group_size % 2 == 1
+                rollout = agent.rollout(rollout_policy, prompts, generator, checked)
+                scores, score_seconds = agent.score(rollout)  # scored in the loop, as verl
+                tel.record_samples(
+                    generate_sequences=rollout.generate_seconds.numpy(),
+                    tool_calls=rollout.tool_seconds.numpy(),
+                    compute_score=score_seconds,
+                    num_preempted=[0] * batch,  # the toy engine never preempts
+                    prompt_length=[P.PROMPT_LEN] * batch,
+                    response_length=rollout.response_lengths.numpy(),
+                )
             with tel.phase("reward"):
-                scores = P.rewards(rollout)
+                token_scores = agent.token_level_scores(rollout, scores)
             with tel.phase("old_log_prob"), torch.no_grad():
                 started = perf_counter()
-                old_log_probs = P.response_log_probs(actor, tokens)
+                old_log_probs = P.response_log_probs(actor, rollout.tokens)
                 infer_seconds = perf_counter() - started
             with tel.phase("ref"), torch.no_grad():
-                ref_log_probs = P.response_log_probs(reference, tokens)
+                ref_log_probs = P.response_log_probs(reference, rollout.tokens)
             with tel.phase("adv"):
-                grouped = scores.view(config.prompts_per_step, config.group_size)
+                grouped = token_scores.sum(-1).view(config.prompts_per_step, config.group_size)
                 advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
                     grouped.std(-1, keepdim=True) + 1e-6
                 )
                 advantages = advantages.view(-1, 1)
+            before = _flat(actor)
             with tel.phase("update_actor"):
                 started = perf_counter()
                 loss = _update_actor(
                     actor,
                     optimizer,
-                    tokens,
-                    mask,
+                    rollout,
                     old_log_probs,
                     ref_log_probs,
                     advantages,
@@ -96,8 +119,10 @@ def train(
                     generator,
                 )
                 actor_seconds = perf_counter() - started
+            actor_changed = not torch.equal(before, _flat(actor))
             with tel.phase("update_weights"):
                 rollout_policy.load_state_dict(actor.state_dict())
+            rollout_synced = torch.equal(_flat(rollout_policy), _flat(actor))
 
             response_lengths = rollout.response_lengths.tolist()
             step.set_tokens(prompt=[P.PROMPT_LEN] * batch, response=response_lengths)
@@ -108,8 +133,25 @@ def train(
                 actor_infer=flops / 3 / infer_seconds / config.peak_flops,
             )
         reward_mean = float(scores.mean())
-        tel.log({"critic/score/mean": reward_mean, "actor/pg_loss": loss}, step=number)
-        outcome = StepResult(number, dict(step.timing_raw), dict(step.metrics), reward_mean)
+        tool_ratio = float(rollout.tool_used.float().mean())
+        tel.log(
+            {
+                "critic/score/mean": reward_mean,
+                "actor/pg_loss": loss,
+                "rollout/tool_ratio": tool_ratio,
+            },
+            step=number,
+        )
+        outcome = StepResult(
+            number,
+            dict(step.timing_raw),
+            dict(step.metrics),
+            reward_mean,
+            tool_ratio,
+            flops,
+            actor_changed,
+            rollout_synced,
+        )
         result.steps.append(outcome)
         if on_step is not None:
             on_step(outcome)
@@ -119,8 +161,7 @@ def train(
 def _update_actor(
     actor: P.TinyPolicy,
     optimizer: torch.optim.Optimizer,
-    tokens: torch.Tensor,
-    mask: torch.Tensor,
+    rollout: agent.Rollout,
     old_log_probs: torch.Tensor,
     ref_log_probs: torch.Tensor,
     advantages: torch.Tensor,
@@ -128,17 +169,17 @@ def _update_actor(
     generator: torch.Generator,
 ) -> float:
     """PPO clipped objective with a k3 KL penalty to the reference, over mini-batches."""
-    order = torch.randperm(tokens.shape[0], generator=generator)
+    order = torch.randperm(rollout.tokens.shape[0], generator=generator)
     losses = []
     for indices in order.chunk(config.mini_batches):
-        log_probs = P.response_log_probs(actor, tokens[indices])
+        log_probs = P.response_log_probs(actor, rollout.tokens[indices])
         ratio = torch.exp(log_probs - old_log_probs[indices])
         clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
         surrogate = torch.minimum(ratio * advantages[indices], clipped * advantages[indices])
         log_ratio_ref = ref_log_probs[indices] - log_probs
         kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
         per_token = -surrogate + config.kl_coef * kl
-        weights = mask[indices].float()
+        weights = rollout.loss_mask[indices].float()  # tool responses are not trained on
         loss = (per_token * weights).sum() / weights.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,115 @@
+"""The demo's agent loop: batched decoding with per-sample tool calls and scoring.
+
+Half of the groups are "checked": the agent calls the calculator mid-answer and feeds the
+result back, a second turn; the policy may also call it by itself. Like verl's agent loop,
+every sample reports `generate_sequences`, `tool_calls` and
+`compute_score` seconds: a sample is charged each decoding step while it is still being
+generated (what its latency is under continuous batching), the calculator tool's own time
+for its call, and the time of its own reward computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+
+import torch
+
+from rlotel.demo import policy as P
+
+
+@dataclass
+class Rollout:
+    tokens: torch.Tensor  # (B, PROMPT_LEN + MAX_RESPONSE)
+    response_mask: torch.Tensor  # (B, MAX_RESPONSE): response tokens up to and with EOS
+    loss_mask: torch.Tensor  # (B, MAX_RESPONSE): tokens the policy generated itself
+    targets: torch.Tensor  # (B,)
+    generate_seconds: torch.Tensor  # (B,)
+    tool_seconds: torch.Tensor  # (B,)
+    tool_used: torch.Tensor  # (B,) bool
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+
+def calculator(row: torch.Tensor) -> int:
+    """The tool: the running digit sum of a response, as a number token."""
+    return P.TARGET_BASE + min(int(P.digit_sum(row)), P.MAX_TARGET)
+
+
+CHECK_AT = 1  # agent-checked samples call the calculator after their first digit
+
+
+@torch.no_grad()
+def rollout(
+    policy: P.TinyPolicy,
+    prompts: torch.Tensor,
+    generator: torch.Generator,
+    checked: torch.Tensor | None = None,
+) -> Rollout:
+    """Decode a batch; `checked` samples (bool mask) have the agent call the calculator
+    mid-answer, and any sample may call it itself by emitting TOOL (once)."""
+    batch = prompts.shape[0]
+    checked = torch.zeros(batch, dtype=torch.bool) if checked is None else checked
+    tokens = prompts
+    alive = torch.ones(batch, dtype=torch.bool)
+    tool_used = torch.zeros(batch, dtype=torch.bool)
+    awaiting_tool = torch.zeros(batch, dtype=torch.bool)
+    response_mask = torch.zeros(batch, P.MAX_RESPONSE, dtype=torch.long)
+    loss_mask = torch.zeros(batch, P.MAX_RESPONSE, dtype=torch.long)
+    generate_seconds = torch.zeros(batch, dtype=torch.float64)
+    tool_seconds = torch.zeros(batch, dtype=torch.float64)
+    for position in range(P.MAX_RESPONSE):
+        started = perf_counter()
+        logits = policy(tokens)[:, -1, : P.TOOL + 1]  # digits, EOS or TOOL
+        if position == 0:
+            logits[:, P.EOS] = -torch.inf  # at least one digit
+        no_tool = tool_used | (position >= P.MAX_RESPONSE - 2)  # one call, room to answer
+        logits[no_tool, P.TOOL] = -torch.inf
+        sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+        decoding = alive & ~awaiting_tool
+        generate_seconds[decoding] += perf_counter() - started
+        next_token = torch.where(alive, sampled, torch.full_like(sampled, P.EOS))
+        if position == CHECK_AT:
+            agent_call = checked & decoding & ~tool_used
+            next_token[agent_call] = P.TOOL
+        for index in torch.nonzero(awaiting_tool).flatten().tolist():
+            started = perf_counter()
+            next_token[index] = calculator(tokens[index])
+            tool_seconds[index] += perf_counter() - started
+        response_mask[:, position] = alive.long()
+        loss_mask[:, position] = decoding.long()
+        tool_call = decoding & (next_token == P.TOOL)
+        tool_used |= tool_call
+        alive &= next_token != P.EOS
+        awaiting_tool = tool_call
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+    return Rollout(
+        tokens=tokens,
+        response_mask=response_mask,
+        loss_mask=loss_mask,
+        targets=prompts[:, 1] - P.TARGET_BASE,
+        generate_seconds=generate_seconds,
+        tool_seconds=tool_seconds,
+        tool_used=tool_used,
+    )
+
+
+def score(rollout: Rollout) -> tuple[torch.Tensor, list[float]]:
+    """Rule-based reward per sample, each timed on its own (verl's compute_score)."""
+    rewards, seconds = [], []
+    for row, target in zip(rollout.tokens, rollout.targets.tolist(), strict=True):
+        started = perf_counter()
+        distance = abs(int(P.digit_sum(row)) - target)
+        rewards.append(max(0.0, 1.0 - distance / P.MAX_TARGET))
+        seconds.append(perf_counter() - started)
+    return torch.tensor(rewards), seconds
+
+
+def token_level_scores(rollout: Rollout, scores: torch.Tensor) -> torch.Tensor:
+    """Each sequence's score on its last response token (verl's token_level_scores)."""
+    last = (rollout.response_lengths - 1).clamp(min=0)
+    token_scores = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)
+    token_scores.scatter_(1, last[:, None], scores[:, None].float())
+    return token_scores * rollout.response_mask

@@ -1,0 +1,100 @@
+"""`rlotel demo` end to end: scraped while it runs, spans, series and real work checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlotel import catalogue, cli
+from tests.conftest import file_spans, parse_exposition, scrape
+
+pytest.importorskip("torch")
+
+VERL_PHASES = {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
+
+
+def wait_for_url(process: subprocess.Popen, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        match = re.search(r"metrics at (http://\S+/metrics)", line)
+        if match:
+            return match.group(1)
+        if process.poll() is not None:
+            break
+    pytest.fail("the demo never printed its metrics URL")
+
+
+def test_demo_end_to_end(tmp_path):
+    command = [
+        sys.executable, "-m", "rlotel.cli", "demo", "--steps", "3", "--port", "0",
+        "--runs-dir", str(tmp_path), "--serve-seconds", "120",
+    ]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "200"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        url = wait_for_url(process)
+        deadline = time.monotonic() + 90
+        series: dict = {}
+        while time.monotonic() < deadline:  # scraped while the demo runs and serves
+            series = parse_exposition(scrape(url))
+            if series.get(("rlotel_steps_total", frozenset({("run", "demo")}))) == 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the demo did not reach 3 steps")
+        process.send_signal(signal.SIGINT)  # ends --serve-seconds early, then shuts down
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    names = {name for name, _ in series}
+    for spec in catalogue.CATALOGUE:
+        if spec.name in ("rlotel_train_metric", "rlotel_telemetry_dropped"):
+            continue
+        assert set(spec.sample_names) & names, f"{spec.name} missing from /metrics"
+    run = ("run", "demo")
+    for phase in VERL_PHASES:
+        assert series[("rlotel_step_phase_seconds", frozenset({run, ("phase", phase)}))] > 0
+    assert series[("rlotel_mfu_ratio", frozenset({run, ("role", "actor")}))] > 0
+    assert series[("rlotel_throughput_tokens_per_second_per_gpu", frozenset({run}))] > 0
+    tools = series[
+        ("rlotel_agent_loop_duration_seconds_sum", frozenset({run, ("stage", "tool_calls")}))
+    ]
+    assert tools > 0  # the calculator tool really ran
+
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert len(summary["steps"]) == 3
+    for step in summary["steps"]:
+        assert step["actor_changed"] and step["rollout_synced"] and step["actor_flops"] > 0
+        assert all(step["timing_raw"][phase] > 0 for phase in VERL_PHASES)
+        assert step["metrics"]["agent_loop/tool_calls/max"] > 0
+
+    spans = file_spans(tmp_path / "demo" / "traces.jsonl", run="demo")
+    roots = {s["id"]: s for s in spans if s["name"] == "step"}
+    assert sorted(s["attrs"]["rl.step"] for s in roots.values()) == [1, 2, 3]
+    for root in roots.values():
+        children = {s["name"]: s for s in spans if s["parent"] == root["id"]}
+        assert set(children) == VERL_PHASES
+        samples = [s for s in spans if s["parent"] == children["gen"]["id"]]
+        assert samples and all(s["name"] == "sample" for s in samples)
+        assert all("gen_ai.usage.output_tokens" in s["attrs"] for s in samples)
+
+
+def test_demo_reports_busy_port(tmp_path, capsys):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        code = cli.main(["demo", "--steps", "1", "--port", str(port), "--runs-dir", str(tmp_path)])
+    assert code == 2
+    assert "Address already in use; choose a free prometheus_port" in capsys.readouterr().err
