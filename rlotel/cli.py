@@ -1,4 +1,4 @@
-"""`rlotel` command line: `rlotel demo` runs the instrumented toy RL loop."""
+"""`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def _demo(args: argparse.Namespace) -> int:
     from rlotel.demo.loop import DemoConfig, StepResult, train
 
     traces = Path(args.runs_dir) / args.run / "traces.jsonl"
+    traces.unlink(missing_ok=True)  # a new run: the file holds this run's traces only
     try:
         tel = rlotel.init(
             run=args.run,
@@ -86,13 +87,37 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger_table(steps) -> Table:
+def _analyze(args: argparse.Namespace) -> int:
+    from rlotel.analyze import load_steps
+
+    path = Path(args.path)
+    if not path.exists():
+        errors.print(f"[red]rlotel: {path} does not exist[/red]")
+        return 2
+    try:
+        steps = load_steps(path)
+    except (OSError, ValueError, KeyError) as error:
+        errors.print(f"[red]rlotel: cannot read {path}: {error!r}[/red]")
+        return 2
+    if not steps:
+        errors.print(f"[red]rlotel: no steps found in {path}[/red]")
+        return 1
+    every = args.every or len(steps)
+    for start in range(0, len(steps), every):
+        chunk = steps[start : start + every]
+        title = f"steps {chunk[0].number}–{chunk[-1].number}"
+        console.print(_ledger_table(chunk, title))
+    return 0
+
+
+def _ledger_table(steps, title: str | None = None) -> Table:
     """Per phase: mean seconds, share of step, per-token ms (verl's numbers)."""
-    table = Table(title=f"Step ledger over {len(steps)} steps (means)")
+    title = title or f"{len(steps)} steps"
+    table = Table(title=f"Step ledger, {title} (means over {len(steps)} steps)")
     for column in ("phase", "seconds", "share of step", "per-token ms"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     step_mean = sum(s.timing_raw["step"] for s in steps) / len(steps)
-    names = [n for n in steps[-1].timing_raw if n != "step"]
+    names = list(dict.fromkeys(n for s in steps for n in s.timing_raw if n != "step"))
     for name in [*names, "step"]:
         values = [s.timing_raw.get(name, 0.0) for s in steps]
         mean = sum(values) / len(values)
@@ -123,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--serve-seconds", type=float, default=0.0)
     demo.add_argument("--peak-flops", type=float, default=448e9, help="device peak FLOP/s")
     demo.set_defaults(handler=_demo)
+    analyze = commands.add_parser(
+        "analyze", help="print the step ledger of a traces file or a verl FileLogger JSONL"
+    )
+    analyze.add_argument("path", help="traces.jsonl, verl's <experiment>.jsonl, or a directory")
+    analyze.add_argument("--every", type=int, default=0, help="one table per N steps")
+    analyze.set_defaults(handler=_analyze)
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -1,0 +1,76 @@
+"""`rlotel analyze` reads back a traces file and verl's own FileLogger output."""
+
+from __future__ import annotations
+
+import pytest
+
+import rlotel
+from rlotel import cli
+from rlotel.analyze import load_steps
+
+PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
+
+
+def test_traces_file_round_trip(tmp_path, capsys):
+    path = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="an", prometheus_port=None, traces_file=path)
+    closed = []
+    for number in range(1, 5):
+        with tel.step(number) as step:
+            for phase in PHASES:
+                with tel.phase(phase):
+                    sum(range(2000 * (1 + PHASES.index(phase))))
+            step.set_tokens(prompt=[10, 20], response=[30, 40 + number])
+            tel.record_samples(generate_sequences=[0.1, 0.2])  # sample spans are skipped
+        closed.append(step)
+    with tel.phase("testing"):  # outside any step: not a ledger row
+        pass
+    tel.shutdown()
+
+    steps = load_steps(path)
+    assert [s.number for s in steps] == [1, 2, 3, 4]
+    for loaded, original in zip(steps, closed, strict=True):
+        assert list(loaded.timing_raw) == [*PHASES, "step"]
+        for name, seconds in original.timing_raw.items():
+            assert loaded.timing_raw[name] == pytest.approx(seconds, abs=1e-6)
+        for key in ("timing_per_token_ms/gen", "timing_per_token_ms/update_actor"):
+            assert loaded.metrics[key] == pytest.approx(original.metrics[key], rel=1e-6)
+
+    assert cli.main(["analyze", str(path), "--every", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "steps 1–2" in out and "steps 3–4" in out and "update_weights" in out
+
+
+def test_verl_file_logger_output(tmp_path, monkeypatch, capsys):
+    tracking = pytest.importorskip("verl.utils.tracking")
+    target = tmp_path / "exp.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(target))
+    logger = tracking.FileLogger("proj", "exp")
+    for number in range(1, 4):
+        logger.log(
+            {
+                "timing_s/gen": 2.0 + number,
+                "timing_s/update_actor": 1.5,
+                "timing_s/step": 4.0 + number,
+                "timing_per_token_ms/gen": 0.25,
+                "actor/pg_loss": -0.1,
+            },
+            step=number,
+        )
+    logger.finish()
+    steps = load_steps(target)
+    assert [s.timing_raw for s in steps] == [
+        {"gen": 2.0 + n, "update_actor": 1.5, "step": 4.0 + n} for n in range(1, 4)
+    ]
+    assert cli.main(["analyze", str(target)]) == 0
+    assert "4.0000" in capsys.readouterr().out  # mean gen seconds: (3 + 4 + 5) / 3
+
+
+def test_analyze_reports_missing_and_empty(tmp_path, capsys):
+    assert cli.main(["analyze", str(tmp_path / "nope.jsonl")]) == 2
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert cli.main(["analyze", str(empty)]) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert cli.main(["analyze", str(bad)]) == 2
