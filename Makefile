@@ -29,3 +29,4 @@ test: $(STAMP) system-deps
 bench: $(STAMP)
 	$(PY) benchmarks/phase_overhead.py
 	$(PY) benchmarks/sample_ingest.py
+	$(PY) benchmarks/demo_overhead.py

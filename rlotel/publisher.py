@@ -19,6 +19,15 @@ from rlotel.drops import Drops
 log = logging.getLogger("rlotel")
 
 
+def yield_gil() -> None:
+    """Let a waiting training thread take the GIL now.
+
+    Without this, a thread that has just released the GIL in a torch kernel waits up to the
+    interpreter's switch interval (5 ms) for this thread's Python work to be preempted.
+    """
+    time.sleep(0)
+
+
 class Publisher:
     def __init__(self, handle: Callable[[Any], None], drops: Drops, maxlen: int) -> None:
         self._handle = handle
@@ -49,6 +58,7 @@ class Publisher:
                     sequence, item = self._queue.popleft()
                 except IndexError:
                     break
+                yield_gil()
                 try:
                     self._handle(item)
                 except Exception:

@@ -20,8 +20,8 @@ CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
 class DemoConfig:
     steps: int = 60
     seed: int = 0
-    prompts_per_step: int = 16
-    group_size: int = 4
+    prompts_per_step: int = 32
+    group_size: int = 8
     mini_batches: int = 2
     lr: float = 3e-3
     clip: float = 0.2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -36,9 +37,12 @@ Labels = tuple[str, ...]
 class _Histogram:
     """Cumulative bucket counts (numpy), sum, min, max and each bucket's latest exemplar."""
 
-    __slots__ = ("bounds", "count", "cumulative", "exemplars", "max", "min", "sum")
+    __slots__ = ("bound_list", "bounds", "count", "cumulative", "exemplars", "max", "min", "sum")
+
+    SMALL = 16  # below this many values, per-value bisection beats numpy's call overhead
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bound_list = list(bounds)
         self.bounds = np.asarray(bounds, dtype=np.float64)
         self.cumulative = np.zeros(len(bounds), dtype=np.int64)  # observations <= bound
         self.count = 0
@@ -50,15 +54,19 @@ class _Histogram:
     def observe(self, values: np.ndarray, exemplars: list[Exemplar]) -> None:
         if not values.size:
             return
-        # One vectorised comparison per bound: ~7x faster than searchsorted + bincount
-        # for the ~20 bounds a histogram has, and it yields Prometheus' `le` counts directly.
-        self.cumulative += [np.count_nonzero(values <= bound) for bound in self.bounds]
+        if values.size < self.SMALL:
+            for value in values.tolist():
+                self.cumulative[bisect_left(self.bound_list, value) :] += 1
+        else:
+            # One vectorised comparison per bound: ~7x faster than searchsorted + bincount
+            # for the ~20 bounds a histogram has, and it gives Prometheus' `le` counts.
+            self.cumulative += [np.count_nonzero(values <= bound) for bound in self.bounds]
         self.count += values.size
         self.sum += float(values.sum())
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
         for exemplar in sorted(exemplars, key=lambda e: e.value):  # slowest written last
-            self.exemplars[int(np.searchsorted(self.bounds, exemplar.value))] = exemplar
+            self.exemplars[bisect_left(self.bound_list, exemplar.value)] = exemplar
 
 
 class HistogramPoint(NamedTuple):
