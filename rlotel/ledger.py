@@ -281,6 +281,16 @@ class Ledger:
             return self._step.trace
         return self._loose
 
+    def current_context(self) -> tuple[int, int] | None:
+        """(trace_id, span_id) of the innermost open phase, drawing its span id now."""
+        trace = self.current_trace
+        if trace is None:
+            return None
+        phase = self.stack[-1] if self.stack else trace.root
+        if not phase.span_id:
+            phase.span_id = getrandbits(64) or 1
+        return trace.trace_id, phase.span_id
+
     def attach_samples(self, batch: SampleBatch, max_spans: int) -> bool:
         """Give samples recorded inside a trace their parent, ids and span budget.
 

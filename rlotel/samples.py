@@ -34,13 +34,24 @@ class SampleSpan(NamedTuple):
 class SampleBatch:
     """One `record_samples` call: columns of equal meaning, NaN where a value was invalid."""
 
-    __slots__ = ("_totals", "columns", "end_ns", "parent", "spans", "trace_id")
+    __slots__ = (
+        "_totals",
+        "columns",
+        "end_ns",
+        "exported_elsewhere",
+        "parent",
+        "parent_span_id",
+        "spans",
+        "trace_id",
+    )
 
     def __init__(self, columns: dict[str, np.ndarray]) -> None:
         self.columns = columns
         self.spans: list[SampleSpan] = []
         self.trace_id = 0
         self.parent: Any = None  # the Phase open when the samples were recorded
+        self.parent_span_id = 0  # or a remote parent, from a propagated context
+        self.exported_elsewhere = False  # spans made by the worker that measured them
         self.end_ns = 0
         self._totals: np.ndarray | None = None
 
@@ -211,3 +222,27 @@ def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
             metrics[f"agent_loop/slowest/{name}"] = int(value) if integral else value
         break
     return metrics
+
+
+def use_remote_spans(batch: SampleBatch, span_ids: Mapping[Any, Any]) -> int:
+    """Adopt spans another process created for some samples (index → span id, hex or int)
+    as this batch's exemplars. Returns how many entries were unusable."""
+    bad = 0
+    batch.exported_elsewhere = True
+    for index, span_id in span_ids.items():
+        try:
+            position = int(index)
+            value = int(span_id, 16) if isinstance(span_id, str) else int(span_id)
+        except (TypeError, ValueError):
+            bad += 1
+            continue
+        values = {
+            name: float(column[position])
+            for name, column in batch.columns.items()
+            if 0 <= position < column.size and not np.isnan(column[position])
+        }
+        if not values or not value:
+            bad += 1
+            continue
+        batch.spans.append(SampleSpan(position, value, values))
+    return bad

@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from rlotel.config import Config, ConfigError
 from rlotel.drops import Drops
 from rlotel.ledger import Ledger, Phase, Step, Trace
+from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
-from rlotel.samples import SampleBatch, build_batch
+from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.otlp import otlp_span_exporter
 from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
@@ -102,23 +103,71 @@ class Telemetry:
     def current_step(self) -> Step | None:
         return self.ledger.current_step
 
-    def record_samples(self, records: Any = None, /, **fields: Any) -> None:
+    def record_samples(
+        self,
+        records: Any = None,
+        /,
+        *,
+        context: Mapping[str, str] | None = None,
+        exemplar_spans: Mapping[int, Any] | None = None,
+        **fields: Any,
+    ) -> dict[int, str]:
         """Per-sample agent-loop timings and lengths, one entry per sample.
 
         Keyword arrays (lists, numpy, torch): generate_sequences, tool_calls, compute_score
         (seconds), num_preempted (-1 = unknown), prompt_length, response_length; any
         subset. Or verl's shapes as `records`: a list of per-sample metric dicts, or the
         list[list[dict]] of worker chunks `AgentLoopManager._performance_metrics` receives.
+
+        `context`: a carrier from `current_context()` in another process; the slowest
+        samples' spans become children of that remote phase. `exemplar_spans`: sample index
+        → span id of spans another process already made (returned by its own call); they
+        become this process's exemplars and no spans are made here.
+        Returns sample index → span id (hex) of the samples that got a span here.
         """
         try:
             batch = build_batch(records, fields, self.drops)
             if batch is None:
-                return
+                return {}
             span_budget = self.config.max_sample_spans if self._spans is not None else 0
-            if not self.ledger.attach_samples(batch, span_budget):
+            if exemplar_spans is not None:
+                span_budget = 0
+            if context is not None:
+                self._attach_remote(batch, context, span_budget)
+            elif not self.ledger.attach_samples(batch, span_budget):
                 self._publisher.submit(batch)  # outside any trace: histograms only
+            if exemplar_spans is not None:
+                bad = use_remote_spans(batch, exemplar_spans)
+                if bad:
+                    self.drops.add("samples", "bad_exemplar", f"{bad} unusable exemplar span(s)")
+            if batch.exported_elsewhere:
+                return {}
+            return {span.index: f"{span.span_id:016x}" for span in batch.spans}
         except Exception as error:  # telemetry must never raise into training
             self.drops.add("samples", "internal_error", repr(error))
+            return {}
+
+    def current_context(self) -> dict[str, str]:
+        """W3C `traceparent` of the innermost open phase, for work in other processes.
+
+        Empty when no phase or step is open (or on error): a worker then records without
+        a parent."""
+        try:
+            ids = self.ledger.current_context()
+        except Exception as error:
+            self.drops.add("spans", "internal_error", repr(error))
+            return {}
+        return traceparent(*ids) if ids else {}
+
+    def _attach_remote(self, batch: SampleBatch, carrier: Any, span_budget: int) -> None:
+        ids = parse(carrier)
+        batch.end_ns = time.perf_counter_ns()
+        if ids is None:
+            self.drops.add("samples", "bad_context", f"no valid traceparent in {carrier!r}")
+        else:
+            batch.trace_id, batch.parent_span_id = ids
+            pick_sample_spans(batch, span_budget)
+        self._publisher.submit(batch)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl `Tracking.log`-compatible: known keys to the catalogue, other scalars generic."""
@@ -184,6 +233,8 @@ class Telemetry:
                 self._prometheus.observe_log(item.data, item.step)
             return
         if isinstance(item, SampleBatch):
+            if self._spans is not None and item.parent_span_id:
+                self._spans.export_remote_samples(item)
             if self._prometheus is not None:
                 self._prometheus.observe_samples(item)
             return

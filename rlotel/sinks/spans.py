@@ -95,6 +95,19 @@ class SpanSink:
     def export_step(self, step: Step) -> None:
         self._export(step.trace, _step_attributes(step))
 
+    def export_remote_samples(self, batch: SampleBatch) -> None:
+        """Sample spans whose parent phase lives in another process (propagated context)."""
+        parent = trace_api.NonRecordingSpan(
+            trace_api.SpanContext(
+                batch.trace_id,
+                batch.parent_span_id,
+                is_remote=True,
+                trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
+            )
+        )
+        offset = time.time_ns() - time.perf_counter_ns()
+        self._export_samples(batch, parent, offset, {"rl.run": self._run})
+
     def export_trace(self, trace: Trace) -> None:
         """A phase tree opened outside any step (verl's `testing`)."""
         self._export(trace, {"rl.phase": trace.root.name})
@@ -115,7 +128,9 @@ class SpanSink:
                 record, parent, offset, 0, {**common, "rl.phase": record.name}
             )
         for batch in trace.samples:
-            self._export_samples(batch, spans.get(id(batch.parent), root_span), offset, common)
+            if not batch.exported_elsewhere:
+                parent = spans.get(id(batch.parent), root_span)
+                self._export_samples(batch, parent, offset, common)
         for record in reversed(closed):
             self._end(spans[id(record)], record, offset)
         self._end(root_span, root, offset)

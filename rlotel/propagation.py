@@ -1,0 +1,31 @@
+"""W3C trace context for work done in other processes (Ray actors, dataloader workers).
+
+`tel.current_context()` on the driver gives a carrier dict naming the open phase; a worker
+passes it to `record_samples(context=...)` and its sample spans become children of that
+phase in the driver's trace.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def traceparent(trace_id: int, span_id: int) -> dict[str, str]:
+    return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
+
+
+def parse(carrier: Any) -> tuple[int, int] | None:
+    """(trace_id, span_id) of a carrier's `traceparent`, or None if absent or malformed."""
+    if not isinstance(carrier, Mapping):
+        return None
+    match = _TRACEPARENT.match(str(carrier.get("traceparent", "")).strip().lower())
+    if match is None:
+        return None
+    trace_id, span_id = int(match.group(1), 16), int(match.group(2), 16)
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id

@@ -1,0 +1,64 @@
+"""Samples measured in another process join the driver's trace through a traceparent."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import rlotel
+from tests.conftest import finished_spans, parse_exposition, scrape
+
+
+def test_worker_sample_spans_are_children_of_driver_gen(make_tel, span_exporter):
+    driver = make_tel(run="prop")
+    worker_spans = InMemorySpanExporter()
+    worker = rlotel.init(run="prop", prometheus_port=None, span_exporters=[worker_spans])
+    try:
+        with driver.step(1), driver.phase("gen"):
+            carrier = driver.current_context()
+            picked = worker.record_samples(  # as a Ray actor would, with the carrier
+                generate_sequences=[0.5, 3.0, 1.0], response_length=[10, 300, 20], context=carrier
+            )
+            driver.record_samples(
+                generate_sequences=[0.5, 3.0, 1.0], response_length=[10, 300, 20],
+                exemplar_spans=picked,
+            )  # fmt: skip
+        worker.flush(10)
+        samples = [s for s in worker_spans.get_finished_spans() if s.name == "sample"]
+        spans = finished_spans(driver, span_exporter)
+    finally:
+        worker.shutdown()
+    gen = next(s for s in spans if s.name == "gen")
+    assert carrier["traceparent"] == f"00-{gen.context.trace_id:032x}-{gen.context.span_id:016x}-01"
+    assert len(samples) == 3
+    for span in samples:
+        assert span.parent.span_id == gen.context.span_id
+        assert span.context.trace_id == gen.context.trace_id
+    assert picked == {s.attributes["rl.sample.index"]: f"{s.context.span_id:016x}" for s in samples}
+    assert not [s for s in spans if s.name == "sample"]  # the driver made none of its own
+    text = scrape(driver.metrics_url, accept="application/openmetrics-text; version=1.0.0")
+    assert f'span_id="{picked[1]}"' in text  # the driver's exemplar leads to the worker span
+    assert (
+        parse_exposition(scrape(driver.metrics_url))[
+            (
+                "rlotel_agent_loop_duration_seconds_count",
+                frozenset({("run", "prop"), ("stage", "generate_sequences")}),
+            )
+        ]
+        == 3
+    )
+
+
+def test_bad_carriers_are_counted_not_raised(make_tel):
+    tel = make_tel(run="prop")
+    assert tel.current_context() == {}  # nothing open
+    for carrier in ({"traceparent": "garbage"}, {}, "x", {"traceparent": "00-" + "0" * 32}):
+        assert tel.record_samples(generate_sequences=[1.0], context=carrier) == {}
+    tel.record_samples(generate_sequences=[1.0], exemplar_spans={"a": "zz", 5: "ff"})
+    tel.flush(10)
+    drops = parse_exposition(scrape(tel.metrics_url))
+    reasons = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in drops.items()
+        if name == "rlotel_telemetry_dropped_total"
+    }
+    assert reasons["bad_context"] == 4 and reasons["bad_exemplar"] == 1
