@@ -23,7 +23,8 @@ def _demo(args: argparse.Namespace) -> int:
     from rlotel.demo.loop import DemoConfig, StepResult, train
 
     traces = Path(args.runs_dir) / args.run / "traces.jsonl"
-    traces.unlink(missing_ok=True)  # a new run: the file holds this run's traces only
+    for old in traces.parent.glob("traces*.jsonl"):  # a new run: this run's traces only
+        old.unlink()
     try:
         tel = rlotel.init(
             run=args.run,
@@ -57,7 +58,17 @@ def _demo(args: argparse.Namespace) -> int:
                 f"{largest} {phases[largest] * 1000:.1f} ms, reward {result.reward_mean:.3f}",
             )
 
-        outcome = train(tel, config, on_step)
+        remote = None
+        if args.ray:
+            from rlotel.demo.ray_rollout import RayRollout
+
+            progress.console.print("starting a local Ray cluster (2 CPUs) for generation")
+            remote = RayRollout(args.run, traces.parent, args.seed)
+        try:
+            outcome = train(tel, config, on_step, remote)
+        finally:
+            if remote is not None:
+                remote.shutdown()
     console.print(_ledger_table(outcome.steps))
     first, last = outcome.reward_gain()
     last_step = outcome.steps[-1]
@@ -147,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--runs-dir", default="runs", help="where runs/<run>/traces.jsonl goes")
     demo.add_argument("--serve-seconds", type=float, default=0.0)
     demo.add_argument("--peak-flops", type=float, default=448e9, help="device peak FLOP/s")
+    demo.add_argument(
+        "--ray", action="store_true", help="generate in 2 Ray actors on a local cluster"
+    )
     demo.set_defaults(handler=_demo)
     analyze = commands.add_parser(
         "analyze", help="print the step ledger of a traces file or a verl FileLogger JSONL"

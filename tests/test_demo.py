@@ -98,3 +98,29 @@ def test_demo_reports_busy_port(tmp_path, capsys):
         code = cli.main(["demo", "--steps", "1", "--port", str(port), "--runs-dir", str(tmp_path)])
     assert code == 2
     assert "Address already in use; choose a free prometheus_port" in capsys.readouterr().err
+
+
+def test_demo_with_ray_parents_worker_samples_under_gen(tmp_path):
+    pytest.importorskip("ray")
+    command = [
+        sys.executable, "-m", "rlotel.cli", "demo", "--ray", "--steps", "2", "--port", "0",
+        "--runs-dir", str(tmp_path),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "demo"
+    driver = file_spans(run_dir / "traces.jsonl", run="demo")
+    gens = {s["id"]: s for s in driver if s["name"] == "gen"}
+    assert len(gens) == 2
+    assert not [s for s in driver if s["name"] == "sample"]  # samples live in the workers
+    workers = [file_spans(run_dir / f"traces-worker{rank}.jsonl") for rank in (0, 1)]
+    for spans in workers:
+        samples = [s for s in spans if s["name"] == "sample"]
+        assert samples, "a worker exported no sample spans"
+        for sample in samples:
+            gen = gens[sample["parent"]]  # parented under the driver's gen span
+            assert sample["trace"] == gen["trace"]
+            assert gen["start"] <= sample["end"] <= gen["end"] + 5_000_000  # clocks: same host
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert all(step["rollout_synced"] and step["actor_changed"] for step in summary["steps"])

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import torch
 
 import rlotel
 from rlotel.demo import agent
 from rlotel.demo import policy as P
+
+if TYPE_CHECKING:
+    from rlotel.demo.ray_rollout import RayRollout
 
 CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
 
@@ -57,6 +62,14 @@ class DemoResult:
         return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
 
 
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of a module's weights: equal digests mean equal weights, across processes."""
+    digest = hashlib.sha256()
+    for tensor in module.state_dict().values():
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _flat(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
@@ -65,7 +78,9 @@ def train(
     tel: rlotel.Telemetry,
     config: DemoConfig,
     on_step: Callable[[StepResult], None] | None = None,
+    remote: RayRollout | None = None,
 ) -> DemoResult:
+    """Train for `config.steps` steps; with `remote`, generation runs in Ray actors."""
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     actor = P.TinyPolicy()
@@ -81,16 +96,27 @@ def train(
                 prompts = P.make_prompts(config.prompts_per_step, generator)
                 prompts = prompts.repeat_interleave(config.group_size, 0)
                 checked = torch.arange(batch) // config.group_size % 2 == 1
-                rollout = agent.rollout(rollout_policy, prompts, generator, checked)
-                scores, score_seconds = agent.score(rollout)  # scored in the loop, as verl
-                tel.record_samples(
-                    generate_sequences=rollout.generate_seconds.numpy(),
-                    tool_calls=rollout.tool_seconds.numpy(),
-                    compute_score=score_seconds,
-                    num_preempted=[0] * batch,  # the toy engine never preempts
-                    prompt_length=[P.PROMPT_LEN] * batch,
-                    response_length=rollout.response_lengths.numpy(),
-                )
+                if remote is None:
+                    rollout = agent.rollout(rollout_policy, prompts, generator, checked)
+                    scores, score_seconds = agent.score(rollout)  # in the loop, as verl
+                    tel.record_samples(
+                        generate_sequences=rollout.generate_seconds.numpy(),
+                        tool_calls=rollout.tool_seconds.numpy(),
+                        compute_score=score_seconds,
+                        num_preempted=[0] * batch,  # the toy engine never preempts
+                        prompt_length=[P.PROMPT_LEN] * batch,
+                        response_length=rollout.response_lengths.numpy(),
+                    )
+                else:
+                    rollout, scores, metrics, spans = remote.generate(
+                        prompts, checked, tel.current_context()
+                    )
+                    tel.record_samples(  # verl's per-sample dicts, as the workers sent them
+                        metrics,
+                        prompt_length=[P.PROMPT_LEN] * batch,
+                        response_length=rollout.response_lengths.numpy(),
+                        exemplar_spans=spans,
+                    )
             with tel.phase("reward"):
                 token_scores = agent.token_level_scores(rollout, scores)
             with tel.phase("old_log_prob"), torch.no_grad():
@@ -121,8 +147,14 @@ def train(
                 actor_seconds = perf_counter() - started
             actor_changed = not torch.equal(before, _flat(actor))
             with tel.phase("update_weights"):
-                rollout_policy.load_state_dict(actor.state_dict())
-            rollout_synced = torch.equal(_flat(rollout_policy), _flat(actor))
+                if remote is None:
+                    rollout_policy.load_state_dict(actor.state_dict())
+                else:
+                    digests = remote.load_weights(actor)
+            if remote is None:
+                rollout_synced = torch.equal(_flat(rollout_policy), _flat(actor))
+            else:
+                rollout_synced = set(digests) == {weights_digest(actor)}
 
             response_lengths = rollout.response_lengths.tolist()
             step.set_tokens(prompt=[P.PROMPT_LEN] * batch, response=response_lengths)

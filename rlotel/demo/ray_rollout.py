@@ -1,0 +1,127 @@
+"""`rlotel demo --ray`: generation in two Ray actors on a local cluster.
+
+Each actor holds a rollout copy of the policy, runs the agent loop on its share of the
+prompts and records its samples with the driver's propagated context, so its sample spans
+are children of the driver's `gen` span. It returns the per-sample metrics (verl's shape)
+and the span ids it made; the driver records the samples again for its histograms and
+verl aggregates, using those span ids as exemplars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from rlotel.demo import agent
+from rlotel.demo import policy as P
+from rlotel.demo.loop import weights_digest
+
+
+@ray.remote(num_cpus=1)
+class RolloutWorker:
+    def __init__(self, run: str, traces_file: str, rank: int, seed: int) -> None:
+        import rlotel
+
+        torch.set_num_threads(1)
+        self.tel = rlotel.init(
+            run=run,
+            service_name="rlotel-rollout-worker",
+            prometheus_port=None,
+            traces_file=traces_file,
+        )
+        self.policy = P.TinyPolicy()
+        self.generator = torch.Generator().manual_seed(seed * 1000 + rank)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> str:
+        """update_weights: the actor's new weights into this rollout copy."""
+        self.policy.load_state_dict(state)
+        return weights_digest(self.policy)
+
+    def generate(
+        self, prompts: torch.Tensor, checked: torch.Tensor, carrier: dict[str, str]
+    ) -> tuple[agent.Rollout, torch.Tensor, list[dict[str, Any]], dict[int, str]]:
+        rollout = agent.rollout(self.policy, prompts, self.generator, checked)
+        scores, score_seconds = agent.score(rollout)
+        metrics = [
+            {
+                "generate_sequences": g,
+                "tool_calls": t,
+                "compute_score": c,
+                "num_preempted": 0,
+            }
+            for g, t, c in zip(
+                rollout.generate_seconds.tolist(),
+                rollout.tool_seconds.tolist(),
+                score_seconds,
+                strict=True,
+            )
+        ]
+        lengths = rollout.response_lengths.tolist()
+        spans = self.tel.record_samples(
+            metrics,
+            prompt_length=[P.PROMPT_LEN] * len(lengths),
+            response_length=lengths,
+            context=carrier,
+        )
+        return rollout, scores, metrics, spans
+
+    def shutdown(self) -> None:
+        self.tel.shutdown()
+
+
+class RayRollout:
+    """The driver's handle on the workers: split, gather, sync weights, shut down."""
+
+    def __init__(self, run: str, runs_dir: Path, seed: int, workers: int = 2) -> None:
+        ray.init(
+            address="local",  # always a fresh local cluster, never a user's RAY_ADDRESS
+            num_cpus=workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        self.workers = [
+            RolloutWorker.remote(run, str(runs_dir / f"traces-worker{rank}.jsonl"), rank, seed)
+            for rank in range(workers)
+        ]
+
+    def generate(
+        self, prompts: torch.Tensor, checked: torch.Tensor, carrier: dict[str, str]
+    ) -> tuple[agent.Rollout, torch.Tensor, list[dict[str, Any]], dict[int, str]]:
+        shares = zip(
+            prompts.chunk(len(self.workers)), checked.chunk(len(self.workers)), strict=True
+        )
+        results = ray.get(
+            [
+                worker.generate.remote(p, c, carrier)
+                for worker, (p, c) in zip(self.workers, shares, strict=True)
+            ]
+        )
+        rollouts, scores, metrics, spans, offset = [], [], [], {}, 0
+        for rollout, score, sample_metrics, picked in results:
+            rollouts.append(rollout)
+            scores.append(score)
+            metrics.extend(sample_metrics)
+            spans.update({offset + index: span for index, span in picked.items()})
+            offset += len(sample_metrics)
+        merged = agent.Rollout(
+            **{
+                f.name: torch.cat([getattr(r, f.name) for r in rollouts])
+                for f in dataclasses.fields(agent.Rollout)
+            }
+        )
+        return merged, torch.cat(scores), metrics, spans
+
+    def load_weights(self, actor: torch.nn.Module) -> list[str]:
+        state = ray.put({k: v.detach().clone() for k, v in actor.state_dict().items()})
+        return ray.get([worker.load_weights.remote(state) for worker in self.workers])
+
+    def shutdown(self) -> None:
+        try:
+            ray.get([worker.shutdown.remote() for worker in self.workers], timeout=30)
+        finally:
+            ray.shutdown()
