@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
@@ -32,6 +33,9 @@ class DemoConfig:
     clip: float = 0.2
     kl_coef: float = 0.01
     peak_flops: float = CPU_PEAK_FLOPS
+    # One core is left to the exporters, as on a GPU node where training does not saturate
+    # the host CPUs; with every core in torch, export competes with the math itself.
+    torch_threads: int = max(1, (os.cpu_count() or 2) - 1)
 
 
 @dataclass
@@ -82,6 +86,7 @@ def train(
 ) -> DemoResult:
     """Train for `config.steps` steps; with `remote`, generation runs in Ray actors."""
     torch.manual_seed(config.seed)
+    torch.set_num_threads(config.torch_threads)
     generator = torch.Generator().manual_seed(config.seed)
     actor = P.TinyPolicy()
     rollout_policy = copy.deepcopy(actor)  # the inference engine's copy of the weights
