@@ -2,7 +2,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,torch,nvtx,verl
+EXTRAS := dev,torch,nvtx,ray,verl
 
 .PHONY: demo test lint bench system-deps
 

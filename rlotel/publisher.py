@@ -20,10 +20,11 @@ log = logging.getLogger("rlotel")
 
 
 def yield_gil() -> None:
-    """Let a waiting training thread take the GIL now.
+    """Let a waiting training thread take the GIL now, once per published item.
 
-    Without this, a thread that has just released the GIL in a torch kernel waits up to the
-    interpreter's switch interval (5 ms) for this thread's Python work to be preempted.
+    Without this, a thread that has just released the GIL in a torch kernel may wait up to
+    the interpreter's switch interval (5 ms) for this thread's Python work to be preempted.
+    (It costs a syscall, ~20 µs here: once per step, not once per span.)
     """
     time.sleep(0)
 

@@ -19,8 +19,6 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from rlotel.publisher import yield_gil
-
 _ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
 
 
@@ -44,13 +42,7 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 class OtlpJsonLinesExporter(SpanExporter):
-    """Appends exported spans to a file as OTLP/JSON lines of at most `CHUNK` spans.
-
-    Encoding is pure Python under the GIL; short chunks with a GIL yield between them keep
-    a training thread that waits for the GIL from stalling behind a long export.
-    """
-
-    CHUNK = 16
+    """Appends each exported batch to a file as one OTLP/JSON line."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -58,17 +50,12 @@ class OtlpJsonLinesExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        for start in range(0, len(spans), self.CHUNK):
-            yield_gil()
-            chunk = spans[start : start + self.CHUNK]
-            line = json.dumps(spans_to_otlp_json(chunk), separators=(",", ":"))
-            with self._lock:
-                if self._file.closed:
-                    return SpanExportResult.FAILURE
-                self._file.write(line + "\n")
+        line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
         with self._lock:
-            if not self._file.closed:
-                self._file.flush()
+            if self._file.closed:
+                return SpanExportResult.FAILURE
+            self._file.write(line + "\n")
+            self._file.flush()
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -19,7 +19,6 @@ from opentelemetry.trace import Status, StatusCode
 
 from rlotel.drops import Drops
 from rlotel.ledger import Phase, Step, Trace
-from rlotel.publisher import yield_gil
 from rlotel.samples import DURATION_FIELDS, PREEMPTED, SampleBatch
 
 # OTel GenAI conventions where one exists; rl.sample.* otherwise.
@@ -122,7 +121,6 @@ class SpanSink:
         spans = {id(root): root_span}
         closed = [record for record in trace.records if record.end_ns]
         for record in closed:
-            yield_gil()
             parent = spans.get(id(record.parent or root), root_span)
             spans[id(record)] = self._start(
                 record, parent, offset, 0, {**common, "rl.phase": record.name}
@@ -144,7 +142,6 @@ class SpanSink:
         parent_start = getattr(parent, "start_time", None) or 0
         end = batch.end_ns + offset
         for sample in batch.spans:
-            yield_gil()
             seconds = sum(sample.values.get(f, 0.0) for f in DURATION_FIELDS)
             start = max(end - int(seconds * 1e9), parent_start)
             self._ids.span_id = sample.span_id
