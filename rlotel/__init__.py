@@ -7,11 +7,25 @@ from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from rlotel import diagnose as _diagnose
 from rlotel.config import ConfigError
+from rlotel.diagnose import Diagnoser, StepFacts, Thresholds, Verdict
 from rlotel.ledger import Phase, Step
 from rlotel.telemetry import Telemetry, build
 
-__all__ = ["ConfigError", "Step", "Telemetry", "current", "init", "marked_timer"]
+__all__ = [
+    "ConfigError",
+    "Diagnoser",
+    "Step",
+    "StepFacts",
+    "Telemetry",
+    "Thresholds",
+    "Verdict",
+    "current",
+    "diagnose",
+    "init",
+    "marked_timer",
+]
 __version__ = "0.1.0"
 
 _current: Telemetry | None = None
@@ -32,12 +46,14 @@ def init(
     queue_size: int = 1024,
     shutdown_timeout_s: float = 5.0,
     span_exporters: Sequence[SpanExporter] = (),
+    bottleneck_thresholds: Thresholds | None = None,
 ) -> Telemetry:
     """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
 
     `max_sample_spans` caps the slowest samples per step that get a span (and serve as
     histogram exemplars). `span_exporters` adds exporters of your own (each behind its
     own batch processor) to the ones OTEL_EXPORTER_OTLP_* and `traces_file` switch on.
+    `bottleneck_thresholds` tunes the per-step verdict (`rlotel.diagnose.Thresholds`).
     """
     global _current
     _current = build(
@@ -54,6 +70,7 @@ def init(
         queue_size=queue_size,
         shutdown_timeout_s=shutdown_timeout_s,
         span_exporters=span_exporters,
+        bottleneck_thresholds=bottleneck_thresholds,
     )
     return _current
 
@@ -75,3 +92,10 @@ def marked_timer(
     `domain` and `category` are accepted for signature compatibility."""
     tel = _current
     return Phase(tel.ledger if tel is not None else None, name, color, timing_raw)
+
+
+def diagnose(step: Step | StepFacts, thresholds: Thresholds | None = None) -> Verdict:
+    """Bottleneck verdict of one closed step (or of facts built from a logged verl dict),
+    from that step's own evidence; `step.verdict` adds trends over the run."""
+    facts = step.facts() if isinstance(step, Step) else step
+    return _diagnose.diagnose(facts, thresholds)

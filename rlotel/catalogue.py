@@ -174,6 +174,13 @@ AGENT_LOOP_SLOWEST_LENGTH = MetricSpec(
     "Prompt and response length of the last step's slowest sample.",
     ("kind",),
 )
+BOTTLENECK = MetricSpec(
+    "rlotel_step_bottleneck",
+    "gauge",
+    "",
+    "1 for the last step's bottleneck verdict (rlotel.diagnose); one series per run.",
+    ("verdict", "detail"),
+)
 DROPPED = MetricSpec(
     "rlotel_telemetry_dropped",
     "counter",
@@ -202,6 +209,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     AGENT_LOOP_PREEMPTIONS,
     AGENT_LOOP_SLOWEST,
     AGENT_LOOP_SLOWEST_LENGTH,
+    BOTTLENECK,
     DROPPED,
 )
 

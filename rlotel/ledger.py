@@ -9,12 +9,14 @@ to Unix time when the step closes.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, MutableMapping
 from random import getrandbits
 from time import perf_counter_ns
 from typing import Any
 
 from rlotel import formulas, nvtx, samples
+from rlotel.diagnose import Diagnoser, StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts
 from rlotel.samples import SampleBatch
 
@@ -139,8 +141,10 @@ class Step:
         self.prompt_tokens: int | float | None = None
         self.response_tokens: int | float | None = None
         self.mfu: dict[str, float] = {}
-        self.verdict: Any = None
+        self.sequences: int | None = None
         self.closed = False
+        self._verdict: Verdict | None = None
+        self._verdict_lock = threading.Lock()
         self._derived: tuple[dict[str, float], dict[str, float], float] | None = None
 
     @property
@@ -172,6 +176,7 @@ class Step:
                     "(sums kept)",
                 )
             self.prompt_tokens, self.response_tokens = sums
+            self.sequences = _length(response) if response is not None else None
             self._derived = None
         except Exception as exc:  # telemetry must never raise into training
             self._ledger.drops.add("tokens", "internal_error", repr(exc))
@@ -208,6 +213,29 @@ class Step:
     def unaccounted_seconds(self) -> float:
         """Step time covered by no top-level phase."""
         return self._derive()[2]
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """Bottleneck verdict (rlotel.diagnose), with trends over the run's previous steps.
+
+        Computed once, on first read after close, by whichever thread reads it first."""
+        if not self.closed:
+            return None
+        with self._verdict_lock:
+            if self._verdict is None:
+                self._verdict = self._ledger.diagnoser.observe(self.facts())
+            return self._verdict
+
+    def facts(self) -> StepFacts:
+        """What the bottleneck verdict is read from."""
+        return StepFacts.from_metrics(
+            self.number,
+            self.timing_raw,
+            self.metrics,
+            unaccounted=self.unaccounted_seconds,
+            response_tokens=self.response_tokens,
+            sequences=self.sequences,
+        )
 
     def _derive(self) -> tuple[dict[str, float], dict[str, float], float]:
         """Computed on first read after close (usually by the publisher thread), so closing
@@ -259,9 +287,16 @@ class Ledger:
     phases, so entering a phase is two appends with no method call.
     """
 
-    def __init__(self, publish: Callable[[Any], None], drops: Drops, n_gpus: int) -> None:
+    def __init__(
+        self,
+        publish: Callable[[Any], None],
+        drops: Drops,
+        n_gpus: int,
+        diagnoser: Diagnoser | None = None,
+    ) -> None:
         self._publish = publish
         self.drops = drops
+        self.diagnoser = diagnoser or Diagnoser()
         self.n_gpus = n_gpus
         self.stack: list[Phase] = []
         self.records: list[Phase] | None = None

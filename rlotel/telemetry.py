@@ -14,6 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from rlotel.config import Config, ConfigError
+from rlotel.diagnose import Diagnoser, Thresholds
 from rlotel.drops import Drops
 from rlotel.ledger import Ledger, Phase, Step, Trace
 from rlotel.propagation import parse, traceparent
@@ -39,7 +40,12 @@ class _LogRecord:
 class Telemetry:
     """One run's telemetry. Create with `rlotel.init`; nothing here raises after that."""
 
-    def __init__(self, config: Config, span_exporters: Sequence[SpanExporter] = ()) -> None:
+    def __init__(
+        self,
+        config: Config,
+        span_exporters: Sequence[SpanExporter] = (),
+        bottleneck_thresholds: Thresholds | None = None,
+    ) -> None:
         self.config = config
         self.drops = Drops()
         self._spans: SpanSink | None = None
@@ -51,7 +57,9 @@ class Telemetry:
         else:
             self._start_sinks(span_exporters)
         self._publisher = Publisher(self._publish, self.drops, config.queue_size)
-        self.ledger = Ledger(self._publisher.submit, self.drops, config.n_gpus)
+        self.ledger = Ledger(
+            self._publisher.submit, self.drops, config.n_gpus, Diagnoser(bottleneck_thresholds)
+        )
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
 
@@ -285,6 +293,7 @@ def build(
     profile_steps: Iterable[int],
     profile_dir: Any,
     span_exporters: Sequence[SpanExporter] = (),
+    bottleneck_thresholds: Thresholds | None = None,
     **tuning: Any,
 ) -> Telemetry:
     config = Config.build(
@@ -302,4 +311,4 @@ def build(
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
         environ=os.environ,
     )
-    return Telemetry(config, span_exporters)
+    return Telemetry(config, span_exporters, bottleneck_thresholds)

@@ -115,6 +115,11 @@ class SeriesStore(Collector):
             if self._admit(spec, family, labels):
                 family[labels] = value
 
+    def replace(self, spec: cat.MetricSpec, value: float, *labels: str) -> None:
+        """The family's only series from now on (a state, like the current verdict)."""
+        with self._lock:
+            self._scalars[spec] = {labels: value}
+
     def inc(self, spec: cat.MetricSpec, amount: float, *labels: str) -> None:
         with self._lock:
             family = self._scalars.setdefault(spec, {})
@@ -233,6 +238,9 @@ class PrometheusSink:
         store.set(cat.STEP_TIME, seconds)
         store.observe(cat.STEP_DURATION, np.array([seconds]))
         store.set(cat.STEP_UNACCOUNTED, step.unaccounted_seconds)
+        verdict = step.verdict
+        if verdict is not None:
+            store.replace(cat.BOTTLENECK, 1.0, verdict.kind, verdict.detail)
         self._count_step(step.number)
         for key, value in step.metrics.items():
             if key.startswith("agent_loop/") and not key.startswith("agent_loop/slowest/"):

@@ -193,4 +193,9 @@ def _step_attributes(step: Step) -> dict:
             result["rl." + key.split("/", 1)[1]] = step.metrics[key]
     for role, value in step.mfu.items():
         result[f"rl.mfu.{role}"] = value
+    if step.sequences is not None:
+        result["rl.sequences"] = step.sequences
+    verdict = step.verdict
+    if verdict is not None:
+        result.update(verdict.attributes())
     return result

@@ -1,0 +1,285 @@
+"""Bottleneck verdict per step: the ledger read the way the reference material reads it.
+
+The window with the largest share of the step is the suspect; the verdict is only as
+confident as the evidence that agrees with it (per-sample tails for rollout, MFU for the
+update). Two impostors are named for what they are: `old_log_prob` looks like training but
+is actor inference, `update_weights` looks like rollout but is weight sync. Across steps, a
+window that grew is attributed to tokens (the batch's token structure changed) or to time
+per token (the system got slower).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Top-level windows by the verdict they point to (verl names).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "rollout-bound": ("gen",),
+    "update-bound": ("update_actor", "update_critic"),
+    "logprob-bound": ("old_log_prob", "ref", "values"),
+    "sync-bound": ("update_weights",),
+    "reward-bound": ("reward",),
+    "checkpoint": ("save_checkpoint",),
+}
+TOP_LEVEL = frozenset(name for names in GROUPS.values() for name in names) | {
+    "adv",
+    "dump_rollout_generations",
+}
+STAGES = ("generate_sequences", "tool_calls", "compute_score")
+
+NEXT_READ = {
+    "rollout-bound": "per-sample tail in rlotel_agent_loop_duration_seconds (p99 vs p50), "
+    "the slowest sample's trace, response-length distribution, rollout engine batching",
+    "update-bound": "MFU per role; micro-batch size, gradient accumulation, communication "
+    "and CPU offload in the actor workers",
+    "logprob-bound": "actor/ref inference path (log-prob micro-batch size, dynamic batch "
+    "size, recompute settings) — it is inference, not the optimizer",
+    "sync-bound": "checkpoint-engine backend, weight bucket size, KV-cache release/resume — "
+    "it is weight sync, not rollout",
+    "reward-bound": "reward function/model throughput; compute_score per sample",
+    "overhead-bound": "time between windows: Python/Ray scheduling, data movement, batch "
+    "balancing, logging",
+    "checkpoint": "checkpoint frequency and storage bandwidth (save_freq, async save)",
+    "balanced": "no single window dominates: look at trends across steps instead",
+}
+SUB_NEXT_READ = {
+    "generation-tail": "the slowest samples' traces (exemplars) and their response lengths; "
+    "max_tokens, partial rollout / over-sampling",
+    "tool-call-tail": "tool latency of the slowest samples; tool timeouts and concurrency",
+    "compute-score-tail": "compute_score of the slowest samples; async or batched rewards",
+    "controller-overhead": "gen window is high but samples are not: agent-loop controller, "
+    "scheduling and output merge",
+    "compute-bound": "MFU is high: more GPUs or a smaller model/batch, not tuning",
+    "low-mfu": "MFU is low: micro-batching, communication or offload",
+    "moderate-mfu": "MFU is moderate: profile a flagged step to see the split",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a window counts as dominant and when evidence agrees. Conservative defaults."""
+
+    dominant_share: float = 0.40  # a window must hold at least this share of the step...
+    margin: float = 1.3  # ...and beat the runner-up by this factor, else "balanced"
+    tail_ratio: float = 3.0  # max/mean of a per-sample stage that counts as a tail
+    samples_cover: float = 0.5  # slowest sample / gen window below this: samples don't explain it
+    high_mfu: float = 0.35
+    low_mfu: float = 0.15
+    growth: float = 1.5  # a window grew when ≥ this x its trailing median
+    window: int = 10  # trailing steps for trends
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a verdict is read from; built from a closed step or a logged verl dict."""
+
+    number: int
+    timing_raw: Mapping[str, float]
+    unaccounted: float | None = None  # from nesting when known, else derived
+    response_tokens: float | None = None
+    sequences: int | None = None
+    mfu: Mapping[str, float] = field(default_factory=dict)
+    agent_loop: Mapping[str, float] = field(default_factory=dict)  # verl agent_loop/* keys
+
+    @classmethod
+    def from_metrics(
+        cls, number: int, timing_raw: Mapping[str, float], metrics: Mapping[str, Any], **extra
+    ) -> StepFacts:
+        mfu = {
+            k[len("perf/mfu/") :]: float(v) for k, v in metrics.items() if k.startswith("perf/mfu/")
+        }
+        agent_loop = {}
+        for key, value in metrics.items():
+            name = key.removeprefix("timing_s/")
+            if name.startswith("agent_loop/"):
+                agent_loop[name] = float(value)
+        return cls(number, dict(timing_raw), mfu=mfu, agent_loop=agent_loop, **extra)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    detail: str  # sub-kind, or "" when the evidence does not say more
+    confidence: str  # low | medium | high
+    share: float  # the dominant window's share of the step
+    evidence: dict[str, float | str]
+    next_read: str
+    trends: dict[str, dict[str, float | str]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}/{self.detail}" if self.detail else self.kind
+
+    def attributes(self) -> dict[str, float | str]:
+        """Span attributes: `rl.bottleneck` and its evidence."""
+        attributes: dict[str, float | str] = {
+            "rl.bottleneck": self.label,
+            "rl.bottleneck.confidence": self.confidence,
+            "rl.bottleneck.share": self.share,
+            "rl.bottleneck.next": self.next_read,
+        }
+        for key, value in self.evidence.items():
+            attributes[f"rl.bottleneck.evidence.{key}"] = value
+        for name, trend in self.trends.items():
+            for key, value in trend.items():
+                attributes[f"rl.bottleneck.trend.{name}.{key}"] = value
+        return attributes
+
+
+def windows(facts: StepFacts) -> dict[str, float]:
+    """Seconds per verdict group, plus `overhead-bound` for the unaccounted time."""
+    timing = facts.timing_raw
+    step = timing.get("step", 0.0)
+    grouped = {kind: sum(timing.get(n, 0.0) for n in names) for kind, names in GROUPS.items()}
+    unaccounted = facts.unaccounted
+    if unaccounted is None:
+        covered = sum(v for n, v in timing.items() if n in TOP_LEVEL)
+        unaccounted = max(0.0, step - covered)
+    grouped["overhead-bound"] = unaccounted
+    return grouped
+
+
+def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
+    """Verdict for one step, from its own evidence only (no trends)."""
+    limits = thresholds or Thresholds()
+    step = facts.timing_raw.get("step", 0.0)
+    if step <= 0:
+        return Verdict(
+            "balanced", "", "low", 0.0, {"reason": "no step time"}, NEXT_READ["balanced"]
+        )
+    grouped = windows(facts)
+    ranked = sorted(grouped.items(), key=lambda item: item[1], reverse=True)
+    (kind, seconds), runner_up = ranked[0], ranked[1][1]
+    share = seconds / step
+    evidence: dict[str, float | str] = {
+        "window": kind,
+        "share": round(share, 4),
+        "runner_up": ranked[1][0],
+        "runner_up_share": round(runner_up / step, 4),
+    }
+    if share < limits.dominant_share or seconds < limits.margin * runner_up:
+        return Verdict("balanced", "", "medium", share, evidence, NEXT_READ["balanced"])
+    detail, confidence = "", "low"  # the share alone
+    if kind == "rollout-bound":
+        detail, confidence = _rollout(facts, seconds, limits, evidence)
+    elif kind == "update-bound":
+        detail, confidence = _update(facts, limits, evidence)
+    elif kind == "logprob-bound":
+        parts = {n: facts.timing_raw.get(n, 0.0) for n in GROUPS[kind]}
+        detail = max(parts, key=parts.get)
+        evidence["impostor"] = "inference path, not the optimizer"
+        confidence = "medium"
+    elif kind == "sync-bound":
+        evidence["impostor"] = "weight sync, not rollout"
+        confidence = "medium"
+    elif share >= limits.dominant_share and seconds >= 2 * runner_up:
+        confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
+    next_read = SUB_NEXT_READ.get(detail) or NEXT_READ[kind]
+    return Verdict(kind, detail, confidence, share, evidence, next_read)
+
+
+def _rollout(
+    facts: StepFacts, gen_seconds: float, limits: Thresholds, evidence: dict
+) -> tuple[str, str]:
+    loop = facts.agent_loop
+    slowest = {s: loop.get(f"agent_loop/slowest/{s}") for s in STAGES}
+    if slowest["generate_sequences"] is None:
+        return "", "low"  # no per-sample evidence
+    total = sum(v for v in slowest.values() if v is not None)
+    evidence["slowest_sample_s"] = round(total, 6)
+    tails = {}
+    for stage in STAGES:
+        peak, mean = loop.get(f"agent_loop/{stage}/max"), loop.get(f"agent_loop/{stage}/mean")
+        if peak is not None and mean:
+            tails[stage] = peak / mean
+            evidence[f"{stage}_max_over_mean"] = round(tails[stage], 3)
+    length = loop.get("agent_loop/slowest/response_length")
+    if length is not None and facts.response_tokens and facts.sequences:
+        ratio = length / (facts.response_tokens / facts.sequences)
+        evidence["slowest_length_over_mean"] = round(ratio, 3)
+    if total < limits.samples_cover * gen_seconds:
+        return "controller-overhead", "medium"
+    stage = max(STAGES, key=lambda s: slowest[s] or 0.0)
+    detail = {
+        "generate_sequences": "generation-tail",
+        "tool_calls": "tool-call-tail",
+        "compute_score": "compute-score-tail",
+    }[stage]
+    return detail, "high" if tails.get(stage, 0.0) >= limits.tail_ratio else "medium"
+
+
+def _update(facts: StepFacts, limits: Thresholds, evidence: dict) -> tuple[str, str]:
+    mfu = facts.mfu.get("actor")
+    if mfu is None:
+        return "", "low"
+    evidence["mfu_actor"] = round(mfu, 4)
+    if mfu >= limits.high_mfu:
+        return "compute-bound", "high"
+    if mfu < limits.low_mfu:
+        return "low-mfu", "high"
+    return "moderate-mfu", "medium"
+
+
+class Diagnoser:
+    """Verdicts with trends over a trailing window of steps; thread-safe, one per run."""
+
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.thresholds = thresholds or Thresholds()
+        self._history: deque[StepFacts] = deque(maxlen=self.thresholds.window)
+        self._lock = threading.Lock()
+
+    def observe(self, facts: StepFacts) -> Verdict:
+        verdict = diagnose(facts, self.thresholds)
+        with self._lock:
+            history = [f for f in self._history if f.number < facts.number]
+            self._history.append(facts)
+        trends = _trends(facts, history, self.thresholds)
+        if not trends:
+            return verdict
+        return Verdict(
+            verdict.kind,
+            verdict.detail,
+            verdict.confidence,
+            verdict.share,
+            verdict.evidence,
+            verdict.next_read,
+            trends,
+        )
+
+
+def _trends(
+    facts: StepFacts, history: list[StepFacts], limits: Thresholds
+) -> dict[str, dict[str, float | str]]:
+    """Windows that grew vs their trailing median, attributed to tokens or to time/token."""
+    if len(history) < 3:
+        return {}
+    trends: dict[str, dict[str, float | str]] = {}
+    now = windows(facts)
+    past = [windows(f) for f in history]
+    tokens_now = facts.response_tokens
+    tokens_past = [f.response_tokens for f in history if f.response_tokens]
+    token_ratio = (
+        tokens_now / statistics.median(tokens_past) if tokens_now and tokens_past else None
+    )
+    for kind, seconds in now.items():
+        baseline = statistics.median(w[kind] for w in past)
+        if baseline <= 0 or seconds < limits.growth * baseline:
+            continue
+        ratio = seconds / baseline
+        trend: dict[str, float | str] = {"ratio": round(ratio, 3)}
+        if kind == "rollout-bound" and token_ratio is not None:
+            trend["tokens_ratio"] = round(token_ratio, 3)
+            per_token = ratio / token_ratio
+            trend["per_token_ratio"] = round(per_token, 3)
+            trend["attribution"] = (
+                "tokens: token structure changed, not the system"
+                if per_token < limits.growth**0.5
+                else "time per token: the system got slower"
+            )
+        trends[kind] = trend
+    return trends
