@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlotel import formulas
+from rlotel.diagnose import StepFacts
 
 
 @dataclass
@@ -20,6 +21,7 @@ class StepRecord:
     number: int
     timing_raw: dict[str, float]
     metrics: dict[str, float]
+    facts: StepFacts
 
 
 def load_steps(path: Path) -> list[StepRecord]:
@@ -84,8 +86,40 @@ def _steps_from_spans(spans: list[dict]) -> list[StepRecord]:
         prompt = attributes.get("rl.tokens.prompt")
         response = attributes.get("rl.tokens.response")
         metrics = formulas.timing_metrics(timing, prompt, response)
-        steps.append(StepRecord(int(attributes.get("rl.step", -1)), timing, metrics))
+        number = int(attributes.get("rl.step", -1))
+        facts = StepFacts(
+            number,
+            timing,
+            unaccounted=attributes.get("rl.unaccounted_s"),
+            response_tokens=response,
+            sequences=attributes.get("rl.sequences"),
+            mfu={k[len("rl.mfu.") :]: v for k, v in attributes.items() if k.startswith("rl.mfu.")},
+            agent_loop=_slowest_from_samples(trace),
+        )
+        steps.append(StepRecord(number, timing, metrics, facts))
     return steps
+
+
+def _slowest_from_samples(trace: list[dict]) -> dict[str, float]:
+    """The slowest exported sample's stages, as verl's agent_loop/slowest/* keys."""
+    samples = [s for s in trace if s["name"] == "sample"]
+    if not samples:
+        return {}
+    stages = ("generate_sequences", "tool_calls", "compute_score")
+
+    def total(span: dict) -> float:
+        return sum(span["attributes"].get(f"rl.sample.{stage}_s", 0.0) for stage in stages)
+
+    slowest = max(samples, key=total)
+    keys = {
+        f"agent_loop/slowest/{stage}": slowest["attributes"].get(f"rl.sample.{stage}_s", 0.0)
+        for stage in stages
+    }
+    if "gen_ai.usage.output_tokens" in slowest["attributes"]:
+        keys["agent_loop/slowest/response_length"] = slowest["attributes"][
+            "gen_ai.usage.output_tokens"
+        ]
+    return keys
 
 
 def _steps_from_verl_log(logged: dict[int, dict[str, float]]) -> list[StepRecord]:
@@ -99,5 +133,6 @@ def _steps_from_verl_log(logged: dict[int, dict[str, float]]) -> list[StepRecord
         if "step" not in timing:
             continue
         metrics = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
-        steps.append(StepRecord(number, timing, metrics))
+        facts = StepFacts.from_metrics(number, timing, metrics)
+        steps.append(StepRecord(number, timing, metrics, facts))
     return steps

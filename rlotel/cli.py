@@ -7,6 +7,7 @@ import contextlib
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import rlotel
+from rlotel.diagnose import Diagnoser, Verdict
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
@@ -35,7 +37,9 @@ def _demo(args: argparse.Namespace) -> int:
     except rlotel.ConfigError as error:
         errors.print(f"[red]rlotel: {error}[/red]")
         return 2
-    config = DemoConfig(steps=args.steps, seed=args.seed, peak_flops=args.peak_flops)
+    config = DemoConfig(
+        steps=args.steps, seed=args.seed, peak_flops=args.peak_flops, ppo_epochs=args.ppo_epochs
+    )
     console.print(f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url}")
     with Progress(
         TextColumn("[bold]step"),
@@ -70,6 +74,7 @@ def _demo(args: argparse.Namespace) -> int:
             if remote is not None:
                 remote.shutdown()
     console.print(_ledger_table(outcome.steps))
+    console.print(_verdict_summary(outcome.verdicts))
     first, last = outcome.reward_gain()
     last_step = outcome.steps[-1]
     console.print(
@@ -114,11 +119,31 @@ def _analyze(args: argparse.Namespace) -> int:
         errors.print(f"[red]rlotel: no steps found in {path}[/red]")
         return 1
     every = args.every or len(steps)
+    diagnoser = Diagnoser()
+    verdicts = [diagnoser.observe(step.facts) for step in steps]
     for start in range(0, len(steps), every):
         chunk = steps[start : start + every]
         title = f"steps {chunk[0].number}–{chunk[-1].number}"
         console.print(_ledger_table(chunk, title))
+        console.print(_verdict_summary(verdicts[start : start + every]))
     return 0
+
+
+def _verdict_summary(verdicts: list[Verdict]) -> str:
+    """Bottleneck verdicts of a range of steps: how often each, then the last one in full."""
+    counts = Counter(v.label for v in verdicts)
+    last = verdicts[-1]
+    lines = [
+        "bottleneck: " + ", ".join(f"{label} ×{n}" for label, n in counts.most_common()),
+        f"  last step: {last.label} ({last.confidence} confidence, "
+        f"{last.share:.0%} of the step) → read next: {last.next_read}",
+    ]
+    for window, trend in last.trends.items():
+        lines.append(
+            f"  trend: {window} ×{trend['ratio']} vs trailing median"
+            + (f" — {trend['attribution']}" if "attribution" in trend else "")
+        )
+    return "\n".join(lines)
 
 
 def _ledger_table(steps, title: str | None = None) -> Table:
@@ -160,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--peak-flops", type=float, default=448e9, help="device peak FLOP/s")
     demo.add_argument(
         "--ray", action="store_true", help="generate in 2 Ray actors on a local cluster"
+    )
+    demo.add_argument(
+        "--ppo-epochs", type=int, default=1, help="passes over the batch in update_actor"
     )
     demo.set_defaults(handler=_demo)
     analyze = commands.add_parser(

@@ -74,3 +74,21 @@ def test_analyze_reports_missing_and_empty(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     assert cli.main(["analyze", str(bad)]) == 2
+
+
+def test_analyze_prints_bottleneck_section(tmp_path, capsys):
+    path = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="an", prometheus_port=None, traces_file=path)
+    for number in range(1, 4):
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                sum(range(400_000))
+            with tel.phase("update_actor"):
+                sum(range(20_000))
+            step.set_tokens(prompt=[10], response=[30])
+    tel.shutdown()
+    steps = load_steps(path)
+    assert steps[-1].facts.response_tokens == 30 and steps[-1].facts.sequences == 1
+    assert cli.main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "bottleneck: rollout-bound ×3" in out and "read next" in out

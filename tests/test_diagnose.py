@@ -171,3 +171,20 @@ def test_verdict_reaches_span_metric_and_step(make_tel, span_exporter):
         ): 1.0
     }
     assert rlotel.diagnose(step).kind == "update-bound"
+
+
+def test_demo_knob_flips_the_verdict():
+    """A heavier update (more PPO epochs, real extra work) turns rollout- into update-bound."""
+    pytest.importorskip("torch")
+    from rlotel.demo.loop import DemoConfig, train
+
+    kinds = {}
+    for epochs in (1, 8):
+        tel = rlotel.init(run=f"knob{epochs}", prometheus_port=None)
+        try:
+            result = train(tel, DemoConfig(steps=4, ppo_epochs=epochs))
+        finally:
+            tel.shutdown()
+        kinds[epochs] = [v.kind for v in result.verdicts[1:]]  # step 1 includes warm-up
+    assert kinds[1].count("rollout-bound") >= 2, kinds
+    assert kinds[8] == ["update-bound"] * 3, kinds

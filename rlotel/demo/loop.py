@@ -29,6 +29,7 @@ class DemoConfig:
     prompts_per_step: int = 32
     group_size: int = 8
     mini_batches: int = 2
+    ppo_epochs: int = 1  # passes over the batch in update_actor (a knob for heavy updates)
     lr: float = 3e-3
     clip: float = 0.2
     kl_coef: float = 0.01
@@ -58,6 +59,7 @@ class StepResult:
 @dataclass
 class DemoResult:
     steps: list[StepResult] = field(default_factory=list)
+    verdicts: list[rlotel.Verdict] = field(default_factory=list)
 
     def reward_gain(self, window: int = 5) -> tuple[float, float]:
         """Mean reward of the first and of the last `window` steps."""
@@ -166,7 +168,7 @@ def train(
             seqlens = [P.PROMPT_LEN + n for n in response_lengths]
             flops = P.dense_flops(actor, seqlens)
             step.set_mfu(
-                actor=flops / actor_seconds / config.peak_flops,
+                actor=flops * config.ppo_epochs / actor_seconds / config.peak_flops,
                 actor_infer=flops / 3 / infer_seconds / config.peak_flops,
             )
         reward_mean = float(scores.mean())
@@ -190,6 +192,7 @@ def train(
             rollout_synced,
         )
         result.steps.append(outcome)
+        result.verdicts.append(step.verdict)
         if on_step is not None:
             on_step(outcome)
     return result
@@ -206,9 +209,15 @@ def _update_actor(
     generator: torch.Generator,
 ) -> float:
     """PPO clipped objective with a k3 KL penalty to the reference, over mini-batches."""
-    order = torch.randperm(rollout.tokens.shape[0], generator=generator)
     losses = []
-    for indices in order.chunk(config.mini_batches):
+    batches = [
+        indices
+        for _ in range(config.ppo_epochs)
+        for indices in torch.randperm(rollout.tokens.shape[0], generator=generator).chunk(
+            config.mini_batches
+        )
+    ]
+    for indices in batches:
         log_probs = P.response_log_probs(actor, rollout.tokens[indices])
         ratio = torch.exp(log_probs - old_log_probs[indices])
         clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
