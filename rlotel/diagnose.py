@@ -255,12 +255,13 @@ class Diagnoser:
 def _trends(
     facts: StepFacts, history: list[StepFacts], limits: Thresholds
 ) -> dict[str, dict[str, float | str]]:
-    """Windows that grew vs their trailing median, attributed to tokens or to time/token."""
+    """Windows (and the step: throughput) that grew vs their trailing median; gen and step
+    growth is attributed to tokens or to time per token."""
     if len(history) < 3:
         return {}
     trends: dict[str, dict[str, float | str]] = {}
-    now = windows(facts)
-    past = [windows(f) for f in history]
+    now = {**windows(facts), "step": facts.timing_raw.get("step", 0.0)}
+    past = [{**windows(f), "step": f.timing_raw.get("step", 0.0)} for f in history]
     tokens_now = facts.response_tokens
     tokens_past = [f.response_tokens for f in history if f.response_tokens]
     token_ratio = (
@@ -272,7 +273,7 @@ def _trends(
             continue
         ratio = seconds / baseline
         trend: dict[str, float | str] = {"ratio": round(ratio, 3)}
-        if kind == "rollout-bound" and token_ratio is not None:
+        if kind in ("rollout-bound", "step") and token_ratio is not None:
             trend["tokens_ratio"] = round(token_ratio, 3)
             per_token = ratio / token_ratio
             trend["per_token_ratio"] = round(per_token, 3)

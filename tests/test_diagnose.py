@@ -135,8 +135,11 @@ def test_token_structure_changed_vs_system_slower():
     trend = longer.trends["rollout-bound"]
     assert trend["ratio"] == 2.0 and trend["tokens_ratio"] == 2.0
     assert trend["attribution"].startswith("tokens")
+    assert "step" not in longer.trends  # 140 s vs 100 s: below the growth threshold
     slower = diagnoser.observe(facts(number=7, gen=80, update_actor=40, step=140, tokens=1000.0))
     assert slower.trends["rollout-bound"]["attribution"].startswith("time per token")
+    drop = diagnoser.observe(facts(number=8, gen=120, update_actor=40, step=180, tokens=2000.0))
+    assert drop.trends["step"]["attribution"].startswith("tokens")  # throughput drop: tokens
     steady = Diagnoser()
     for number in range(1, 6):
         verdict = steady.observe(facts(number=number, gen=40, update_actor=40))
