@@ -11,11 +11,13 @@ from rlotel import diagnose as _diagnose
 from rlotel.config import ConfigError
 from rlotel.diagnose import Diagnoser, StepFacts, Thresholds, Verdict
 from rlotel.ledger import Phase, Step
+from rlotel.profiling import ProfileConfig, sglang_profiler_args, vllm_profiler_args
 from rlotel.telemetry import Telemetry, build
 
 __all__ = [
     "ConfigError",
     "Diagnoser",
+    "ProfileConfig",
     "Step",
     "StepFacts",
     "Telemetry",
@@ -25,6 +27,8 @@ __all__ = [
     "diagnose",
     "init",
     "marked_timer",
+    "sglang_profiler_args",
+    "vllm_profiler_args",
 ]
 __version__ = "0.1.0"
 
@@ -47,6 +51,7 @@ def init(
     shutdown_timeout_s: float = 5.0,
     span_exporters: Sequence[SpanExporter] = (),
     bottleneck_thresholds: Thresholds | None = None,
+    profile: ProfileConfig | None = None,
 ) -> Telemetry:
     """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
 
@@ -54,6 +59,9 @@ def init(
     histogram exemplars). `span_exporters` adds exporters of your own (each behind its
     own batch processor) to the ones OTEL_EXPORTER_OTLP_* and `traces_file` switch on.
     `bottleneck_thresholds` tunes the per-step verdict (`rlotel.diagnose.Thresholds`).
+    `profile_steps` + `profile_dir` capture those global steps with torch.profiler; a
+    `profile=ProfileConfig(...)` sets every option (continuous, schedule, token window,
+    finish hook, verl capture discovery).
     """
     global _current
     _current = build(
@@ -71,6 +79,7 @@ def init(
         shutdown_timeout_s=shutdown_timeout_s,
         span_exporters=span_exporters,
         bottleneck_thresholds=bottleneck_thresholds,
+        profile=profile,
     )
     return _current
 

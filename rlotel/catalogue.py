@@ -174,6 +174,13 @@ AGENT_LOOP_SLOWEST_LENGTH = MetricSpec(
     "Prompt and response length of the last step's slowest sample.",
     ("kind",),
 )
+PROFILE_CAPTURES = MetricSpec(
+    "rlotel_profile_captures",
+    "counter",
+    "",
+    "Profiler captures linked from step spans, by tool (torch, torch_memory, nsys).",
+    ("tool",),
+)
 BOTTLENECK = MetricSpec(
     "rlotel_step_bottleneck",
     "gauge",
@@ -210,6 +217,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     AGENT_LOOP_SLOWEST,
     AGENT_LOOP_SLOWEST_LENGTH,
     BOTTLENECK,
+    PROFILE_CAPTURES,
     DROPPED,
 )
 

@@ -92,7 +92,7 @@ class Config:
             prometheus_port=prometheus_port,
             traces_file=_writable_file(traces_file, "traces_file"),
             profile_steps=steps,
-            profile_dir=_writable_dir(profile_dir, "profile_dir"),
+            profile_dir=writable_dir(profile_dir, "profile_dir"),
             sdk_disabled=_truthy(environ.get("OTEL_SDK_DISABLED")),
             max_metric_keys=max_metric_keys,
             max_sample_spans=max_sample_spans,
@@ -112,7 +112,7 @@ def _steps(profile_steps: Iterable[int]) -> tuple[int, ...]:
     return steps
 
 
-def _writable_dir(path: str | os.PathLike | None, label: str) -> Path | None:
+def writable_dir(path: str | os.PathLike | None, label: str) -> Path | None:
     if path is None:
         return None
     directory = Path(path)
@@ -131,7 +131,7 @@ def _writable_file(path: str | os.PathLike | None, label: str) -> Path | None:
     file = Path(path)
     if file.is_dir():
         raise ConfigError(f"{label} {str(file)!r} is a directory: give a file path")
-    _writable_dir(file.parent, f"{label}'s directory")
+    writable_dir(file.parent, f"{label}'s directory")
     if file.exists() and not os.access(file, os.W_OK):
         raise ConfigError(f"{label} {str(file)!r} is not writable: choose another path")
     return file

@@ -18,6 +18,7 @@ from typing import Any
 from rlotel import formulas, nvtx, samples
 from rlotel.diagnose import Diagnoser, StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts
+from rlotel.profiling import Capture, StepProfiler
 from rlotel.samples import SampleBatch
 
 log = logging.getLogger("rlotel")
@@ -32,6 +33,7 @@ class Phase:
 
     __slots__ = (
         "_ledger",
+        "_range",
         "_sink",
         "color",
         "end_ns",
@@ -51,6 +53,7 @@ class Phase:
     ) -> None:
         self._ledger = ledger
         self._sink = sink
+        self._range: Any = None  # torch.profiler.record_function while a capture runs
         self.name = name
         self.color = color
         self.parent: Phase | None = None
@@ -75,6 +78,8 @@ class Phase:
             else:
                 records.append(self)
             stack.append(self)
+            if ledger.profiler is not None:
+                self._enter_profiler_range(ledger.profiler)
         backend = nvtx._backend
         if backend is not None:
             backend.push(self.name, self.color)
@@ -88,6 +93,9 @@ class Phase:
             backend.pop()
         if exc is not None:
             self.error = exc
+        if self._range is not None:
+            self._range.__exit__(exc_type, exc, tb)
+            self._range = None
         sink = self._sink
         if sink is not None:
             try:
@@ -104,6 +112,15 @@ class Phase:
             if ledger.loose_root is self:
                 ledger.close_loose()
         return False
+
+    def _enter_profiler_range(self, profiler: StepProfiler) -> None:
+        try:
+            self._range = profiler.record_function(self.name)
+            if self._range is not None:
+                self._range.__enter__()
+        except Exception as error:
+            self._range = None
+            _drop(self._ledger, "profile", "profiler_error", error)
 
 
 def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException) -> None:
@@ -142,6 +159,7 @@ class Step:
         self.response_tokens: int | float | None = None
         self.mfu: dict[str, float] = {}
         self.sequences: int | None = None
+        self.captures: list[Capture] = []  # profiler outputs this step links to
         self.closed = False
         self._verdict: Verdict | None = None
         self._verdict_lock = threading.Lock()
@@ -297,6 +315,7 @@ class Ledger:
         self._publish = publish
         self.drops = drops
         self.diagnoser = diagnoser or Diagnoser()
+        self.profiler: StepProfiler | None = None
         self.n_gpus = n_gpus
         self.stack: list[Phase] = []
         self.records: list[Phase] | None = None
@@ -355,6 +374,8 @@ class Ledger:
         self._step = step
         self.stack.clear()
         self.records = step.trace.records
+        if self.profiler is not None:
+            self.profiler.on_step_start(step.number)  # before the clock: start-up not counted
         backend = nvtx._backend
         if backend is not None:
             backend.push("step", None)
@@ -374,6 +395,12 @@ class Ledger:
         self.stack.clear()
         self.last_step_number = step.number
         step.closed = True
+        if self.profiler is not None:
+            try:
+                if self.profiler.on_step_end(step):
+                    return  # the profiler publishes it after its capture
+            except Exception as error:
+                self.drops.add("profile", "profiler_error", repr(error))
         self._publish(step)
 
     def open_loose(self, root: Phase) -> None:

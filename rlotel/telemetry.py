@@ -13,10 +13,12 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from rlotel.config import Config, ConfigError
+from rlotel import catalogue as cat
+from rlotel.config import Config, ConfigError, writable_dir
 from rlotel.diagnose import Diagnoser, Thresholds
 from rlotel.drops import Drops
 from rlotel.ledger import Ledger, Phase, Step, Trace
+from rlotel.profiling import Capture, ProfileConfig, StepProfiler, summarize
 from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
 from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
@@ -45,6 +47,7 @@ class Telemetry:
         config: Config,
         span_exporters: Sequence[SpanExporter] = (),
         bottleneck_thresholds: Thresholds | None = None,
+        profile: ProfileConfig | None = None,
     ) -> None:
         self.config = config
         self.drops = Drops()
@@ -60,6 +63,10 @@ class Telemetry:
         self.ledger = Ledger(
             self._publisher.submit, self.drops, config.n_gpus, Diagnoser(bottleneck_thresholds)
         )
+        if profile is not None and (profile.steps or profile.discover_dir):
+            self.ledger.profiler = StepProfiler(
+                profile, self.drops, self._publisher.submit, self.ledger.current_context
+            )
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
 
@@ -177,6 +184,12 @@ class Telemetry:
             pick_sample_spans(batch, span_budget)
         self._publisher.submit(batch)
 
+    def profile_step(self) -> None:
+        """One update mini-batch done: advances a profiler schedule on flagged steps."""
+        profiler = self.ledger.profiler
+        if profiler is not None:
+            profiler.profile_step()
+
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl `Tracking.log`-compatible: known keys to the catalogue, other scalars generic."""
         try:
@@ -207,6 +220,13 @@ class Telemetry:
         self._closed = True
         atexit.unregister(self.shutdown)
         timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        profiler = self.ledger.profiler
+        if profiler is not None:
+            try:
+                profiler.flush()  # a capture still open, steps held for discovery
+            except Exception as error:
+                self.drops.add("profile", "profiler_error", repr(error))
+            profiler.wait_for_hook(timeout / 4)
         self._publisher.flush(timeout / 2)
         self._publisher.stop(0.5)
         # Exporters may face a blackholed collector: close them in parallel, bounded threads.
@@ -240,6 +260,9 @@ class Telemetry:
             if self._prometheus is not None:
                 self._prometheus.observe_log(item.data, item.step)
             return
+        if isinstance(item, Capture):
+            self._publish_capture(item)
+            return
         if isinstance(item, SampleBatch):
             if self._spans is not None and item.parent_span_id:
                 self._spans.export_remote_samples(item)
@@ -262,6 +285,17 @@ class Telemetry:
         if self._prometheus is not None:
             for batch in trace.samples:
                 self._prometheus.observe_samples(batch)
+
+    def _publish_capture(self, capture: Capture) -> None:
+        profiler = self.ledger.profiler
+        try:
+            summarize(capture, profiler.config.top_n if profiler else 10)
+        except Exception as error:  # a missing or truncated file still gets its link
+            self.drops.add("profile", "unreadable_capture", f"{capture.path}: {error!r}")
+        if self._spans is not None:
+            self._spans.export_capture(capture)
+        if self._prometheus is not None:
+            self._prometheus.store.inc(cat.PROFILE_CAPTURES, 1.0, capture.tool)
 
     def __enter__(self) -> Telemetry:
         return self
@@ -294,6 +328,7 @@ def build(
     profile_dir: Any,
     span_exporters: Sequence[SpanExporter] = (),
     bottleneck_thresholds: Thresholds | None = None,
+    profile: ProfileConfig | None = None,
     **tuning: Any,
 ) -> Telemetry:
     config = Config.build(
@@ -311,4 +346,10 @@ def build(
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
         environ=os.environ,
     )
-    return Telemetry(config, span_exporters, bottleneck_thresholds)
+    if profile is None and config.profile_steps:
+        profile = ProfileConfig(steps=config.profile_steps, save_dir=config.profile_dir)
+    if profile is not None:
+        profile = profile.validated()
+        if profile.save_dir is not None:
+            writable_dir(profile.save_dir, "profile save_dir")
+    return Telemetry(config, span_exporters, bottleneck_thresholds, profile)

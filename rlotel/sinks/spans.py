@@ -19,6 +19,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from rlotel.drops import Drops
 from rlotel.ledger import Phase, Step, Trace
+from rlotel.profiling import Capture
 from rlotel.samples import DURATION_FIELDS, PREEMPTED, SampleBatch
 
 # OTel GenAI conventions where one exists; rl.sample.* otherwise.
@@ -92,7 +93,20 @@ class SpanSink:
         self._run = run
 
     def export_step(self, step: Step) -> None:
-        self._export(step.trace, _step_attributes(step))
+        self._export(step.trace, _step_attributes(step), step.captures)
+
+    def export_capture(self, capture: Capture) -> None:
+        """A profiler output as a span of its own trace; steps and phases link to it."""
+        offset = time.time_ns() - time.perf_counter_ns()
+        self._ids.trace_id = capture.trace_id
+        self._ids.span_id = capture.span_id
+        span = self._tracer.start_span(
+            "profile.capture",
+            context=None,
+            attributes={"rl.run": self._run, **capture.attributes()},
+            start_time=capture.start_ns + offset,
+        )
+        span.end(end_time=max(capture.end_ns, capture.start_ns) + offset)
 
     def export_remote_samples(self, batch: SampleBatch) -> None:
         """Sample spans whose parent phase lives in another process (propagated context)."""
@@ -111,19 +125,31 @@ class SpanSink:
         """A phase tree opened outside any step (verl's `testing`)."""
         self._export(trace, {"rl.phase": trace.root.name})
 
-    def _export(self, trace: Trace, root_attributes: dict) -> None:
+    def _export(self, trace: Trace, root_attributes: dict, captures: list[Capture] = ()) -> None:
         offset = time.time_ns() - time.perf_counter_ns()  # one offset: durations stay exact
         common: dict = {"rl.run": self._run}
         if trace.step is not None:
             common["rl.step"] = trace.step
         root = trace.root
-        root_span = self._start(root, None, offset, trace.trace_id, {**common, **root_attributes})
+        links = [_link(c) for c in captures]
+        root_span = self._start(
+            root, None, offset, trace.trace_id, {**common, **root_attributes}, links
+        )
         spans = {id(root): root_span}
         closed = [record for record in trace.records if record.end_ns]
+        covered: dict[int, list[trace_api.Link]] = {}  # phase span id → its windows' links
+        for capture in captures:
+            if capture.phase_context and capture.phase_context[0] == trace.trace_id:
+                covered.setdefault(capture.phase_context[1], []).append(_link(capture))
         for record in closed:
             parent = spans.get(id(record.parent or root), root_span)
             spans[id(record)] = self._start(
-                record, parent, offset, 0, {**common, "rl.phase": record.name}
+                record,
+                parent,
+                offset,
+                0,
+                {**common, "rl.phase": record.name},
+                covered.get(record.span_id, ()) if record.span_id else (),
             )
         for batch in trace.samples:
             if not batch.exported_elsewhere:
@@ -157,7 +183,15 @@ class SpanSink:
             )
             span.end(end_time=end)
 
-    def _start(self, record: Phase, parent, offset: int, trace_id: int, attributes: dict):
+    def _start(
+        self,
+        record: Phase,
+        parent,
+        offset: int,
+        trace_id: int,
+        attributes: dict,
+        links: Sequence[trace_api.Link] = (),
+    ):
         self._ids.trace_id = trace_id
         self._ids.span_id = record.span_id
         context = trace_api.set_span_in_context(parent) if parent is not None else None
@@ -165,6 +199,7 @@ class SpanSink:
             record.name,
             context=context,
             attributes=attributes,
+            links=links,
             start_time=record.start_ns + offset,
             record_exception=False,
             set_status_on_exception=False,
@@ -180,6 +215,16 @@ class SpanSink:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def _link(capture: Capture) -> trace_api.Link:
+    context = trace_api.SpanContext(
+        capture.trace_id,
+        capture.span_id,
+        is_remote=False,
+        trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
+    )
+    return trace_api.Link(context, capture.attributes())
 
 
 def _step_attributes(step: Step) -> dict:
