@@ -30,3 +30,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/phase_overhead.py
 	$(PY) benchmarks/sample_ingest.py
 	$(PY) benchmarks/demo_overhead.py
+	$(PY) benchmarks/profile_overhead.py

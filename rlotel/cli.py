@@ -33,6 +33,8 @@ def _demo(args: argparse.Namespace) -> int:
             prometheus_addr=args.addr,
             prometheus_port=args.port,
             traces_file=traces,
+            profile_steps=args.profile_steps,
+            profile_dir=traces.parent / "profile" if args.profile_steps else None,
         )
     except rlotel.ConfigError as error:
         errors.print(f"[red]rlotel: {error}[/red]")
@@ -95,6 +97,9 @@ def _demo(args: argparse.Namespace) -> int:
         )
     )
     console.print(f"traces: {traces}\nsummary: {summary}\nmetrics: {tel.metrics_url}")
+    captures = sorted({str(c.path) for step in outcome.steps for c in step.captures})
+    if captures:
+        console.print("profiler captures:\n  " + "\n  ".join(captures))
     if args.serve_seconds > 0 and tel.metrics_url:
         console.print(f"serving /metrics for {args.serve_seconds:.0f}s (Ctrl-C to stop)")
         with contextlib.suppress(KeyboardInterrupt):
@@ -171,6 +176,13 @@ def _ledger_table(steps, title: str | None = None) -> Table:
     return table
 
 
+def _step_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected steps like 2,3, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlotel", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument(
         "--ppo-epochs", type=int, default=1, help="passes over the batch in update_actor"
+    )
+    demo.add_argument(
+        "--profile-steps",
+        type=_step_list,
+        default=(),
+        help="global steps to capture with torch.profiler, e.g. 2,3 (runs/<run>/profile)",
     )
     demo.set_defaults(handler=_demo)
     analyze = commands.add_parser(

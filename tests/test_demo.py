@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def wait_for_url(process: subprocess.Popen, timeout_s: float = 60.0) -> str:
 def test_demo_end_to_end(tmp_path):
     command = [
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "3", "--port", "0",
-        "--runs-dir", str(tmp_path), "--serve-seconds", "120",
+        "--runs-dir", str(tmp_path), "--serve-seconds", "120", "--profile-steps", "2",
     ]  # fmt: skip
     env = {**os.environ, "COLUMNS": "200"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
@@ -74,6 +75,8 @@ def test_demo_end_to_end(tmp_path):
 
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert len(summary["steps"]) == 3
+    assert [bool(step["captures"]) for step in summary["steps"]] == [False, True, False]
+    assert all(Path(path).exists() for path in summary["steps"][1]["captures"])
     for step in summary["steps"]:
         assert step["actor_changed"] and step["rollout_synced"] and step["actor_flops"] > 0
         assert all(step["timing_raw"][phase] > 0 for phase in VERL_PHASES)

@@ -49,10 +49,12 @@ class StepResult:
     actor_flops: float
     actor_changed: bool  # update_actor moved the weights
     rollout_synced: bool  # update_weights made the rollout copy equal the actor
+    captures: list = field(default_factory=list)  # profiler outputs linked from the step
 
     def as_json(self) -> dict:
         data = asdict(self)
         data["metrics"] = {k: float(v) for k, v in self.metrics.items()}
+        data["captures"] = [str(c.path) for c in self.captures]
         return data
 
 
@@ -150,6 +152,7 @@ def train(
                     advantages,
                     config,
                     generator,
+                    tel,
                 )
                 actor_seconds = perf_counter() - started
             actor_changed = not torch.equal(before, _flat(actor))
@@ -191,6 +194,7 @@ def train(
             actor_changed,
             rollout_synced,
         )
+        outcome.captures = step.captures  # filled in when the profiler writes the file
         result.steps.append(outcome)
         result.verdicts.append(step.verdict)
         if on_step is not None:
@@ -207,6 +211,7 @@ def _update_actor(
     advantages: torch.Tensor,
     config: DemoConfig,
     generator: torch.Generator,
+    tel: rlotel.Telemetry,
 ) -> float:
     """PPO clipped objective with a k3 KL penalty to the reference, over mini-batches."""
     losses = []
@@ -230,5 +235,6 @@ def _update_actor(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        tel.profile_step()  # one update mini-batch: advances a profiler schedule
         losses.append(float(loss.detach()))
     return sum(losses) / len(losses)
