@@ -229,8 +229,15 @@ def _add_self_times(events: list[tuple[float, float, str]], totals: dict[str, fl
         totals[name] = totals.get(name, 0.0) + own
 
 
-def find_verl_captures(save_dir: Path, step: int) -> list[tuple[str, Path]]:
-    """(tool, path) of verl profiler outputs written for `step` under `save_dir`."""
+def find_verl_captures(
+    save_dir: Path, step: int, since_epoch_s: float | None = None
+) -> list[tuple[str, Path]]:
+    """(tool, path) of verl profiler outputs written for `step` under `save_dir`.
+
+    torch traces and torch_memory pickles carry the step in their names; nsys reports
+    (`*.nsys-rep`, named by worker pid) do not, so they count for the step when written
+    after `since_epoch_s` (the step's start).
+    """
     found: list[tuple[str, Path]] = []
     if not save_dir.is_dir():
         return found
@@ -240,6 +247,10 @@ def find_verl_captures(save_dir: Path, step: int) -> list[tuple[str, Path]]:
             found.append(("torch", path))
     for path in sorted((save_dir / f"step{step}").glob("torch_memory_rank*.pickle")):
         found.append(("torch_memory", path))
+    if since_epoch_s is not None:
+        for path in sorted(save_dir.rglob("*.nsys-rep")):
+            if path.stat().st_mtime >= since_epoch_s:
+                found.append(("nsys", path))
     return found
 
 
@@ -273,6 +284,7 @@ class StepProfiler:
         self._mini_batch = 0
         self._current_step = 0
         self._pending_discovery: list[Any] = []
+        self._linked: set[Path] = set()  # verl outputs already linked (nsys: no step in name)
         self._hook_thread: threading.Thread | None = None
         self.last_flagged = max(self.flagged) if self.flagged else None
 
@@ -422,10 +434,14 @@ class StepProfiler:
     def _discover(self) -> None:
         held, self._pending_discovery = self._pending_discovery, []
         for step in held:
+            started_s = time.time() - (time.perf_counter_ns() - step.record.start_ns) / 1e9
+            found = find_verl_captures(self.config.discover_dir, step.number, started_s)
             captures = [
                 Capture(tool, path, (step.number, step.number), self.config.role, self.config.rank)
-                for tool, path in find_verl_captures(self.config.discover_dir, step.number)
+                for tool, path in found
+                if path not in self._linked
             ]
+            self._linked.update(c.path for c in captures)
             for capture in captures:
                 capture.start_ns = step.record.start_ns
                 capture.end_ns = step.record.end_ns

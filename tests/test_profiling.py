@@ -232,9 +232,12 @@ def test_links_verl_captures_found_by_name(make_tel, span_exporter, tmp_path):
             memory = save / "step2"
             memory.mkdir()
             (memory / "torch_memory_rank0_pid1.pickle").write_bytes(b"\x80\x04N.")
+            nsight = save / "nsight"  # Ray's per-worker report: no step in the name
+            nsight.mkdir()
+            (nsight / "worker_process_4242.nsys-rep").write_bytes(b"nsys")
     spans = finished_spans(tel, span_exporter)
     links = links_by_step(spans)
     assert links[1] == [] and links[3] == []
     tools = sorted(link.attributes["rl.profile.tool"] for link in links[2])
-    assert tools == ["torch", "torch_memory"]
+    assert tools == ["nsys", "torch", "torch_memory"]
     assert all(Path(link.attributes["rl.profile.path"]).exists() for link in links[2])
