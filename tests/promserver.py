@@ -21,16 +21,23 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: list[str], features: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        features: tuple[str, ...] = (),
+        config: dict | None = None,
+    ) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail("prometheus is not installed: run `make test` (it installs it)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = workdir / "prometheus.yml"
-        config.write_text(
+        config_path = workdir / "prometheus.yml"
+        config_path.write_text(
             json.dumps(  # JSON is YAML
-                {
+                config
+                or {
                     "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
                     "scrape_configs": [
                         {"job_name": "rlotel", "static_configs": [{"targets": targets}]}
@@ -40,7 +47,7 @@ class Prometheus:
         )
         command = [
             binary,
-            f"--config.file={config}",
+            f"--config.file={config_path}",
             f"--storage.tsdb.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--log.level=warn",
