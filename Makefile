@@ -2,7 +2,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,torch,nvtx,ray,verl
+EXTRAS := dev,torch,nvtx,ray,verl,dashboards
 
 .PHONY: demo test lint bench system-deps
 
@@ -12,11 +12,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
-# Prometheus and promtool from Debian: the tests start a real server on loopback.
+# Prometheus, promtool and amtool from Debian: the tests start a real server on loopback
+# and check the shipped rules and configs.
 system-deps:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
+	  command -v amtool >/dev/null || { \
 	  apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus prometheus-alertmanager; }
 
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo

@@ -402,6 +402,22 @@ def gen_tail_alert() -> alerting.RuleGroup:
     )
 
 
+def file_provisioning(group: dict) -> dict:
+    """The SDK builds the alerting API's shape (`title`, `folderUid`); Grafana's provisioning
+    files read groups by `name` and `folder` (a folder title: the dashboards' "RL")."""
+    rules = [
+        {k: v for k, v in rule.items() if k not in ("folderUID", "ruleGroup", "orgID")}
+        for rule in group["rules"]
+    ]
+    return {
+        "orgId": 1,
+        "name": group["title"],
+        "folder": "RL",
+        "interval": group["interval"],
+        "rules": rules,
+    }
+
+
 def alerting_range(seconds: int):
     from grafana_foundation_sdk.models.alerting import RelativeTimeRange
 
@@ -424,7 +440,7 @@ def outputs() -> dict[Path, str]:
         OUTPUTS[STEP_UID]: render(step_breakdown()),
         OUTPUTS[TAIL_UID]: render(rollout_tail()),
         ALERTS: json.dumps(
-            {"apiVersion": 1, "groups": [json.loads(render(gen_tail_alert()))]},
+            {"apiVersion": 1, "groups": [file_provisioning(json.loads(render(gen_tail_alert())))]},
             indent=2,
             sort_keys=True,
         )

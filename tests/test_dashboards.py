@@ -102,10 +102,9 @@ def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
             time.sleep(0.5)
         prometheus.wait_for('rlotel_steps_total{run="demo"}', 40, timeout_s=60)
         time.sleep(2.5)  # two more scrapes so rate() windows hold the final state
-        groups = prometheus.api("rules")["groups"]
-        assert groups and all(
-            r["health"] == "ok" for g in groups for r in g["rules"] if r["type"] == "recording"
-        )
+        groups = prometheus.api("rules")["groups"]  # the shipped rule file loaded cleanly
+        rules = [rule for group in groups for rule in group["rules"]]
+        assert len(rules) >= 10 and not [r for r in rules if r["health"] == "err"]
         checked = []
         for expression in all_expressions():
             promql = substitute(expression)
@@ -122,3 +121,15 @@ def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
             demo.kill()
         if prometheus is not None:
             prometheus.stop()
+
+
+def test_grafana_alert_provisioning_shape():
+    """Grafana's file provisioner reads groups by name and folder; rules need data + condition."""
+    alerts = json.loads(build.ALERTS.read_text())
+    assert alerts["apiVersion"] == 1
+    (group,) = alerts["groups"]
+    assert group["name"] == "rlotel" and group["folder"] == "RL" and group["interval"] == "1m"
+    (rule,) = group["rules"]
+    assert rule["title"] == "RLGenTailLatencyHigh" and rule["for"] == "10m"
+    assert rule["condition"] in {query["refId"] for query in rule["data"]}
+    assert {q["datasourceUid"] for q in rule["data"]} == {"prometheus", "__expr__"}

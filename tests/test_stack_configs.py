@@ -1,0 +1,231 @@
+"""The observability stack's configs (docker-compose.yml, collector/) hold together.
+
+No container runs here: each test checks what local tools and parsing can prove.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+COLLECTOR = ROOT / "collector"
+OTELCOL = COLLECTOR / "otelcol.yaml"
+DATASOURCES = COLLECTOR / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
+
+# Hosts a container reaches that are not compose services.
+NON_SERVICE_HOSTS = {"localhost", "host.docker.internal"}
+# Pre-0.144 exporter names, now deprecated aliases of otlp_grpc / otlp_http.
+DEPRECATED_EXPORTERS = {"otlp", "otlphttp"}
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)(us|µs|ms|s|m|h)$")
+UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def tool(name: str) -> str | None:
+    """`name` on PATH, else next to this interpreter (the venv's bin/)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else None
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return load(COMPOSE)["services"]
+
+
+def bind_sources(service: dict[str, Any]) -> list[str]:
+    """Host paths of a service's bind mounts (short `src:dst[:mode]` or long syntax)."""
+    sources = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            if volume.get("type") == "bind":
+                sources.append(volume["source"])
+            continue
+        source = volume.split(":", 1)[0]
+        if source.startswith((".", "/", "~")):  # otherwise a named volume
+            sources.append(source)
+    return sources
+
+
+def image_tag(image: str) -> str | None:
+    """The tag of `repo[:port]/name:tag`, or None when there is none."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else None
+
+
+def component_type(component_id: str) -> str:
+    return component_id.split("/", 1)[0]
+
+
+def collector_errors(config: dict[str, Any]) -> list[str]:
+    """What the collector would reject: pipelines naming undefined components, and connectors
+    not used both as an exporter and as a receiver."""
+    defined = {kind: set(config.get(kind) or {}) for kind in ("receivers", "processors")}
+    exporters, connectors = set(config.get("exporters") or {}), set(config.get("connectors") or {})
+    defined["receivers"] |= connectors
+    defined["exporters"] = exporters | connectors
+    errors = []
+    used_as: dict[str, set[str]] = {"receivers": set(), "exporters": set()}
+    pipelines = (config.get("service") or {}).get("pipelines") or {}
+    if not pipelines:
+        errors.append("no pipelines")
+    for pipeline_id, pipeline in pipelines.items():
+        for kind in ("receivers", "processors", "exporters"):
+            for name in pipeline.get(kind) or []:
+                if name not in defined[kind]:
+                    errors.append(f"pipeline {pipeline_id}: {kind[:-1]} {name} is not defined")
+                if kind in used_as:
+                    used_as[kind].add(name)
+    for connector in sorted(connectors):
+        for kind in ("exporters", "receivers"):
+            if connector not in used_as[kind]:
+                errors.append(f"connector {connector} is never used as a {kind[:-1]}")
+    return errors
+
+
+def seconds(duration: str | int | float) -> float:
+    """A collector duration (`250ms`, `2.5s`, `1h`) in seconds."""
+    match = DURATION.match(str(duration))
+    assert match, f"not a duration: {duration!r}"
+    return float(match.group(1)) * UNIT_SECONDS[match.group(2)]
+
+
+def host_port(address: str) -> tuple[str, int]:
+    parsed = urlsplit(address if "://" in address else f"//{address}")
+    assert parsed.hostname and parsed.port, f"no host:port in {address!r}"
+    return parsed.hostname, parsed.port
+
+
+def test_compose_file_matches_the_compose_spec():
+    checker = tool("check-jsonschema")
+    assert checker, "check-jsonschema is not installed in the venv"
+    result = run([checker, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_bind_mount_source_exists():
+    missing = [
+        f"{name}: {source}"
+        for name, service in services().items()
+        for source in bind_sources(service)
+        if not (ROOT / source).expanduser().exists()
+    ]
+    assert not missing, f"bind-mounted paths absent from the repository: {missing}"
+
+
+def test_every_image_is_pinned():
+    for name, service in services().items():
+        tag = image_tag(service["image"])
+        assert tag and tag != "latest", f"{name}: image {service['image']!r} is not pinned"
+
+
+def test_image_tag_parsing_handles_registry_ports():
+    assert image_tag("localhost:5000/prom/prometheus") is None
+    assert image_tag("localhost:5000/prom/prometheus:v2.54.1") == "v2.54.1"
+
+
+def test_collector_pipelines_reference_defined_components():
+    config = load(OTELCOL)
+    assert collector_errors(config) == []
+    assert config["connectors"], "the spanmetrics connector is what makes metrics from spans"
+
+
+def test_collector_checker_rejects_an_undefined_exporter():
+    broken = copy.deepcopy(load(OTELCOL))
+    broken["service"]["pipelines"]["traces"]["exporters"].append("otlp_grpc/nowhere")
+    assert collector_errors(broken) == [
+        "pipeline traces: exporter otlp_grpc/nowhere is not defined"
+    ]
+
+
+def test_collector_checker_rejects_a_one_sided_connector():
+    broken = copy.deepcopy(load(OTELCOL))
+    broken["service"]["pipelines"]["metrics"]["receivers"].remove("spanmetrics")
+    assert collector_errors(broken) == ["connector spanmetrics is never used as a receiver"]
+
+
+def test_collector_uses_the_0_144_exporter_names():
+    exporters = load(OTELCOL)["exporters"]
+    deprecated = [name for name in exporters if component_type(name) in DEPRECATED_EXPORTERS]
+    assert not deprecated, f"use otlp_grpc/otlp_http, not {deprecated}"
+
+
+def test_spanmetrics_buckets_cover_rl_phases():
+    spanmetrics = load(OTELCOL)["connectors"]["spanmetrics"]
+    bounds = [seconds(b) for b in spanmetrics["histogram"]["explicit"]["buckets"]]
+    assert bounds == sorted(set(bounds)), "buckets must be strictly increasing"
+    assert bounds[0] <= 0.010
+    assert bounds[-1] >= 3600
+    assert spanmetrics["exemplars"]["enabled"] is True
+    assert {d["name"] for d in spanmetrics["dimensions"]} >= {"rl.phase", "rl.run"}
+
+
+def test_promtool_accepts_the_prometheus_config():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    result = run([promtool, "check", "config", "collector/prometheus.yml"])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_config_addresses_name_compose_services():
+    """A typo in a hostname or port only shows once the stack runs; catch it here."""
+    names = set(services())
+    collector = load(OTELCOL)
+    tempo_host, tempo_port = host_port(collector["exporters"]["otlp_grpc/tempo"]["endpoint"])
+    tempo_grpc = load(COLLECTOR / "tempo.yaml")["distributor"]["receivers"]["otlp"]["protocols"]
+    assert tempo_host in names
+    assert tempo_port == host_port(tempo_grpc["grpc"]["endpoint"])[1]
+
+    metrics_port = host_port(collector["exporters"]["prometheus"]["endpoint"])[1]
+    targets = [
+        host_port(target)
+        for job in load(COLLECTOR / "prometheus.yml")["scrape_configs"]
+        for static in job.get("static_configs", [])
+        for target in static["targets"]
+    ]
+    assert ("otel-collector", metrics_port) in targets
+    assert {host for host, _ in targets} <= names | NON_SERVICE_HOSTS
+
+    urls = [source["url"] for source in load(DATASOURCES)["datasources"]]
+    assert {host_port(url)[0] for url in urls} <= names
+
+
+def test_exemplars_link_to_the_tempo_datasource():
+    sources = {source["uid"]: source for source in load(DATASOURCES)["datasources"]}
+    prometheus = sources["prometheus"]
+    destinations = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert destinations, "Prometheus exemplars link nowhere"
+    for destination in destinations:
+        target = sources.get(destination["datasourceUid"])
+        assert target is not None, f"no datasource with uid {destination['datasourceUid']!r}"
+        assert target["type"] == "tempo"
+    assert destinations[0]["name"] == "trace_id"  # the exemplar label the collector writes
+
+
+def test_amtool_accepts_the_alertmanager_config():
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        pytest.skip("amtool is not installed (Debian: prometheus-alertmanager)")
+    result = run([amtool, "check-config", "collector/alertmanager.yml"])
+    assert result.returncode == 0, result.stdout + result.stderr
