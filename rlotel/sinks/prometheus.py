@@ -202,6 +202,7 @@ class PrometheusSink:
         self.store = SeriesStore(run, drops, max_series)
         self._drops = drops
         self._phases_seen: set[str] = set()
+        self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
         self._last_counted = -1
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.store)
@@ -230,6 +231,7 @@ class PrometheusSink:
 
     def observe_step(self, step: Step) -> None:
         store = self.store
+        self._ledger_keys = set(step.metrics)
         phases = {name: value for name, value in step.timing_raw.items() if name != "step"}
         self._set_phase_seconds(phases)
         for name, value in phases.items():
@@ -299,9 +301,10 @@ class PrometheusSink:
     def observe_log(self, data: Mapping[Any, Any], step: Any) -> None:
         """verl `Tracking.log` dicts: known keys to the catalogue, other scalars generic.
 
-        For a step the ledger already closed, the ledger's numbers stand and only the
-        generic keys are taken, so a verl run that both times phases and logs its dict is
-        neither counted twice nor overwritten with a second measurement.
+        For a step the ledger already closed, the ledger's numbers stand and only keys it
+        did not produce are taken (e.g. throughput when tokens were never given to the
+        ledger), so a verl run that both times phases and logs its dict is neither counted
+        twice nor overwritten with a second measurement.
         """
         number = as_finite_float(step)[0]
         if number is None or not float(number).is_integer() or number < 0:
@@ -321,8 +324,8 @@ class PrometheusSink:
                     self._drops.add("metrics", "negative", f"{key}={value}")
                 else:
                     phases[key[9:]] = value
-            elif fresh or _generic(key):
-                self._map_known(key, value)
+            elif fresh or key not in self._ledger_keys:
+                self._map_known(key, value)  # what the ledger's step did not already say
         if not fresh:
             return
         seconds = phases.pop("step", None)
@@ -371,14 +374,6 @@ class PrometheusSink:
             self._drops.add("metrics", "negative", f"{key}={value}")
         else:
             store.set(*target)
-
-
-_LEDGER_KEYS = frozenset({"perf/time_per_step", "perf/total_num_tokens", "perf/throughput"})
-
-
-def _generic(key: str) -> bool:
-    """Keys the ledger never produces, so a logged value is the only one there is."""
-    return key not in _LEDGER_KEYS and not key.startswith(("timing_per_token_ms/", "perf/mfu/"))
 
 
 def _short(value: Any) -> str:

@@ -1,0 +1,239 @@
+"""verl plugin: `import verl` loads it (entry point group `verl.plugins`) in every process.
+
+Nothing happens unless `RLOTEL_ENABLE=1`: importing verl stays side-effect free for users
+who did not ask. When enabled it
+- routes every verl timer (`marked_timer`, `simple_timer`, NVTX/NPU variants) through the
+  ledger: they all call `verl.utils.profiler.performance._timer`, looked up at call time;
+  verl's `timing_raw` keeps verl's semantics (repeated names summed), and a raising body
+  keeps its timing (verl's own timer loses it);
+- adds an `rlotel` backend to `verl.utils.tracking.Tracking`
+  (`trainer.logger='["console","rlotel"]'`), which feeds `tel.log` and links verl's
+  profiler outputs of `global_profiler.steps`;
+- records agent-loop per-sample metrics before verl reduces them
+  (`AgentLoopManager._performance_metrics`, V0 path).
+
+Configuration uses the OpenTelemetry variables (`OTEL_EXPORTER_OTLP_*`,
+`OTEL_SERVICE_NAME`, `OTEL_EXPORTER_PROMETHEUS_HOST`/`_PORT` for the driver's /metrics);
+`RLOTEL_TRACES_FILE` writes OTLP/JSON lines. verl logs plugin load errors at debug level
+only, so failures here are logged loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import rlotel
+from rlotel.profiling import ProfileConfig
+
+log = logging.getLogger("rlotel")
+
+BACKEND = "rlotel"
+_installed: dict[str, Any] = {}  # what was patched, with the originals (for uninstall)
+
+
+def enabled() -> bool:
+    return os.environ.get("RLOTEL_ENABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> rlotel.Telemetry:
+    """The process's telemetry, created on first use from the environment."""
+    tel = rlotel.current()
+    if tel is not None:
+        return tel
+    port: int | None = None
+    if serve:
+        port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
+    return rlotel.init(
+        run=run or os.environ.get("RLOTEL_RUN", "verl"),
+        prometheus_addr=os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"),
+        prometheus_port=port,
+        traces_file=os.environ.get("RLOTEL_TRACES_FILE") or None,
+        **kwargs,
+    )
+
+
+# --- timers ------------------------------------------------------------------------------
+
+
+def _caller_global_step() -> int | None:
+    """verl's trainers keep the step on `self.global_steps`; read it from the caller."""
+    frame = sys._getframe(3)
+    for _ in range(4):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        step = getattr(owner, "global_steps", None)
+        if isinstance(step, int):
+            return step
+        frame = frame.f_back
+    return None
+
+
+def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
+    """Drop-in for `verl.utils.profiler.performance._timer` (a generator verl's timers
+    `yield from`), recording into the ledger. The `step` timer opens the ledger step."""
+    tel = telemetry()
+    if name == "step" and tel.current_step is None:
+        number = _caller_global_step()
+        if number is None:
+            number = (tel.ledger.last_step_number or 0) + 1
+        scope = tel.step(number)
+        record = scope.record
+    else:
+        scope = rlotel.marked_timer(name, {})  # summed below, once, like verl
+        record = scope
+    try:
+        with scope:
+            yield
+    finally:  # a raising body keeps its timing (verl's own timer loses it)
+        seconds = record.seconds
+        timing_raw[name] = timing_raw.get(name, 0) + seconds
+        _count_codetiming(name, seconds)
+
+
+def _count_codetiming(name: str, seconds: float) -> None:
+    """verl's timer also accumulates into codetiming's process-global registry."""
+    try:
+        from codetiming import Timer
+
+        Timer.timers.add(name, seconds)
+    except Exception:  # codetiming is verl's dependency; never fail training over it
+        pass
+
+
+# --- Tracking backend --------------------------------------------------------------------
+
+
+class RlotelBackend:
+    """The `rlotel` logger of `verl.utils.tracking.Tracking`."""
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any = None) -> None:
+        self.tel = telemetry(run=experiment_name, serve=True, profile=_profile_config(config))
+        log.info("rlotel: verl run %r, metrics at %s", experiment_name, self.tel.metrics_url)
+
+    def log(self, data: dict, step: int) -> None:
+        self.tel.log(data, step)
+
+    def finish(self) -> None:
+        self.tel.shutdown()
+
+
+def _profile_config(config: Any) -> ProfileConfig | None:
+    """verl's `global_profiler.steps` and `save_path`: link the captures verl writes."""
+    try:
+        profiler = config.global_profiler
+        steps = tuple(int(s) for s in (profiler.steps or ()))
+        save_path = profiler.save_path
+    except Exception:
+        return None
+    if not steps or not save_path:
+        return None
+    return ProfileConfig(steps=steps, discover_dir=Path(save_path))
+
+
+def _patch_tracking(tracking_module: Any) -> None:
+    tracking = tracking_module.Tracking
+    if BACKEND not in tracking.supported_backend:
+        tracking.supported_backend.append(BACKEND)
+    original_init, original_finish = tracking.__init__, tracking.finish
+
+    def __init__(self, project_name, experiment_name, default_backend="console", config=None):
+        original_init(self, project_name, experiment_name, default_backend, config)
+        backends = [default_backend] if isinstance(default_backend, str) else default_backend
+        if BACKEND in backends:
+            self.logger[BACKEND] = RlotelBackend(project_name, experiment_name, config)
+
+    def finish(self, exit_code: int = 0):
+        backend = getattr(self, "logger", {}).get(BACKEND)
+        original_finish(self, exit_code=exit_code)
+        if backend is not None and not getattr(self, "_rlotel_finished", False):
+            self._rlotel_finished = True
+            backend.finish()
+
+    tracking.__init__, tracking.finish = __init__, finish
+    _installed["tracking"] = (tracking, original_init, original_finish)
+
+
+# --- agent loop --------------------------------------------------------------------------
+
+
+def _patch_agent_loop(agent_loop_module: Any) -> None:
+    manager = agent_loop_module.AgentLoopManager
+    original = manager._performance_metrics
+
+    def _performance_metrics(self, metrics, output):
+        try:
+            lengths = _sample_lengths(output)
+            telemetry().record_samples(metrics, **lengths)
+        except Exception as error:
+            log.warning("rlotel: agent-loop samples not recorded: %r", error)
+        return original(self, metrics, output)
+
+    manager._performance_metrics = _performance_metrics
+    _installed["agent_loop"] = (manager, original)
+
+
+def _sample_lengths(output: Any) -> dict[str, Any]:
+    """Per-sample prompt/response lengths from the attention mask, as verl measures them."""
+    batch = getattr(output, "batch", None)
+    if batch is None or "attention_mask" not in batch or "prompts" not in batch:
+        return {}
+    width = batch["prompts"].shape[1]
+    mask = batch["attention_mask"]
+    return {
+        "prompt_length": mask[:, :width].sum(-1),
+        "response_length": mask[:, width:].sum(-1),
+    }
+
+
+# --- install -----------------------------------------------------------------------------
+
+
+def install() -> None:
+    """Patch verl's timer hook, Tracking and the agent-loop manager (idempotent)."""
+    if "timer" in _installed:
+        return
+    from verl.utils.profiler import performance
+
+    _installed["timer"] = (performance, performance._timer)
+    performance._timer = _timer
+    from verl.utils import tracking
+
+    _patch_tracking(tracking)
+    try:
+        from verl.experimental.agent_loop import agent_loop
+    except Exception as error:  # needs verl's optional serving dependencies
+        log.info("rlotel: verl agent loop not available (%r); per-sample capture off", error)
+    else:
+        _patch_agent_loop(agent_loop)
+
+
+def uninstall() -> None:
+    """Undo every patch (tests; a process that wants verl back as it was)."""
+    if "timer" in _installed:
+        performance, original = _installed.pop("timer")
+        performance._timer = original
+    if "tracking" in _installed:
+        tracking, original_init, original_finish = _installed.pop("tracking")
+        tracking.__init__, tracking.finish = original_init, original_finish
+        if BACKEND in tracking.supported_backend:
+            tracking.supported_backend.remove(BACKEND)
+    if "agent_loop" in _installed:
+        manager, original = _installed.pop("agent_loop")
+        manager._performance_metrics = original
+
+
+def patched() -> bool:
+    return bool(_installed)
+
+
+if enabled():
+    try:
+        install()
+    except Exception:
+        log.exception("rlotel: the verl plugin failed to install; training continues without it")
