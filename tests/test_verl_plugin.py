@@ -1,0 +1,174 @@
+"""The verl plugin: loaded by `import verl`, off unless RLOTEL_ENABLE=1, real verl code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tests.conftest import file_spans, parse_exposition, scrape
+
+pytest.importorskip("verl")
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, urllib.request
+    import verl  # the entry point loads rlotel's plugin here
+    import rlotel.integrations.verl as plugin
+    from verl.utils.profiler import marked_timer, simple_timer, performance
+    from verl.utils.tracking import Tracking
+
+    report = {"patched": plugin.patched(), "timer_module": performance._timer.__module__,
+              "backends": list(Tracking.supported_backend)}
+    if plugin.patched():
+        tracking = Tracking("proj", "exp", default_backend=["console", "rlotel"])
+
+        class Trainer:
+            global_steps = 7
+
+            def step(self):
+                timing_raw = {}
+                with marked_timer("step", timing_raw):
+                    with marked_timer("gen", timing_raw, color="red"):
+                        with simple_timer("generate_sequences", timing_raw):
+                            sum(range(20000))
+                    for _ in range(2):
+                        with marked_timer("update_actor", timing_raw):
+                            sum(range(20000))
+                    try:
+                        with marked_timer("update_weights", timing_raw):
+                            raise RuntimeError("sync failed")
+                    except RuntimeError:
+                        pass
+                return timing_raw
+
+        timing_raw = Trainer().step()
+        tracking.log({**{f"timing_s/{k}": v for k, v in timing_raw.items()},
+                      "actor/pg_loss": 0.25, "perf/throughput": 123.0}, step=7)
+        import rlotel
+        tel = rlotel.current()
+        tel.flush()
+        report["timing_raw"] = timing_raw
+        report["exposition"] = urllib.request.urlopen(tel.metrics_url).read().decode()
+        tracking.finish()
+    print("REPORT" + json.dumps(report))
+    """
+)
+
+
+def run_script(tmp_path, enable: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLOTEL_", "OTEL_"))}
+    env |= {"OTEL_EXPORTER_PROMETHEUS_PORT": "0", "RLOTEL_TRACES_FILE": str(tmp_path / "t.jsonl")}
+    if enable is not None:
+        env["RLOTEL_ENABLE"] = enable
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("REPORT"))
+    return json.loads(line[len("REPORT") :])
+
+
+def test_enabled_plugin_turns_verl_timers_into_spans(tmp_path):
+    report = run_script(tmp_path, "1")
+    assert report["patched"] and report["timer_module"] == "rlotel.integrations.verl"
+    assert "rlotel" in report["backends"]
+    timing_raw = report["timing_raw"]
+    assert set(timing_raw) == {
+        "step",
+        "gen",
+        "generate_sequences",
+        "update_actor",
+        "update_weights",
+    }
+    spans = file_spans(tmp_path / "t.jsonl", run="exp")
+    by_id = {s["id"]: s for s in spans}
+    (root,) = [s for s in spans if s["name"] == "step"]
+    assert root["attrs"]["rl.step"] == 7  # read from the trainer's global_steps
+    parents = {s["name"]: by_id[s["parent"]]["name"] for s in spans if s["parent"]}
+    assert parents == {
+        "gen": "step",
+        "generate_sequences": "gen",
+        "update_actor": "step",
+        "update_weights": "step",
+    }
+    for name, seconds in timing_raw.items():  # verl's dict: same sums as the span tree
+        total = sum(s["end"] - s["start"] for s in spans if s["name"] == name) / 1e9
+        assert abs(total - seconds) < 2e-6, name
+    failed = next(s for s in spans if s["name"] == "update_weights")
+    assert failed["status"] == 2 and timing_raw["update_weights"] > 0  # verl would lose it
+    series = parse_exposition(report["exposition"])
+    run = ("run", "exp")
+    assert series[("rlotel_train_metric", frozenset({run, ("key", "actor/pg_loss")}))] == 0.25
+    assert series[("rlotel_throughput_tokens_per_second_per_gpu", frozenset({run}))] == 123.0
+    key = ("rlotel_step_phase_seconds", frozenset({run, ("phase", "gen")}))
+    assert series[key] == timing_raw["gen"]
+
+
+@pytest.mark.parametrize("enable", [None, "0"])
+def test_without_the_variable_importing_verl_changes_nothing(tmp_path, enable):
+    report = run_script(tmp_path, enable)
+    assert report == {
+        "patched": False,
+        "timer_module": "verl.utils.profiler.performance",
+        "backends": [b for b in report["backends"] if b != "rlotel"],
+    }
+    assert "rlotel" not in report["backends"]
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_agent_loop_manager_samples_reach_histograms(make_tel):
+    """verl's V0 `AgentLoopManager._performance_metrics`, patched in place, fills rlotel."""
+    torch = pytest.importorskip("torch")
+    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+    from verl import DataProto
+
+    from rlotel.integrations import verl as plugin
+
+    tel = make_tel(run="agent")
+    plugin.install()
+    try:
+
+        class Manager(agent_loop.AgentLoopManager):  # a V0-style subclass, as configured
+            def __init__(self) -> None:  # no workers needed for the reduction
+                pass
+
+        rng = np.random.default_rng(0)
+        chunks = [
+            [
+                {
+                    "generate_sequences": float(rng.lognormal()),
+                    "tool_calls": float(rng.random()),
+                    "compute_score": 0.01,
+                    "num_preempted": int(rng.integers(-1, 3)),
+                }
+                for _ in range(size)
+            ]
+            for size in (3, 5)
+        ]
+        mask = torch.ones(8, 12, dtype=torch.int64)
+        mask[:, :2] = 0  # left-padded prompts of 4 tokens in a width of 6
+        output = DataProto.from_dict(
+            tensors={"prompts": torch.zeros(8, 6, dtype=torch.int64), "attention_mask": mask}
+        )
+        with tel.step(1) as step, tel.phase("gen"):
+            expected = Manager()._performance_metrics(chunks, output)
+    finally:
+        plugin.uninstall()
+    ours = {k: v for k, v in step.metrics.items() if k.startswith("agent_loop/")}
+    assert ours == expected
+    tel.flush(10)
+    series = parse_exposition(scrape(tel.metrics_url))
+    count = (
+        "rlotel_agent_loop_duration_seconds_count",
+        frozenset({("run", "agent"), ("stage", "tool_calls")}),
+    )
+    assert series[count] == 8
+    assert agent_loop.AgentLoopManager._performance_metrics.__module__ != "rlotel.integrations.verl"
