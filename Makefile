@@ -2,7 +2,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,torch,nvtx,ray,verl,dashboards
+EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 
 .PHONY: demo test lint bench system-deps
 

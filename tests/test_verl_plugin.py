@@ -172,3 +172,24 @@ def test_agent_loop_manager_samples_reach_histograms(make_tel):
     )
     assert series[count] == 8
     assert agent_loop.AgentLoopManager._performance_metrics.__module__ != "rlotel.integrations.verl"
+
+
+def test_opentelemetry_instrument_switches_rlotel_on(tmp_path):
+    """The standard auto-instrumentation command enables the plugin without RLOTEL_ENABLE."""
+    command = os.path.join(os.path.dirname(sys.executable), "opentelemetry-instrument")
+    if not os.path.exists(command):
+        pytest.skip("opentelemetry-instrumentation is not installed (extra `instrument`)")
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import verl, rlotel.integrations.verl as plugin\n"
+        "from verl.utils.profiler import performance\n"
+        "print('PATCHED', plugin.patched(), performance._timer.__module__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLOTEL_", "OTEL_"))}
+    env |= {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none"}  # fmt: skip
+    result = subprocess.run(
+        [command, sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "PATCHED True rlotel.integrations.verl" in result.stdout
