@@ -123,6 +123,16 @@ class Phase:
             _drop(self._ledger, "profile", "profiler_error", error)
 
 
+class RemotePhase(Phase):
+    """A phase whose parent span lives in another process (W3C traceparent)."""
+
+    __slots__ = ("remote",)
+
+    def __init__(self, ledger: Ledger, name: str, color: str | None, remote: tuple[int, int]):
+        super().__init__(ledger, name, color)
+        self.remote = remote
+
+
 def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException) -> None:
     if ledger is not None:
         ledger.drops.add(signal, reason, repr(error))
@@ -133,7 +143,7 @@ def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException)
 class Trace:
     """A tree of phases with one root: a step, or a phase opened outside any step."""
 
-    __slots__ = ("records", "root", "samples", "step", "trace_id")
+    __slots__ = ("records", "remote_parent", "root", "samples", "step", "trace_id")
 
     def __init__(self, root: Phase, step: int | None) -> None:
         self.trace_id = getrandbits(128) or 1
@@ -141,6 +151,7 @@ class Trace:
         self.records: list[Phase] = []
         self.samples: list[SampleBatch] = []
         self.step = step
+        self.remote_parent = 0  # span id in another process (propagated context), if any
 
     @property
     def sample_spans(self) -> int:
@@ -404,8 +415,11 @@ class Ledger:
         self._publish(step)
 
     def open_loose(self, root: Phase) -> None:
-        """A phase with no step open becomes the root of a trace of its own."""
+        """A phase with no step open becomes the root of a trace of its own, or, given a
+        propagated context, a child of a phase in another process."""
         self._loose = Trace(root, self.last_step_number)
+        if isinstance(root, RemotePhase):
+            self._loose.trace_id, self._loose.remote_parent = root.remote
         self.loose_root = root
         self.records = self._loose.records
 

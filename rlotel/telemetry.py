@@ -17,7 +17,7 @@ from rlotel import catalogue as cat
 from rlotel.config import Config, ConfigError, writable_dir
 from rlotel.diagnose import Diagnoser, Thresholds
 from rlotel.drops import Drops
-from rlotel.ledger import Ledger, Phase, Step, Trace
+from rlotel.ledger import Ledger, Phase, RemotePhase, Step, Trace
 from rlotel.profiling import Capture, ProfileConfig, StepProfiler, summarize
 from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
@@ -107,11 +107,22 @@ class Telemetry:
         """Context manager of one training step (root span `step`, NVTX range `step`)."""
         return Step(self.ledger, global_step)
 
-    def phase(self, name: str, color: str | None = None) -> Phase:
-        """Context manager of one phase: a child span of the open step (or a root span)."""
+    def phase(
+        self, name: str, color: str | None = None, context: Mapping[str, str] | None = None
+    ) -> Phase:
+        """Context manager of one phase: a child span of the open step (or a root span).
+
+        `context` (a carrier from `current_context()` in another process, e.g. a Ray
+        driver) makes a phase opened outside any local step a child of that remote phase.
+        """
         if not isinstance(name, str) or not name:
             self.drops.add("spans", "bad_name", f"phase name {name!r} is not a non-empty string")
             return Phase(None, str(name) or "unnamed", color)
+        if context is not None and self.ledger.current_trace is None:
+            ids = parse(context)
+            if ids is not None:
+                return RemotePhase(self.ledger, name, color, ids)
+            self.drops.add("spans", "bad_context", f"no valid traceparent in {context!r}")
         return Phase(self.ledger, name, color)
 
     @property

@@ -110,14 +110,7 @@ class SpanSink:
 
     def export_remote_samples(self, batch: SampleBatch) -> None:
         """Sample spans whose parent phase lives in another process (propagated context)."""
-        parent = trace_api.NonRecordingSpan(
-            trace_api.SpanContext(
-                batch.trace_id,
-                batch.parent_span_id,
-                is_remote=True,
-                trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
-            )
-        )
+        parent = _remote_parent(batch.trace_id, batch.parent_span_id)
         offset = time.time_ns() - time.perf_counter_ns()
         self._export_samples(batch, parent, offset, {"rl.run": self._run})
 
@@ -132,8 +125,11 @@ class SpanSink:
             common["rl.step"] = trace.step
         root = trace.root
         links = [_link(c) for c in captures]
+        remote = (
+            _remote_parent(trace.trace_id, trace.remote_parent) if trace.remote_parent else None
+        )
         root_span = self._start(
-            root, None, offset, trace.trace_id, {**common, **root_attributes}, links
+            root, remote, offset, trace.trace_id, {**common, **root_attributes}, links
         )
         spans = {id(root): root_span}
         closed = [record for record in trace.records if record.end_ns]
@@ -215,6 +211,16 @@ class SpanSink:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def _remote_parent(trace_id: int, span_id: int) -> trace_api.NonRecordingSpan:
+    context = trace_api.SpanContext(
+        trace_id,
+        span_id,
+        is_remote=True,
+        trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
+    )
+    return trace_api.NonRecordingSpan(context)
 
 
 def _link(capture: Capture) -> trace_api.Link:
