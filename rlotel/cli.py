@@ -1,4 +1,5 @@
-"""`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run."""
+"""`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run,
+`replay` turns verl's FileLogger output into backfillable metrics and traces."""
 
 from __future__ import annotations
 
@@ -134,6 +135,32 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from rlotel.replay import replay
+
+    source = Path(args.path)
+    if not source.is_file():
+        errors.print(f"[red]rlotel: {source} is not a file[/red]")
+        return 2
+    out = Path(args.out) if args.out else source.with_suffix("")
+    run = args.run or source.stem
+    try:
+        result = replay(source, out, run, step_seconds=args.step_seconds)
+    except (OSError, ValueError) as error:
+        errors.print(f"[red]rlotel: cannot replay {source}: {error}[/red]")
+        return 2
+    dropped = ", ".join(f"{reason} ×{n}" for reason, n in sorted(result.dropped.items()))
+    console.print(
+        f"replayed {result.steps} steps of run {run!r}: {result.samples} samples in "
+        f"{result.series} series{f' (skipped: {dropped})' if dropped else ''}\n"
+        f"metrics: {result.metrics_path}\n"
+        f"  backfill: promtool tsdb create-blocks-from openmetrics {result.metrics_path} "
+        "<prometheus data dir>\n"
+        f"traces:  {result.traces_path} (reconstructed span trees, rl.reconstructed=true)"
+    )
+    return 0
+
+
 def _verdict_summary(verdicts: list[Verdict]) -> str:
     """Bottleneck verdicts of a range of steps: how often each, then the last one in full."""
     counts = Counter(v.label for v in verdicts)
@@ -214,6 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("path", help="traces.jsonl, verl's <experiment>.jsonl, or a directory")
     analyze.add_argument("--every", type=int, default=0, help="one table per N steps")
     analyze.set_defaults(handler=_analyze)
+    replay = commands.add_parser(
+        "replay", help="verl FileLogger JSONL → backfillable OpenMetrics + a traces file"
+    )
+    replay.add_argument("path", help="verl's <experiment>.jsonl ({'step': N, 'data': {...}})")
+    replay.add_argument("--out", help="output directory (default: next to the file)")
+    replay.add_argument("--run", help="run label (default: the file's name)")
+    replay.add_argument(
+        "--step-seconds", type=float, default=None, help="duration of steps without timing_s/step"
+    )
+    replay.set_defaults(handler=_replay)
     args = parser.parse_args(argv)
     return args.handler(args)
 
