@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 import zlib
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -122,3 +123,50 @@ class GrpcReceiver(Received):
 
     def stop(self) -> None:
         self.server.stop(grace=None)
+
+
+class FaultyReceiver(Received):
+    """An OTLP/HTTP endpoint whose behaviour the test switches: ok, 503, slow, blackhole."""
+
+    def __init__(self, mode: str = "ok", slow_s: float = 0.3) -> None:
+        super().__init__()
+        self.mode = mode
+        self.slow_s = slow_s
+        self.release = threading.Event()  # ends blackholed requests when the test is done
+        received = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                mode = received.mode
+                if mode == "blackhole":
+                    received.release.wait(30)
+                    return
+                if mode == "unavailable":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if mode == "slow":
+                    time.sleep(received.slow_s)
+                if self.path == "/v1/traces":
+                    request = trace_service_pb2.ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    received.add(request)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
