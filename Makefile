@@ -34,3 +34,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/sample_ingest.py
 	$(PY) benchmarks/demo_overhead.py
 	$(PY) benchmarks/profile_overhead.py
+	$(PY) benchmarks/scrape_load.py
