@@ -123,6 +123,10 @@ class Phase:
             _drop(self._ledger, "profile", "profiler_error", error)
 
 
+class IncompleteStep(Exception):
+    """Recorded on spans still open when the process exited."""
+
+
 class RemotePhase(Phase):
     """A phase whose parent span lives in another process (W3C traceparent)."""
 
@@ -413,6 +417,22 @@ class Ledger:
             except Exception as error:
                 self.drops.add("profile", "profiler_error", repr(error))
         self._publish(step)
+
+    def set_publisher(self, publish: Callable[[Any], None]) -> None:
+        self._publish = publish
+
+    def abandon_open_step(self) -> None:
+        """The process is exiting with a step still open: close it now, marked incomplete,
+        with the phases that were still running, so the spans closed so far are exported."""
+        step = self._step
+        if step is None:
+            return
+        now = perf_counter_ns()
+        for phase in self.stack:
+            if not phase.end_ns:
+                phase.end_ns = now
+                phase.error = IncompleteStep(f"phase {phase.name!r} still open at exit")
+        self.close_step(step, IncompleteStep(f"step {step.number} did not complete"))
 
     def open_loose(self, root: Phase) -> None:
         """A phase with no step open becomes the root of a trace of its own, or, given a

@@ -7,7 +7,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -69,6 +70,7 @@ class Telemetry:
             )
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
+        os.register_at_fork(after_in_child=_after_fork_hook(weakref.ref(self)))
 
     def _start_sinks(self, span_exporters: Sequence[SpanExporter]) -> None:
         """Everything that can fail on configuration fails here, before training starts."""
@@ -231,6 +233,7 @@ class Telemetry:
         self._closed = True
         atexit.unregister(self.shutdown)
         timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        self.ledger.abandon_open_step()  # exiting mid-step: export what closed, incomplete
         profiler = self.ledger.profiler
         if profiler is not None:
             try:
@@ -297,6 +300,21 @@ class Telemetry:
             for batch in trace.samples:
                 self._prometheus.observe_samples(batch)
 
+    def _forked(self) -> None:
+        """In a forked child (dataloader workers, multiprocessing): go quiet.
+
+        The parent's threads did not survive the fork and their locks may be held forever,
+        and exporting here would duplicate the parent's data: the child keeps timing into
+        its ledger (so `timing_raw` still works) but publishes and exports nothing.
+        """
+        self._closed = True
+        self.drops = Drops()  # a fresh lock: the parent's may have been held at fork time
+        self.ledger.drops = self.drops
+        self._publisher.submit = _discard
+        self.ledger.set_publisher(_discard)
+        self.metrics_url = None
+        self._spans = self._prometheus = self._otlp_metrics = None
+
     def _publish_capture(self, capture: Capture) -> None:
         profiler = self.ledger.profiler
         try:
@@ -313,6 +331,19 @@ class Telemetry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _discard(item: Any) -> None:
+    """The publisher of a forked child: nothing leaves the child."""
+
+
+def _after_fork_hook(reference: weakref.ref) -> Callable[[], None]:
+    def after_fork() -> None:
+        tel = reference()
+        if tel is not None:
+            tel._forked()
+
+    return after_fork
 
 
 def _export_interval_s(environ: Mapping[str, str]) -> float:

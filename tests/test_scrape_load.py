@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -47,13 +49,30 @@ def check_consistent(body: str, previous: dict) -> dict:
     return counters
 
 
-def test_scrapes_under_load_are_consistent(make_tel):
+SCRAPER = """
+import pathlib, sys, time, urllib.request
+url, out, stop = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+deadline, count = time.monotonic() + 30, 0
+while not stop.exists() and count < 600 and time.monotonic() < deadline:
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=5) as response:
+        (out / f"{count:04d}.txt").write_bytes(response.read())
+    count += 1
+    time.sleep(max(0.0, 0.02 - (time.monotonic() - started)))
+"""
+
+
+def test_scrapes_under_load_are_consistent(make_tel, tmp_path):
+    """The scraper is another process, like Prometheus: 50 requests/s, bounded."""
     tel = make_tel(run="load")
-    bodies: list[str] = []
-    stop = threading.Event()
-    thread = threading.Thread(target=scraper, args=(tel.metrics_url, stop, bodies))
-    thread.start()
+    stop_file = tmp_path / "stop"
+    scrapes = tmp_path / "scrapes"
+    scrapes.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SCRAPER, tel.metrics_url, str(scrapes), str(stop_file)]
+    )
     rng = np.random.default_rng(0)
+    work, weights = rng.normal(size=(384, 384)), rng.normal(size=(384, 384))
     try:
         started = time.monotonic()
         number = 0
@@ -66,12 +85,18 @@ def test_scrapes_under_load_are_consistent(make_tel):
                         response_length=rng.integers(1, 512, size=64),
                     )
                 with tel.phase("update_actor"):
-                    sum(range(200_000))  # ~ms of real work per step
+                    work = work @ weights  # ~ms of real math; it releases the GIL, as torch does
+                    work /= np.abs(work).max()
                 step.set_tokens(prompt=[4] * 64, response=[64] * 64)
             tel.log({"actor/pg_loss": float(rng.normal())}, step=number)
     finally:
-        stop.set()
-        thread.join(10)
+        stop_file.touch()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    bodies = [path.read_text() for path in sorted(scrapes.iterdir())]
     assert len(bodies) >= 50, f"only {len(bodies)} scrapes in the run"
     previous: dict = {}
     for body in bodies:

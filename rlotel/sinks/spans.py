@@ -235,6 +235,8 @@ def _link(capture: Capture) -> trace_api.Link:
 
 def _step_attributes(step: Step) -> dict:
     result: dict = {"rl.unaccounted_s": step.unaccounted_seconds}
+    if step.record.error is not None:
+        result["rl.incomplete"] = True  # the step ended by an exception or at exit
     if step.prompt_tokens is not None:
         result["rl.tokens.prompt"] = step.prompt_tokens
         result["rl.tokens.response"] = step.response_tokens

@@ -1,0 +1,84 @@
+"""fork after init, and exiting mid-step: no deadlock, no duplicate export, nothing lost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import file_spans
+
+FORK = textwrap.dedent(
+    """
+    import os, sys, time
+    import rlotel
+    tel = rlotel.init(run="fork", prometheus_port=0, traces_file=sys.argv[1])
+    with tel.step(1), tel.phase("gen"):
+        pass
+    tel.log({"loss": 1.0}, step=1)
+    pid = os.fork()  # e.g. a dataloader worker, while the publisher thread is running
+    if pid == 0:
+        for number in range(100, 103):  # the child keeps timing; nothing leaves it
+            with tel.step(number) as step, tel.phase("gen"):
+                tel.record_samples(generate_sequences=[0.1, 0.2])
+            tel.log({"loss": 2.0}, step=number)
+            assert step.timing_raw["gen"] > 0
+        sys.exit(0)  # runs atexit in the child: must not flush the parent's data again
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        sys.exit("forked child deadlocked")
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    with tel.step(2), tel.phase("gen"):
+        pass
+    """
+)
+
+CRASH = textwrap.dedent(
+    """
+    import sys
+    import rlotel
+    tel = rlotel.init(run="crash", prometheus_port=None, traces_file=sys.argv[1])
+    with tel.step(1), tel.phase("gen"):
+        pass
+    step = tel.step(2)
+    step.__enter__()
+    with tel.phase("gen"):
+        pass
+    tel.phase("update_actor").__enter__()
+    # the interpreter exits here, mid-step and mid-phase (no shutdown call)
+    """
+)
+
+
+def run(script: str, path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_fork_after_init_neither_deadlocks_nor_duplicates(tmp_path):
+    path = tmp_path / "fork.jsonl"
+    run(FORK, path)
+    steps = sorted(s["attrs"]["rl.step"] for s in file_spans(path) if s["name"] == "step")
+    assert steps == [1, 2]  # each parent step once; nothing from the child
+
+
+def test_exit_mid_step_exports_what_closed_marked_incomplete(tmp_path):
+    path = tmp_path / "crash.jsonl"
+    run(CRASH, path)
+    spans = file_spans(path, run="crash")
+    roots = {s["attrs"]["rl.step"]: s for s in spans if s["name"] == "step"}
+    assert sorted(roots) == [1, 2]
+    assert "rl.incomplete" not in roots[1]["attrs"]
+    incomplete = roots[2]
+    assert incomplete["attrs"]["rl.incomplete"] is True and incomplete["status"] == 2
+    children = {s["name"]: s for s in spans if s["parent"] == incomplete["id"]}
+    assert children["gen"]["status"] == 0  # closed normally before the exit
+    assert children["update_actor"]["status"] == 2  # still open: closed at exit, as an error
