@@ -47,6 +47,8 @@ def init(
     *,
     max_metric_keys: int = 256,
     max_sample_spans: int = 4,
+    prometheus_tls: tuple[str, str] | None = None,
+    prometheus_basic_auth: tuple[str, str] | None = None,
     queue_size: int = 1024,
     shutdown_timeout_s: float = 5.0,
     span_exporters: Sequence[SpanExporter] = (),
@@ -58,6 +60,8 @@ def init(
     `max_sample_spans` caps the slowest samples per step that get a span (and serve as
     histogram exemplars). `span_exporters` adds exporters of your own (each behind its
     own batch processor) to the ones OTEL_EXPORTER_OTLP_* and `traces_file` switch on.
+    `prometheus_tls=(certfile, keyfile)` serves /metrics over HTTPS and
+    `prometheus_basic_auth=(user, password)` requires credentials (for a non-loopback bind).
     `bottleneck_thresholds` tunes the per-step verdict (`rlotel.diagnose.Thresholds`).
     `profile_steps` + `profile_dir` capture those global steps with torch.profiler; a
     `profile=ProfileConfig(...)` sets every option (continuous, schedule, token window,
@@ -75,6 +79,8 @@ def init(
         profile_dir,
         max_metric_keys=max_metric_keys,
         max_sample_spans=max_sample_spans,
+        prometheus_tls=prometheus_tls,
+        prometheus_basic_auth=prometheus_basic_auth,
         queue_size=queue_size,
         shutdown_timeout_s=shutdown_timeout_s,
         span_exporters=span_exporters,

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_SERVICE_NAME = "rlotel"
 
@@ -33,6 +34,8 @@ class Config:
     profile_steps: tuple[int, ...]
     profile_dir: Path | None
     sdk_disabled: bool
+    prometheus_tls: tuple[str, str] | None = None
+    prometheus_basic_auth: tuple[str, str] | None = None
     max_metric_keys: int = 256
     max_sample_spans: int = 4
     queue_size: int = 1024
@@ -52,6 +55,8 @@ class Config:
         profile_dir: str | os.PathLike | None,
         max_metric_keys: int,
         max_sample_spans: int,
+        prometheus_tls: tuple[str, str] | None,
+        prometheus_basic_auth: tuple[str, str] | None,
         queue_size: int,
         shutdown_timeout_s: float,
         environ: Mapping[str, str],
@@ -85,6 +90,8 @@ class Config:
         if not shutdown_timeout_s > 0:
             raise ConfigError(f"shutdown_timeout_s must be > 0, got {shutdown_timeout_s!r}")
         return cls(
+            prometheus_tls=_tls(prometheus_tls),
+            prometheus_basic_auth=_credentials(prometheus_basic_auth),
             run=run,
             service_name=name,
             n_gpus=n_gpus,
@@ -99,6 +106,33 @@ class Config:
             queue_size=queue_size,
             shutdown_timeout_s=float(shutdown_timeout_s),
         )
+
+
+def _tls(pair: Any) -> tuple[str, str] | None:
+    if pair is None:
+        return None
+    try:
+        certfile, keyfile = (str(Path(p)) for p in pair)
+    except (TypeError, ValueError):
+        raise ConfigError("prometheus_tls must be (certfile, keyfile)") from None
+    for path in (certfile, keyfile):
+        if not Path(path).is_file():
+            raise ConfigError(f"prometheus_tls file {path!r} does not exist")
+    return certfile, keyfile
+
+
+def _credentials(pair: Any) -> tuple[str, str] | None:
+    if pair is None:
+        return None
+    try:
+        username, password = pair
+    except (TypeError, ValueError):
+        raise ConfigError("prometheus_basic_auth must be (username, password)") from None
+    if not (isinstance(username, str) and isinstance(password, str) and username and password):
+        raise ConfigError("prometheus_basic_auth needs a non-empty username and password")
+    if ":" in username:
+        raise ConfigError("prometheus_basic_auth username cannot contain ':'")
+    return username, password
 
 
 def _steps(profile_steps: Iterable[int]) -> tuple[int, ...]:

@@ -55,6 +55,15 @@ class Drops:
             return dict(self._counts)
 
 
+def describe(value: Any) -> str:
+    """How a rejected value is named in a log line: never its text (it could be a prompt
+    or a response), only its type and size."""
+    if isinstance(value, (str, bytes)):
+        return f"<{type(value).__name__} of length {len(value)}>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def as_finite_float(value: Any) -> tuple[float | None, str]:
     """A finite float from a Python, numpy or one-element torch scalar, else (None, reason)."""
     if isinstance(value, Real):

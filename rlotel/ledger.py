@@ -17,7 +17,7 @@ from typing import Any
 
 from rlotel import formulas, nvtx, samples
 from rlotel.diagnose import Diagnoser, StepFacts, Verdict
-from rlotel.drops import Drops, as_finite_float, clean_counts
+from rlotel.drops import Drops, as_finite_float, clean_counts, describe
 from rlotel.profiling import Capture, StepProfiler
 from rlotel.samples import SampleBatch
 
@@ -219,7 +219,7 @@ class Step:
         for role, value in roles.items():
             number, reason = as_finite_float(value)
             if number is None or number < 0:
-                self._ledger.drops.add("mfu", reason or "negative", f"mfu {role}={value!r}")
+                self._ledger.drops.add("mfu", reason or "negative", f"mfu {role}={describe(value)}")
                 continue
             self.mfu[role] = number
             self._derived = None

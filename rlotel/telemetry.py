@@ -89,7 +89,10 @@ class Telemetry:
         self._prometheus = PrometheusSink(config.run, self.drops, config.max_metric_keys)
         if config.prometheus_port is not None:
             self.metrics_url = self._prometheus.serve(
-                config.prometheus_addr, config.prometheus_port
+                config.prometheus_addr,
+                config.prometheus_port,
+                config.prometheus_tls,
+                config.prometheus_basic_auth,
             )
         if exporters:
             self._spans = SpanSink(resource, config.run, exporters, self.drops)
@@ -384,6 +387,8 @@ def build(
         profile_dir=profile_dir,
         max_metric_keys=tuning.get("max_metric_keys", 256),
         max_sample_spans=tuning.get("max_sample_spans", 4),
+        prometheus_tls=tuning.get("prometheus_tls"),
+        prometheus_basic_auth=tuning.get("prometheus_basic_auth"),
         queue_size=tuning.get("queue_size", 1024),
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
         environ=os.environ,

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,11 +25,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
 from rlotel import catalogue as cat
-from rlotel.config import ConfigError
-from rlotel.drops import Drops, as_finite_float
+from rlotel.drops import Drops, as_finite_float, describe
 from rlotel.formulas import VERL_STEP_STAGES
 from rlotel.ledger import Step
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
+from rlotel.sinks import endpoint
 
 Labels = tuple[str, ...]
 
@@ -209,16 +209,17 @@ class PrometheusSink:
         self._server = None
         self.url: str | None = None
 
-    def serve(self, addr: str, port: int) -> str:
-        try:
-            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve /metrics on {addr}:{port}: {exc.strerror or exc}; choose a free "
-                "prometheus_port (0 = ephemeral) or prometheus_port=None for no endpoint"
-            ) from None
+    def serve(
+        self,
+        addr: str,
+        port: int,
+        tls: tuple[str, str] | None = None,
+        credentials: tuple[str, str] | None = None,
+    ) -> str:
+        self._server = endpoint.serve(self.registry, addr, port, tls, credentials)
         host = f"[{addr}]" if ":" in addr else addr
-        self.url = f"http://{host}:{self._server.server_port}/metrics"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://{host}:{self._server.server_port}/metrics"
         return self.url
 
     def shutdown(self) -> None:
@@ -308,7 +309,7 @@ class PrometheusSink:
         """
         number = as_finite_float(step)[0]
         if number is None or not float(number).is_integer() or number < 0:
-            self._drops.add("metrics", "bad_step", f"tel.log step={_short(step)} ignored")
+            self._drops.add("metrics", "bad_step", f"tel.log step={describe(step)} ignored")
             number = None
         fresh = number is None or int(number) != self._last_counted
         phases: dict[str, float] = {}
@@ -318,7 +319,7 @@ class PrometheusSink:
                 continue
             value, why = as_finite_float(raw)
             if value is None:
-                self._drops.add("metrics", why, f"{key}={_short(raw)}")
+                self._drops.add("metrics", why, f"{key}={describe(raw)}")
             elif key.startswith("timing_s/") and "/" not in key[9:]:
                 if value < 0:
                     self._drops.add("metrics", "negative", f"{key}={value}")
@@ -374,8 +375,3 @@ class PrometheusSink:
             self._drops.add("metrics", "negative", f"{key}={value}")
         else:
             store.set(*target)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
