@@ -35,3 +35,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/demo_overhead.py
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/scrape_load.py
+	$(PY) benchmarks/soak.py

@@ -1,0 +1,116 @@
+"""Soak: 10k steps with samples, the endpoint scraped, memory/fds/threads/series tracked.
+
+Prints the curve (every 10% of the run) and whether, after warm-up (the first 20%), RSS and
+the traced Python heap stay within 5%, file descriptors and threads do not grow, and the
+series count is bounded.
+
+    python benchmarks/soak.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import tracemalloc
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import rlotel
+
+PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def snapshot(tel: rlotel.Telemetry) -> dict[str, float]:
+    tel.flush(30)
+    with urllib.request.urlopen(tel.metrics_url, timeout=10) as response:
+        series = sum(1 for line in response.read().decode().splitlines() if line and line[0] != "#")
+    return {
+        "rss": rss_bytes(),
+        "heap": tracemalloc.get_traced_memory()[0],
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": threading.active_count(),
+        "series": series,
+    }
+
+
+def soak(steps: int, points: int = 10, traces_file: Path | None = None) -> list[dict]:
+    """Run `steps` steps; return `points + 1` snapshots (the first after one step)."""
+    tracemalloc.start()
+    tel = rlotel.init(run="soak", prometheus_port=0, traces_file=traces_file)
+    rng = np.random.default_rng(0)
+    curve = []
+    try:
+        for number in range(1, steps + 1):
+            with tel.step(number) as step:
+                for phase in PHASES:
+                    with tel.phase(phase):
+                        if phase == "gen":
+                            tel.record_samples(
+                                generate_sequences=rng.lognormal(size=32),
+                                tool_calls=rng.exponential(size=32),
+                                response_length=rng.integers(1, 4096, size=32),
+                            )
+                step.set_tokens(prompt=[64] * 32, response=[256] * 32)
+                step.set_mfu(actor=0.3)
+            tel.log({"actor/pg_loss": float(rng.normal()), "critic/score/mean": 0.5}, number)
+            if number == 1 or number % max(1, steps // points) == 0:
+                curve.append({"step": number, **snapshot(tel)})
+    finally:
+        tel.shutdown()
+        tracemalloc.stop()
+    return curve
+
+
+def verdicts(curve: list[dict]) -> dict[str, bool]:
+    warm = curve[max(1, len(curve) // 5)]
+    last = curve[-1]
+    return {
+        "rss within 5% after warm-up": last["rss"] <= warm["rss"] * 1.05,
+        "heap within 5% after warm-up": last["heap"] <= warm["heap"] * 1.05,
+        "no fd growth": last["fds"] <= warm["fds"],
+        "no thread growth": last["threads"] <= warm["threads"],
+        "series bounded": last["series"] == warm["series"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    args = parser.parse_args()
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlotel-soak-{os.getpid()}"
+    curve = soak(args.steps, traces_file=workdir / "traces.jsonl")
+    table = Table(title=f"Soak: {args.steps} steps")
+    for column in ("step", "RSS MiB", "Python heap MiB", "fds", "threads", "series"):
+        table.add_column(column, justify="right")
+    for point in curve:
+        table.add_row(
+            str(point["step"]),
+            f"{point['rss'] / 2**20:.1f}",
+            f"{point['heap'] / 2**20:.2f}",
+            str(point["fds"]),
+            str(point["threads"]),
+            str(point["series"]),
+        )
+    console = Console(width=100)
+    console.print(table)
+    for name, ok in verdicts(curve).items():
+        console.print(f"{name}: {'yes' if ok else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
