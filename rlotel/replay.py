@@ -31,28 +31,16 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from rlotel import catalogue as cat
 from rlotel.drops import Drops, as_finite_float
+from rlotel.formulas import VERL_STAGE_ORDER
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.prometheus import PrometheusSink, Snapshot
 
 DEFAULT_STEP_SECONDS = 60.0
 MAX_SERIES = 256  # per family, as live: caps distinct rlotel_train_metric keys
 
-# verl's top-level stages in the order ray_trainer runs them; the replayed child spans are
-# laid back to back in this order (their real order and overlap are not in the file).
-# The same set as rlotel.formulas.VERL_STEP_STAGES (a test keeps them equal).
-STAGE_ORDER: tuple[str, ...] = (
-    "gen",
-    "reward",
-    "old_log_prob",
-    "ref",
-    "values",
-    "adv",
-    "update_critic",
-    "update_actor",
-    "save_checkpoint",
-    "update_weights",
-    "dump_rollout_generations",
-)
+# The replayed child spans are laid back to back in verl's order (their real order and
+# overlap are not in the file).
+STAGE_ORDER = VERL_STAGE_ORDER
 
 Labels = tuple[str, ...]
 
