@@ -10,6 +10,7 @@ series count is bounded.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -91,9 +92,14 @@ def verdicts(curve: list[dict]) -> dict[str, bool]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--points", type=int, default=10)
+    parser.add_argument("--json", action="store_true", help="print the curve and verdicts as JSON")
     args = parser.parse_args()
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlotel-soak-{os.getpid()}"
-    curve = soak(args.steps, traces_file=workdir / "traces.jsonl")
+    curve = soak(args.steps, args.points, traces_file=workdir / "traces.jsonl")
+    if args.json:
+        print(json.dumps({"curve": curve, "verdicts": verdicts(curve)}))
+        return
     table = Table(title=f"Soak: {args.steps} steps")
     for column in ("step", "RSS MiB", "Python heap MiB", "fds", "threads", "series"):
         table.add_column(column, justify="right")
