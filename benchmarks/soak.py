@@ -77,11 +77,12 @@ def soak(steps: int, points: int = 10, traces_file: Path | None = None) -> list[
     return curve
 
 
-def verdicts(curve: list[dict]) -> dict[str, bool]:
+def verdicts(curve: list[dict], rss_tolerance: float = 0.05) -> dict[str, bool]:
     warm = curve[max(1, len(curve) // 5)]
     last = curve[-1]
     return {
-        "rss within 5% after warm-up": last["rss"] <= warm["rss"] * 1.05,
+        f"rss within {rss_tolerance:.0%} after warm-up": last["rss"]
+        <= warm["rss"] * (1 + rss_tolerance),
         "heap within 5% after warm-up": last["heap"] <= warm["heap"] * 1.05,
         "no fd growth": last["fds"] <= warm["fds"],
         "no thread growth": last["threads"] <= warm["threads"],
@@ -94,11 +95,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--points", type=int, default=10)
     parser.add_argument("--json", action="store_true", help="print the curve and verdicts as JSON")
+    parser.add_argument(
+        "--rss-tolerance", type=float, default=0.05, help="allowed RSS growth after warm-up"
+    )
     args = parser.parse_args()
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlotel-soak-{os.getpid()}"
     curve = soak(args.steps, args.points, traces_file=workdir / "traces.jsonl")
     if args.json:
-        print(json.dumps({"curve": curve, "verdicts": verdicts(curve)}))
+        print(json.dumps({"curve": curve, "verdicts": verdicts(curve, args.rss_tolerance)}))
         return
     table = Table(title=f"Soak: {args.steps} steps")
     for column in ("step", "RSS MiB", "Python heap MiB", "fds", "threads", "series"):
@@ -114,7 +118,7 @@ def main() -> None:
         )
     console = Console(width=100)
     console.print(table)
-    for name, ok in verdicts(curve).items():
+    for name, ok in verdicts(curve, args.rss_tolerance).items():
         console.print(f"{name}: {'yes' if ok else 'NO'}")
 
 

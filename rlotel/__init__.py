@@ -106,6 +106,11 @@ def marked_timer(
     mirrors an NVTX range, and records the phase in the current step when rlotel is on.
     `domain` and `category` are accepted for signature compatibility."""
     tel = _current
+    if tel is not None and name == "step" and tel.current_step is not None:
+        # `step` is the step's own entry in timing_raw; a phase of that name would vanish
+        # into it. It is still summed into the caller's dict, as verl does.
+        tel.drops.add("spans", "bad_name", "a phase named 'step' inside a step; not a span")
+        return Phase(None, name, color, timing_raw)
     return Phase(tel.ledger if tel is not None else None, name, color, timing_raw)
 
 

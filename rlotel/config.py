@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_SERVICE_NAME = "rlotel"
+MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake
 
 
 class ConfigError(ValueError):
@@ -61,8 +62,10 @@ class Config:
         shutdown_timeout_s: float,
         environ: Mapping[str, str],
     ) -> Config:
-        if not isinstance(run, str) or not run.strip():
-            raise ConfigError(f"run must be a non-empty string naming the experiment, got {run!r}")
+        if not isinstance(run, str) or not run.strip() or not _utf8(run):
+            raise ConfigError(
+                f"run must be a non-empty UTF-8 string naming the experiment, got {run!r}"
+            )
         name = service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
             raise ConfigError(
@@ -77,7 +80,11 @@ class Config:
                 f"prometheus_port must be 0..65535 (0 = ephemeral) or None (no endpoint), "
                 f"got {prometheus_port!r}"
             )
-        if not isinstance(prometheus_addr, str) or not prometheus_addr:
+        if (
+            not isinstance(prometheus_addr, str)
+            or not prometheus_addr
+            or not _utf8(prometheus_addr)
+        ):
             raise ConfigError(f"prometheus_addr must be a host address, got {prometheus_addr!r}")
         steps = _steps(profile_steps)
         for label, value, least in (
@@ -87,8 +94,15 @@ class Config:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{label} must be an integer ≥ {least}, got {value!r}")
-        if not shutdown_timeout_s > 0:
-            raise ConfigError(f"shutdown_timeout_s must be > 0, got {shutdown_timeout_s!r}")
+        if (
+            not isinstance(shutdown_timeout_s, (int, float))
+            or isinstance(shutdown_timeout_s, bool)
+            or not 0 < shutdown_timeout_s <= MAX_SHUTDOWN_TIMEOUT_S
+        ):
+            raise ConfigError(
+                f"shutdown_timeout_s must be a number of seconds in (0, "
+                f"{MAX_SHUTDOWN_TIMEOUT_S:.0f}], got {shutdown_timeout_s!r}"
+            )
         return cls(
             prometheus_tls=_tls(prometheus_tls),
             prometheus_basic_auth=_credentials(prometheus_basic_auth),
@@ -146,9 +160,19 @@ def _steps(profile_steps: Iterable[int]) -> tuple[int, ...]:
     return steps
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def writable_dir(path: str | os.PathLike | None, label: str) -> Path | None:
     if path is None:
         return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"{label} must be a path, got {type(path).__name__} {path!r}")
     directory = Path(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -162,6 +186,8 @@ def writable_dir(path: str | os.PathLike | None, label: str) -> Path | None:
 def _writable_file(path: str | os.PathLike | None, label: str) -> Path | None:
     if path is None:
         return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"{label} must be a path, got {type(path).__name__} {path!r}")
     file = Path(path)
     if file.is_dir():
         raise ConfigError(f"{label} {str(file)!r} is a directory: give a file path")

@@ -65,17 +65,25 @@ def describe(value: Any) -> str:
 
 
 def as_finite_float(value: Any) -> tuple[float | None, str]:
-    """A finite float from a Python, numpy or one-element torch scalar, else (None, reason)."""
+    """A finite float from a Python, numpy or one-element torch scalar, else (None, reason).
+
+    Text is refused even inside numpy arrays; ints beyond float range are non-finite."""
     if isinstance(value, Real):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int no float can hold
+            return None, "non_finite"
     else:
         item = getattr(value, "item", None)  # numpy 0-d arrays, torch one-element tensors
         if not callable(item) or isinstance(value, (str, bytes)):
             return None, "non_numeric"
         try:
-            number = float(item())
+            inner = item()
         except (TypeError, ValueError, RuntimeError):
             return None, "non_numeric"
+        if inner is value or not isinstance(inner, Real):
+            return None, "non_numeric"  # str/bytes/object payloads: never parsed as text
+        return as_finite_float(inner)
     if not math.isfinite(number):
         return None, "non_finite"
     return number, ""
@@ -96,7 +104,9 @@ def clean_counts(values: Any) -> tuple[np.ndarray, int, str]:
         array = values.astype(np.float64, copy=False).ravel()
         reason = ""
     else:
-        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        if isinstance(values, np.ndarray):
+            values = values.ravel().tolist()  # object/str arrays, 0-d included: item by item
+        elif isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
             values = [values]
         parsed = [as_finite_float(item) for item in values]
         array = np.array([np.nan if n is None else n for n, _ in parsed], dtype=np.float64)
@@ -108,3 +118,13 @@ def clean_counts(values: Any) -> tuple[np.ndarray, int, str]:
     if not reason:
         reason = "non_finite" if not np.all(np.isfinite(array)) else "negative"
     return array[valid], n_bad, reason
+
+
+def encodable(text: str) -> bool:
+    """Label values and span names must be valid UTF-8 (no lone surrogates): one bad label
+    would otherwise break every later scrape."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -17,7 +17,7 @@ from typing import Any
 
 from rlotel import formulas, nvtx, samples
 from rlotel.diagnose import Diagnoser, StepFacts, Verdict
-from rlotel.drops import Drops, as_finite_float, clean_counts, describe
+from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.profiling import Capture, StepProfiler
 from rlotel.samples import SampleBatch
 
@@ -218,6 +218,8 @@ class Step:
         """MFU ratios by role, e.g. `actor=0.41, actor_infer=0.33` (verl's perf/mfu/*)."""
         for role, value in roles.items():
             number, reason = as_finite_float(value)
+            if not encodable(role):
+                number, reason = None, "bad_label"
             if number is None or number < 0:
                 self._ledger.drops.add("mfu", reason or "negative", f"mfu {role}={describe(value)}")
                 continue

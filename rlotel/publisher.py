@@ -74,6 +74,7 @@ class Publisher:
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far has been handled."""
         target = self._submitted
+        timeout_s = min(max(timeout_s, 0.0), threading.TIMEOUT_MAX)
         deadline = time.monotonic() + timeout_s
         with self._idle:
             while self._handled < target:
@@ -86,5 +87,5 @@ class Publisher:
     def stop(self, timeout_s: float) -> bool:
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout_s)
+        self._thread.join(min(max(timeout_s, 0.0), threading.TIMEOUT_MAX))
         return not self._thread.is_alive()

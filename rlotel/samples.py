@@ -131,21 +131,41 @@ def _columns_from_records(records: Any, drops: Drops) -> dict[str, list]:
 _MISSING = object()
 
 
+def _items(values: Any) -> list:
+    if isinstance(values, np.ndarray):
+        return values.ravel().tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        return [values]
+    return list(values)
+
+
+def _numeric(items: list) -> np.ndarray | None:
+    """The fast path: a flat list of plain numbers as one float64 array, else None."""
+    try:
+        array = np.asarray(items)
+    except (ValueError, TypeError):
+        return None
+    if array.ndim != 1 or array.dtype.kind not in "iufb":
+        return None
+    return array.astype(np.float64)
+
+
 def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
     """float64 column; invalid entries NaN and counted. -1 preemptions stay (unknown)."""
     if hasattr(values, "detach") and hasattr(values, "numpy"):  # torch tensor
         values = values.detach().cpu().numpy()
-    if not isinstance(values, np.ndarray):
-        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-            values = [values]
-        values = np.asarray(values if isinstance(values, list) else list(values))
-    if values.dtype.kind in "iufb":
+    reason = ""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iufb":
         column = values.astype(np.float64).ravel()
-        reason = ""
     else:
-        parsed = [as_finite_float(item) for item in values.ravel().tolist()]
-        column = np.array([np.nan if v is None else v for v, _ in parsed], dtype=np.float64)
-        reason = next((r for _, r in parsed if r), "")
+        items = _items(values)
+        column = _numeric(items)
+        if column is None:
+            # Item by item on the original objects: numpy would turn [1.0, "x"] into two
+            # strings (losing the number) and refuses ragged lists outright.
+            parsed = [as_finite_float(item) for item in items]
+            column = np.array([np.nan if v is None else v for v, _ in parsed], dtype=np.float64)
+            reason = next((r for _, r in parsed if r), "")
     finite = np.isfinite(column)
     if name == PREEMPTED:
         valid = finite & ((column >= 0) | (column == UNKNOWN_PREEMPTIONS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -15,9 +16,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from rlotel import catalogue as cat
-from rlotel.config import Config, ConfigError, writable_dir
+from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config, ConfigError, writable_dir
 from rlotel.diagnose import Diagnoser, Thresholds
-from rlotel.drops import Drops
+from rlotel.drops import Drops, describe, encodable
 from rlotel.ledger import Ledger, Phase, RemotePhase, Step, Trace
 from rlotel.profiling import Capture, ProfileConfig, StepProfiler, summarize
 from rlotel.propagation import parse, traceparent
@@ -120,9 +121,14 @@ class Telemetry:
         `context` (a carrier from `current_context()` in another process, e.g. a Ray
         driver) makes a phase opened outside any local step a child of that remote phase.
         """
-        if not isinstance(name, str) or not name:
-            self.drops.add("spans", "bad_name", f"phase name {name!r} is not a non-empty string")
-            return Phase(None, str(name) or "unnamed", color)
+        if not isinstance(name, str) or not name or not encodable(name) or name == "step":
+            self.drops.add(
+                "spans",
+                "bad_name",
+                f"phase name {describe(name)} is not a usable name (non-empty UTF-8 string, "
+                "not the reserved 'step'); the body runs untimed",
+            )
+            return Phase(None, "unnamed", color)
         if context is not None and self.ledger.current_trace is None:
             ids = parse(context)
             if ids is not None:
@@ -219,7 +225,7 @@ class Telemetry:
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Publish everything closed so far and push it to every exporter; bounded wait."""
-        timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
         deadline = time.monotonic() + timeout
         done = self._publisher.flush(timeout)
         if self._spans is not None:
@@ -235,7 +241,7 @@ class Telemetry:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        timeout = timeout_s if timeout_s is not None else self.config.shutdown_timeout_s
+        timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
         self.ledger.abandon_open_step()  # exiting mid-step: export what closed, incomplete
         profiler = self.ledger.profiler
         if profiler is not None:
@@ -334,6 +340,22 @@ class Telemetry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def bounded(timeout_s: Any, default: float) -> float:
+    """A wait every layer accepts (threading, the OTel SDK's ns deadlines): finite, ≥ 0,
+    at most MAX_SHUTDOWN_TIMEOUT_S."""
+    if timeout_s is None or isinstance(timeout_s, bool):
+        return default
+    try:
+        value = float(timeout_s)
+    except OverflowError:  # an int beyond float range: as long as allowed
+        return MAX_SHUTDOWN_TIMEOUT_S
+    except (TypeError, ValueError):
+        return default
+    if math.isnan(value):
+        return default
+    return min(max(value, 0.0), MAX_SHUTDOWN_TIMEOUT_S)
 
 
 def _discard(item: Any) -> None:

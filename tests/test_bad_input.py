@@ -130,7 +130,7 @@ def test_phase_label_explosion_is_capped(make_tel):
         ({"prometheus_port": 70000}, "prometheus_port must be 0..65535"),
         ({"prometheus_port": "9464"}, "prometheus_port must be"),
         ({"n_gpus": 0}, "n_gpus must be a positive integer"),
-        ({"run": ""}, "run must be a non-empty string"),
+        ({"run": ""}, "run must be a non-empty"),
         ({"profile_steps": [1, -2]}, "profile_steps must be non-negative"),
         ({"max_metric_keys": 0}, "max_metric_keys must be an integer ≥ 1"),
         ({"max_sample_spans": -1}, "max_sample_spans must be an integer ≥ 0"),

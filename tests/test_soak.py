@@ -1,7 +1,8 @@
 """A short soak (the full 10k-step one is benchmarks/soak.py): nothing grows but counters.
 
 It runs in a process of its own: threads, sockets and allocations left by other tests in
-the pytest process would otherwise be counted as growth.
+the pytest process would otherwise be counted as growth. On a run this short the RSS is
+allocator noise (±8% seen on 10k steps), so it gets 15%; the traced Python heap keeps 5%.
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 
 def test_short_soak_is_flat(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(SOAK), "--steps", "1500", "--points", "5", "--json"],
+        [
+            sys.executable,
+            str(SOAK),
+            "--steps",
+            "1500",
+            "--points",
+            "5",
+            "--json",
+            "--rss-tolerance",
+            "0.15",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -62,9 +62,10 @@ def serve(
     server_class.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     try:
         server = make_server(addr, port, app, server_class, handler_class=_QuietHandler)
-    except OSError as error:
+    except (OSError, TypeError, ValueError, UnicodeError) as error:
         raise ConfigError(
-            f"cannot serve /metrics on {addr}:{port}: {error.strerror or error}; choose a free "
+            f"cannot serve /metrics on {addr!r}:{port}: "
+            f"{getattr(error, 'strerror', None) or error}; choose a free "
             "prometheus_port (0 = ephemeral) or prometheus_port=None for no endpoint"
         ) from None
     if tls is not None:

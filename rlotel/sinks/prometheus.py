@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
 from rlotel import catalogue as cat
-from rlotel.drops import Drops, as_finite_float, describe
+from rlotel.drops import Drops, as_finite_float, describe, encodable
 from rlotel.formulas import VERL_STEP_STAGES
 from rlotel.ledger import Step
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
@@ -102,7 +102,12 @@ class SeriesStore(Collector):
         self._histograms: dict[cat.MetricSpec, dict[Labels, _Histogram]] = {}
 
     def _admit(self, spec: cat.MetricSpec, family: Mapping, labels: Labels) -> bool:
-        if labels in family or len(family) < self._max_series:
+        if labels in family:
+            return True
+        if not all(encodable(label) for label in labels):
+            self._drops.add("metrics", "bad_label", f"{spec.name}: a label is not valid UTF-8")
+            return False
+        if len(family) < self._max_series:
             return True
         self._drops.add(
             "metrics", "label_cap", f"{spec.name}{list(labels)}: {self._max_series} series reached"
@@ -323,6 +328,8 @@ class PrometheusSink:
             elif key.startswith("timing_s/") and "/" not in key[9:]:
                 if value < 0:
                     self._drops.add("metrics", "negative", f"{key}={value}")
+                elif not encodable(key):
+                    self._drops.add("metrics", "bad_label", "a timing_s/ key is not valid UTF-8")
                 else:
                     phases[key[9:]] = value
             elif fresh or key not in self._ledger_keys:
