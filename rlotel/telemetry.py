@@ -6,6 +6,7 @@ import atexit
 import logging
 import math
 import os
+import signal
 import threading
 import time
 import weakref
@@ -71,6 +72,7 @@ class Telemetry:
             )
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
+        _flush_on_sigterm(self)
         os.register_at_fork(after_in_child=_after_fork_hook(weakref.ref(self)))
 
     def _start_sinks(self, span_exporters: Sequence[SpanExporter]) -> None:
@@ -356,6 +358,30 @@ def bounded(timeout_s: Any, default: float) -> float:
     if math.isnan(value):
         return default
     return min(max(value, 0.0), MAX_SHUTDOWN_TIMEOUT_S)
+
+
+_live: weakref.WeakSet[Telemetry] = weakref.WeakSet()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    for tel in list(_live):
+        tel.shutdown()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _flush_on_sigterm(tel: Telemetry) -> None:
+    """SIGTERM (a scheduler's stop, `kill`) skips atexit: flush first, then die as before.
+
+    Installed only when nobody handles SIGTERM yet, and only from the main thread (where
+    Python allows it); the default action is restored and the signal re-raised, so the
+    process ends exactly as it would have — with its telemetry flushed within the bound.
+    """
+    _live.add(tel)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _discard(item: Any) -> None:

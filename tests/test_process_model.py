@@ -82,3 +82,34 @@ def test_exit_mid_step_exports_what_closed_marked_incomplete(tmp_path):
     children = {s["name"]: s for s in spans if s["parent"] == incomplete["id"]}
     assert children["gen"]["status"] == 0  # closed normally before the exit
     assert children["update_actor"]["status"] == 2  # still open: closed at exit, as an error
+
+
+SIGTERM = textwrap.dedent(
+    """
+    import os, signal, sys
+    import rlotel
+    tel = rlotel.init(run="term", prometheus_port=None, traces_file=sys.argv[1])
+    for number in (1, 2):
+        with tel.step(number), tel.phase("gen"):
+            pass
+    step = tel.step(3)
+    step.__enter__()
+    print("ready", flush=True)
+    signal.pause()  # a scheduler stops the job here
+    """
+)
+
+
+def test_sigterm_flushes_then_terminates(tmp_path):
+    import signal
+
+    path = tmp_path / "term.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline().strip() == "ready"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == -signal.SIGTERM  # still dies of SIGTERM, as it would have
+    roots = {s["attrs"]["rl.step"]: s for s in file_spans(path) if s["name"] == "step"}
+    assert sorted(roots) == [1, 2, 3]
+    assert roots[3]["attrs"]["rl.incomplete"] is True
