@@ -118,6 +118,7 @@ def test_token_window_mappings(start, end, vllm, sglang):
     )
     config = ProfileConfig(token_start=start, token_end=end).validated()
     assert config.vllm_args() == vllm_profiler_args(start, end)
+    assert config.sglang_args() == sglang_profiler_args(start, end)
 
 
 @pytest.mark.parametrize(
