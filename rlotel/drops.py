@@ -60,7 +60,10 @@ def describe(value: Any) -> str:
     or a response), only its type and size."""
     if isinstance(value, (str, bytes)):
         return f"<{type(value).__name__} of length {len(value)}>"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # a user object whose __repr__ raises must not raise here
+        return f"<unprintable {type(value).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

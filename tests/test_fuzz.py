@@ -731,7 +731,7 @@ def test_bad_configs_raise_config_error(clean_env, bad):
     max_metric_keys=st.integers(1, 10**9),
     queue_size=st.integers(1, 10**6),
     max_sample_spans=st.integers(0, 100),
-    # beyond 2 * threading.TIMEOUT_MAX shutdown raises: test_timeout_beyond_timeout_max_*
+    # init accepts (0, 3600] seconds; beyond is a ConfigError (see BAD_CONFIG)
     shutdown_timeout_s=st.one_of(st.floats(1e-3, 3600.0), st.integers(1, 3600)),
     profile_steps=st.lists(st.integers(0, 10**6), max_size=3),
     exporter=st.booleans(),
@@ -958,3 +958,15 @@ def test_unencodable_logged_phase_is_counted_once(fuzz_tel):
     for number in range(2, 5):
         fuzz_tel.log({"timing_s/gen": 1.0}, step=number)
     assert dropped(exposition(fuzz_tel)) == first == 1
+
+
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_a_name_whose_repr_raises_still_runs_the_body(fuzz_tel):
+    ran = []
+    with fuzz_tel.step(1), fuzz_tel.phase(BadRepr()):  # type: ignore[arg-type]
+        ran.append(True)
+    assert ran == [True]
