@@ -104,37 +104,30 @@ def trace_links() -> list[DashboardLink]:
     ]
 
 
+def label_variable(name: str, query_text: str) -> QueryVariable:
+    """A multi-select template variable over one label's values."""
+    return (
+        QueryVariable(name)
+        .label(name)
+        .datasource(PROMETHEUS)
+        .query(query_text)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .include_all(True)
+        .multi(True)
+    )
+
+
 def variables(dashboard: Dashboard) -> Dashboard:
     return (
         dashboard.with_variable(
             DatasourceVariable("datasource").label("Prometheus").type("prometheus")
         )
+        .with_variable(label_variable("run", "label_values(rlotel_steps_total, run)"))
+        .with_variable(label_variable("job", 'label_values(rlotel_steps_total{run=~"$run"}, job)'))
         .with_variable(
-            QueryVariable("run")
-            .label("run")
-            .datasource(PROMETHEUS)
-            .query("label_values(rlotel_steps_total, run)")
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .include_all(True)
-            .multi(True)
-        )
-        .with_variable(
-            QueryVariable("job")
-            .label("job")
-            .datasource(PROMETHEUS)
-            .query('label_values(rlotel_steps_total{run=~"$run"}, job)')
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .include_all(True)
-            .multi(True)
-        )
-        .with_variable(
-            QueryVariable("instance")
-            .label("instance")
-            .datasource(PROMETHEUS)
-            .query('label_values(rlotel_steps_total{run=~"$run", job=~"$job"}, instance)')
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .include_all(True)
-            .multi(True)
+            label_variable(
+                "instance", 'label_values(rlotel_steps_total{run=~"$run", job=~"$job"}, instance)'
+            )
         )
     )
 
