@@ -27,6 +27,7 @@ class Drops:
 
     def __init__(self, log_interval_s: float = LOG_INTERVAL_S) -> None:
         self._counts: Counter[tuple[str, str]] = Counter()
+        self.total = 0  # every drop so far; only grows (a cheap "changed?" check for readers)
         self._last_logged: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._log_interval_s = log_interval_s
@@ -36,6 +37,7 @@ class Drops:
         now = time.monotonic()
         with self._lock:
             self._counts[key] += count
+            self.total += count
             total = self._counts[key]
             last = self._last_logged.get(key)
             if last is not None and now - last < self._log_interval_s:

@@ -1,4 +1,4 @@
-"""The /metrics HTTP endpoint: prometheus_client's WSGI app, optionally behind TLS and
+"""The /metrics HTTP endpoint: a WSGI app on a threading server, optionally behind TLS and
 HTTP basic auth (loopback-only by default, so neither is needed unless you bind wider)."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
 from rlotel.config import ConfigError
 
 
@@ -26,6 +24,8 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    wbufsize = -1  # status, headers and body leave in one or two sends, not five
+
     def log_message(self, format: str, *args) -> None:
         """Scrapes are not worth a log line each."""
 
@@ -48,14 +48,13 @@ def basic_auth(app: Callable, username: str, password: str) -> Callable:
 
 
 def serve(
-    registry: CollectorRegistry,
+    app: Callable,
     addr: str,
     port: int,
     tls: tuple[str, str] | None = None,
     credentials: tuple[str, str] | None = None,
 ) -> WSGIServer:
     """Start the endpoint on a daemon thread; configuration errors raise ConfigError."""
-    app = make_wsgi_app(registry)
     if credentials is not None:
         app = basic_auth(app, *credentials)
     server_class = type("Server", (_ThreadingServer,), {})

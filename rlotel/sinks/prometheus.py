@@ -29,7 +29,7 @@ from rlotel.drops import Drops, as_finite_float, describe, encodable
 from rlotel.formulas import VERL_STEP_STAGES
 from rlotel.ledger import Step
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
-from rlotel.sinks import endpoint
+from rlotel.sinks import endpoint, exposition
 
 Labels = tuple[str, ...]
 
@@ -88,6 +88,7 @@ class Snapshot(NamedTuple):
 
     scalars: dict[cat.MetricSpec, dict[Labels, float]]
     histograms: dict[cat.MetricSpec, list[HistogramPoint]]
+    version: tuple[int, int]  # SeriesStore.version when it was taken
 
 
 class SeriesStore(Collector):
@@ -100,6 +101,12 @@ class SeriesStore(Collector):
         self._lock = threading.Lock()
         self._scalars: dict[cat.MetricSpec, dict[Labels, float]] = {}
         self._histograms: dict[cat.MetricSpec, dict[Labels, _Histogram]] = {}
+        self._writes = 0
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """Changes whenever a series or a drop count may have changed (cache key)."""
+        return self._writes, self._drops.total
 
     def _admit(self, spec: cat.MetricSpec, family: Mapping, labels: Labels) -> bool:
         if labels in family:
@@ -116,6 +123,7 @@ class SeriesStore(Collector):
 
     def set(self, spec: cat.MetricSpec, value: float, *labels: str) -> None:
         with self._lock:
+            self._writes += 1
             family = self._scalars.setdefault(spec, {})
             if self._admit(spec, family, labels):
                 family[labels] = value
@@ -123,10 +131,12 @@ class SeriesStore(Collector):
     def replace(self, spec: cat.MetricSpec, value: float, *labels: str) -> None:
         """The family's only series from now on (a state, like the current verdict)."""
         with self._lock:
+            self._writes += 1
             self._scalars[spec] = {labels: value}
 
     def inc(self, spec: cat.MetricSpec, amount: float, *labels: str) -> None:
         with self._lock:
+            self._writes += 1
             family = self._scalars.setdefault(spec, {})
             if self._admit(spec, family, labels):
                 family[labels] = family.get(labels, 0.0) + amount
@@ -139,6 +149,7 @@ class SeriesStore(Collector):
         exemplars: list[Exemplar] = (),  # type: ignore[assignment]
     ) -> None:
         with self._lock:
+            self._writes += 1
             family = self._histograms.setdefault(spec, {})
             if not self._admit(spec, family, labels):
                 return
@@ -149,6 +160,7 @@ class SeriesStore(Collector):
 
     def snapshot(self) -> Snapshot:
         with self._lock:
+            version = self.version
             scalars = {spec: dict(family) for spec, family in self._scalars.items()}
             histograms = {
                 spec: [
@@ -164,18 +176,19 @@ class SeriesStore(Collector):
                 ]
                 for spec, family in self._histograms.items()
             }
-        for (signal, reason), count in self._drops.snapshot().items():
+            drops = self._drops.snapshot()
+        for (signal, reason), count in drops.items():
             scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
-        return Snapshot(scalars, histograms)
+        return Snapshot(scalars, histograms, version)
 
     def collect(self) -> Iterator[Metric]:
-        scalars, histograms = self.snapshot()
+        scalars, histograms, _ = self.snapshot()
         for spec in cat.CATALOGUE:
             if spec.kind == "histogram":
                 if spec not in histograms:
                     continue
                 family = HistogramMetricFamily(spec.name, spec.help, labels=spec.label_names)
-                bounds = [*(_le(b) for b in spec.buckets), "+Inf"]
+                bounds = exposition.bucket_labels(spec)
                 for point in histograms[spec]:
                     cumulative = point.counts.cumsum()
                     buckets = [
@@ -196,14 +209,11 @@ class SeriesStore(Collector):
             yield family
 
 
-def _le(bound: float) -> str:
-    return repr(float(bound))
-
-
 class PrometheusSink:
     """Maps closed steps and `tel.log` dicts onto catalogue series."""
 
     def __init__(self, run: str, drops: Drops, max_series: int) -> None:
+        self._run = run
         self.store = SeriesStore(run, drops, max_series)
         self._drops = drops
         self._phases_seen: set[str] = set()
@@ -221,7 +231,8 @@ class PrometheusSink:
         tls: tuple[str, str] | None = None,
         credentials: tuple[str, str] | None = None,
     ) -> str:
-        self._server = endpoint.serve(self.registry, addr, port, tls, credentials)
+        app = exposition.wsgi_app(exposition.Renderer(self.store, self._run), self.registry)
+        self._server = endpoint.serve(app, addr, port, tls, credentials)
         host = f"[{addr}]" if ":" in addr else addr
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://{host}:{self._server.server_port}/metrics"
