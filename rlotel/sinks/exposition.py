@@ -21,7 +21,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
 
@@ -36,6 +41,14 @@ TEXT, OPENMETRICS = "text", "openmetrics"
 def escape_value(value: str) -> str:
     """A label value inside double quotes (both formats escape the same three characters)."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def library_family(spec: cat.MetricSpec) -> Metric:
+    """prometheus_client's family object for a catalogue spec, still without samples."""
+    if spec.kind == "histogram":
+        return HistogramMetricFamily(spec.name, spec.help, labels=spec.label_names)
+    kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+    return kind(spec.name, spec.help, labels=spec.label_names, unit=spec.unit)
 
 
 def bucket_labels(spec: cat.MetricSpec) -> list[str]:
@@ -54,12 +67,8 @@ class _Family:
 
     def __init__(self, spec: cat.MetricSpec) -> None:
         self.spec = spec
-        if spec.kind == "histogram":
-            name, unit, kind = spec.name, "", "histogram"  # as SeriesStore.collect makes it
-        else:
-            family_class = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = family_class(spec.name, spec.help, unit=spec.unit)
-            name, unit, kind = family.name, family.unit, family.type
+        family = library_family(spec)  # its naming rules (unit suffix, `_total`) are ours
+        name, unit, kind = family.name, family.unit, family.type
         text_name = f"{name}_total" if kind == "counter" else name
         self.sample_name = text_name
         text_help = spec.help.replace("\\", r"\\").replace("\n", r"\n")  # no quote escaping

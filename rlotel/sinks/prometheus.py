@@ -15,12 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
@@ -181,13 +176,17 @@ class SeriesStore(Collector):
             scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
         return Snapshot(scalars, histograms, version)
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family this store can expose, so `/metrics?name[]=…` filters find them."""
+        return (exposition.library_family(spec) for spec in cat.CATALOGUE)
+
     def collect(self) -> Iterator[Metric]:
         scalars, histograms, _ = self.snapshot()
         for spec in cat.CATALOGUE:
+            family = exposition.library_family(spec)
             if spec.kind == "histogram":
                 if spec not in histograms:
                     continue
-                family = HistogramMetricFamily(spec.name, spec.help, labels=spec.label_names)
                 bounds = exposition.bucket_labels(spec)
                 for point in histograms[spec]:
                     cumulative = point.counts.cumsum()
@@ -202,8 +201,6 @@ class SeriesStore(Collector):
                 continue
             if spec not in scalars:
                 continue
-            kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = kind(spec.name, spec.help, labels=spec.label_names, unit=spec.unit)
             for labels, value in scalars[spec].items():
                 family.add_metric([self._run, *labels], value)
             yield family
