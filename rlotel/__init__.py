@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -51,6 +51,7 @@ def init(
     prometheus_basic_auth: tuple[str, str] | None = None,
     queue_size: int = 1024,
     shutdown_timeout_s: float = 5.0,
+    histogram_buckets: Mapping[str, Iterable[float]] | None = None,
     span_exporters: Sequence[SpanExporter] = (),
     bottleneck_thresholds: Thresholds | None = None,
     profile: ProfileConfig | None = None,
@@ -62,6 +63,8 @@ def init(
     own batch processor) to the ones OTEL_EXPORTER_OTLP_* and `traces_file` switch on.
     `prometheus_tls=(certfile, keyfile)` serves /metrics over HTTPS and
     `prometheus_basic_auth=(user, password)` requires credentials (for a non-loopback bind).
+    `histogram_buckets={"rlotel_phase_duration_seconds": [1, 10, 60, 600]}` replaces a
+    histogram's upper bounds (put bounds near the latencies your alerts and SLOs name).
     `bottleneck_thresholds` tunes the per-step verdict (`rlotel.diagnose.Thresholds`).
     `profile_steps` + `profile_dir` capture those global steps with torch.profiler; a
     `profile=ProfileConfig(...)` sets every option (continuous, schedule, token window,
@@ -83,6 +86,7 @@ def init(
         prometheus_basic_auth=prometheus_basic_auth,
         queue_size=queue_size,
         shutdown_timeout_s=shutdown_timeout_s,
+        histogram_buckets=histogram_buckets,
         span_exporters=span_exporters,
         bottleneck_thresholds=bottleneck_thresholds,
         profile=profile,

@@ -6,14 +6,20 @@ Everything that can be wrong with a configuration is found here, at `init`, and 
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from rlotel import catalogue as cat
+
 DEFAULT_SERVICE_NAME = "rlotel"
 MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake
+MAX_BUCKETS = 100  # each bound is one more series per label set, in every scrape
 
 
 class ConfigError(ValueError):
@@ -41,6 +47,7 @@ class Config:
     max_sample_spans: int = 4
     queue_size: int = 1024
     shutdown_timeout_s: float = 5.0
+    histogram_buckets: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -61,6 +68,7 @@ class Config:
         queue_size: int,
         shutdown_timeout_s: float,
         environ: Mapping[str, str],
+        histogram_buckets: Mapping[str, Iterable[float]] | None = None,
     ) -> Config:
         if not isinstance(run, str) or not run.strip() or not _utf8(run):
             raise ConfigError(
@@ -119,7 +127,55 @@ class Config:
             max_sample_spans=max_sample_spans,
             queue_size=queue_size,
             shutdown_timeout_s=float(shutdown_timeout_s),
+            histogram_buckets=_histogram_buckets(histogram_buckets),
         )
+
+
+def _histogram_buckets(given: Any) -> dict[str, tuple[float, ...]]:
+    """Upper bounds by histogram family name, checked the way Prometheus needs them."""
+    if given is None:
+        return {}
+    example = f"{{'{cat.AGENT_LOOP_DURATION.name}': [0.1, 1, 10, 60]}}"
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"histogram_buckets must map histogram names to upper bounds, e.g. {example}; "
+            f"got {type(given).__name__}"
+        )
+    families = {spec.name for spec in cat.CATALOGUE if spec.kind == "histogram"}
+    checked = {}
+    for name, bounds in given.items():
+        if name not in families:
+            raise ConfigError(
+                f"histogram_buckets: {name!r} is not an rlotel histogram; "
+                f"choose from {', '.join(sorted(families))}"
+            )
+        where = f"histogram_buckets[{name!r}]"
+        if isinstance(bounds, (str, bytes)) or not isinstance(bounds, Iterable):
+            raise ConfigError(f"{where} must be a list of upper bounds, e.g. {example}")
+        values = list(bounds)
+        if not 1 <= len(values) <= MAX_BUCKETS:
+            raise ConfigError(
+                f"{where} must have 1 to {MAX_BUCKETS} bounds (each is a series per label "
+                f"set), got {len(values)}"
+            )
+        for value in values:
+            if not isinstance(value, Real) or isinstance(value, bool):
+                raise ConfigError(f"{where}: bounds must be numbers, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(
+                    f"{where}: bounds must be finite, got {value!r} (+Inf is always added)"
+                )
+            if value < 0:
+                raise ConfigError(
+                    f"{where}: bounds must be ≥ 0 (durations and lengths never are), got {value!r}"
+                )
+        for lower, upper in itertools.pairwise(values):
+            if not lower < upper:
+                raise ConfigError(
+                    f"{where} must be strictly increasing, but {upper!r} follows {lower!r}"
+                )
+        checked[name] = tuple(float(value) + 0.0 for value in values)  # -0.0 → 0.0
+    return checked
 
 
 def _tls(pair: Any) -> tuple[str, str] | None:

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from rlotel import catalogue as cat
 from rlotel.drops import Drops, as_finite_float
 from rlotel.formulas import VERL_STAGE_ORDER
+from rlotel.sinks.exposition import bucket_labels
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.prometheus import PrometheusSink, Snapshot
 
@@ -232,7 +233,7 @@ class _History:
                     samples += len(values)
             elif spec in self.histograms:
                 _header(out, spec)
-                bounds = [*(repr(float(b)) for b in spec.buckets), "+Inf"]  # the live `le`
+                bounds = bucket_labels(spec.buckets)  # the live `le` of a default run
                 names = ("run", *spec.labels, "le")
                 for labels, points in self.histograms[spec].items():
                     text = _labels(spec.label_names, (run, *labels))

@@ -89,7 +89,9 @@ class Telemetry:
             exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
         for index, exporter in enumerate(span_exporters):
             exporters[f"{type(exporter).__name__}#{index}"] = exporter
-        self._prometheus = PrometheusSink(config.run, self.drops, config.max_metric_keys)
+        self._prometheus = PrometheusSink(
+            config.run, self.drops, config.max_metric_keys, config.histogram_buckets
+        )
         if config.prometheus_port is not None:
             self.metrics_url = self._prometheus.serve(
                 config.prometheus_addr,
@@ -439,6 +441,7 @@ def build(
         prometheus_basic_auth=tuning.get("prometheus_basic_auth"),
         queue_size=tuning.get("queue_size", 1024),
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
+        histogram_buckets=tuning.get("histogram_buckets"),
         environ=os.environ,
     )
     if profile is None and config.profile_steps:

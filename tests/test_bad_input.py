@@ -124,6 +124,9 @@ def test_phase_label_explosion_is_capped(make_tel):
     assert drops[("metrics", "label_cap")] > 0
 
 
+PHASES = "rlotel_phase_duration_seconds"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -134,6 +137,17 @@ def test_phase_label_explosion_is_capped(make_tel):
         ({"profile_steps": [1, -2]}, "profile_steps must be non-negative"),
         ({"max_metric_keys": 0}, "max_metric_keys must be an integer ≥ 1"),
         ({"max_sample_spans": -1}, "max_sample_spans must be an integer ≥ 0"),
+        ({"histogram_buckets": [1, 2]}, "must map histogram names to upper bounds, e.g."),
+        ({"histogram_buckets": {"rlotel_step": [1]}}, "not an rlotel histogram; choose from"),
+        ({"histogram_buckets": {PHASES: [5, 1]}}, r"strictly increasing, but 1 follows 5"),
+        ({"histogram_buckets": {PHASES: [1, 1]}}, r"strictly increasing, but 1 follows 1"),
+        ({"histogram_buckets": {PHASES: [1, float("nan")]}}, "must be finite"),
+        ({"histogram_buckets": {PHASES: [1, float("inf")]}}, r"\+Inf is always added"),
+        ({"histogram_buckets": {PHASES: [-1, 1]}}, "must be ≥ 0"),
+        ({"histogram_buckets": {PHASES: ["1"]}}, "bounds must be numbers, got '1'"),
+        ({"histogram_buckets": {PHASES: []}}, "must have 1 to 100 bounds"),
+        ({"histogram_buckets": {PHASES: range(1, 200)}}, "must have 1 to 100 bounds"),
+        ({"histogram_buckets": {PHASES: "1,2"}}, "must be a list of upper bounds"),
     ],
 )
 def test_config_errors_raise_at_init(kwargs, message):

@@ -1,9 +1,10 @@
 """`/metrics` bodies: byte-identical to prometheus_client's, re-rendered only on change.
 
 prometheus_client's encoders over the same store are the oracle: hypothesis builds stores
-with awkward label values (quotes, backslashes, newlines, unicode), extreme numbers and
-exemplars, and both formats must match byte for byte. Over HTTP, the requests Prometheus
-makes are answered by the fast path and the rest by prometheus_client's own app.
+with awkward label values (quotes, backslashes, newlines, unicode), extreme numbers,
+exemplars and configured bucket bounds, and both formats must match byte for byte. Over
+HTTP, the requests Prometheus makes are answered by the fast path and the rest by
+prometheus_client's own app.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ positive = st.floats(min_value=0.0, max_value=1e7, allow_nan=False)
 def stores(draw) -> tuple[SeriesStore, str]:
     run = draw(label_values)
     drops = Drops()
-    store = SeriesStore(run, drops, max_series=50)
+    bounds = st.lists(positive, min_size=1, max_size=8, unique=True).map(sorted).map(tuple)
+    buckets = draw(st.dictionaries(st.sampled_from([s.name for s in HISTOGRAM_SPECS]), bounds))
+    store = SeriesStore(run, drops, max_series=50, buckets=buckets)
     for _ in range(draw(st.integers(0, 12))):
         spec = draw(st.sampled_from(SCALAR_SPECS))
         labels = draw(st.tuples(*(label_values for _ in spec.labels)))

@@ -31,6 +31,7 @@ from prometheus_client.openmetrics.parser import (
 )
 
 import rlotel
+from rlotel import catalogue
 from tests.conftest import parse_exposition, scrape
 
 RUN = "fuzz"
@@ -634,6 +635,22 @@ def init_within(seconds: float, **kwargs: Any) -> dict[str, Any]:
 NOT_A_COUNT = st.one_of(
     st.sampled_from([0, -1]), st.integers(max_value=0), FINITE, st.text(max_size=3), st.none()
 )
+BUCKETED = "rlotel_agent_loop_duration_seconds"
+BAD_BOUNDS = st.one_of(
+    st.just([]),
+    st.lists(st.floats(0, 100), min_size=2, max_size=6).filter(
+        lambda bounds: any(a >= b for a, b in itertools.pairwise(bounds))  # not increasing
+    ),
+    st.lists(st.floats(0, 100), min_size=1, max_size=3).map(lambda b: [*b, NAN]),
+    st.lists(st.floats(0, 100), min_size=1, max_size=3).map(lambda b: [*sorted(b), INF]),
+    st.floats(max_value=-1e-9, allow_nan=False).map(lambda low: [low, 1.0]),
+    st.sampled_from([[True, 2.0], ["1", "2"], "0.1,1", [None], 5.0, None]),
+    st.just(list(range(1, 102))),  # more than 100 bounds
+)
+VALID_BOUNDS = st.lists(
+    st.floats(0, 1e6) | st.integers(0, 10**6), min_size=1, max_size=30, unique=True
+).map(sorted)
+
 BAD_CONFIG = {
     "prometheus_port": st.one_of(
         st.sampled_from([-1, 65536]),
@@ -672,6 +689,18 @@ BAD_CONFIG = {
         st.integers(),
         st.sampled_from([[None], [[1]], [1, "a"]]),
         st.lists(st.integers(0, 10), min_size=1, max_size=3),  # valid steps, no profile_dir
+    ),
+    "histogram_buckets": st.one_of(
+        st.integers(),
+        st.lists(FINITE, min_size=1, max_size=3),  # bounds without a family name
+        st.text(min_size=1, max_size=4),
+        st.dictionaries(  # not a histogram family
+            st.text(max_size=12) | st.sampled_from(["rlotel_step_time_seconds", "le"]),
+            st.just([1.0, 2.0]),
+            min_size=1,
+            max_size=2,
+        ),
+        st.fixed_dictionaries({BUCKETED: BAD_BOUNDS}),
     ),
     "shutdown_timeout_s": st.one_of(
         st.floats(max_value=0.0),
@@ -735,6 +764,7 @@ def test_bad_configs_raise_config_error(clean_env, bad):
     shutdown_timeout_s=st.one_of(st.floats(1e-3, 3600.0), st.integers(1, 3600)),
     profile_steps=st.lists(st.integers(0, 10**6), max_size=3),
     exporter=st.booleans(),
+    buckets=st.none() | st.fixed_dictionaries({BUCKETED: VALID_BOUNDS}),
 )
 def test_valid_configs_start_serve_and_shut_down(
     clean_env,
@@ -748,6 +778,7 @@ def test_valid_configs_start_serve_and_shut_down(
     shutdown_timeout_s,
     profile_steps,
     exporter,
+    buckets,
 ):
     outcome = init_within(
         10,
@@ -761,17 +792,32 @@ def test_valid_configs_start_serve_and_shut_down(
         profile_steps=profile_steps,
         profile_dir=tmp_path / "profiles" if profile_steps else None,
         span_exporters=[InMemorySpanExporter()] if exporter else (),
+        histogram_buckets=buckets,
     )
     assert "error" not in outcome, repr(outcome.get("error"))
     tel = outcome["tel"]
     try:
         assert rlotel.current() is tel
         tel.log({"fuzz/value": 1.5}, step=1)
+        assert tel.flush(10)  # a queue_size of 1 holds one input at a time
+        tel.record_samples(generate_sequences=[0.5, 2.0, 700.0])
         if port is None:
             assert tel.metrics_url is None
             assert tel.flush(10)
         else:
-            assert series(exposition(tel), "rlotel_train_metric", run, key="fuzz/value") == 1.5
+            samples = exposition(tel)
+            assert series(samples, "rlotel_train_metric", run, key="fuzz/value") == 1.5
+            bounds = [float(b) for b in buckets[BUCKETED]] if buckets else None
+            found = {
+                dict(labels)["le"]: value
+                for (name, labels), value in samples.items()
+                if name == f"{BUCKETED}_bucket"
+            }
+            for bound in bounds or ():
+                le = repr(bound)  # each configured bound is a bucket, counting its values
+                assert found.pop(le) == sum(v <= bound for v in (0.5, 2.0, 700.0))
+            assert found.pop("+Inf") == 3
+            assert not found if bounds else len(found) == len(catalogue.SAMPLE_DURATION_BUCKETS)
     finally:
         tel.shutdown()
     assert rlotel.current() is None

@@ -1,4 +1,5 @@
-"""The same histograms reach an OTLP metrics endpoint, with the catalogue's bucket bounds."""
+"""The same histograms reach an OTLP metrics endpoint, with the same bucket bounds
+(the catalogue's, or those `histogram_buckets` configures) as the Prometheus exposition."""
 
 from __future__ import annotations
 
@@ -10,14 +11,21 @@ from rlotel import catalogue
 from tests.conftest import parse_exposition, scrape
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 
+CUSTOM = [0.25, 0.5, 1, 2, 4, 8]
 
-@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_histograms_reach_otlp_with_matching_bounds(protocol, monkeypatch):
+
+@pytest.mark.parametrize(
+    ("protocol", "configured"),
+    [("http/protobuf", None), ("grpc", None), ("http/protobuf", CUSTOM)],
+)
+def test_histograms_reach_otlp_with_matching_bounds(protocol, configured, monkeypatch):
     receiver = HttpReceiver() if protocol == "http/protobuf" else GrpcReceiver()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    tel = rlotel.init(run="otlpm", prometheus_port=0)
+    buckets = {catalogue.AGENT_LOOP_DURATION.name: configured} if configured else None
+    bounds = [float(b) for b in configured or catalogue.SAMPLE_DURATION_BUCKETS]
+    tel = rlotel.init(run="otlpm", prometheus_port=0, histogram_buckets=buckets)
     try:
         rng = np.random.default_rng(3)
         values = rng.lognormal(0, 1.2, 500)
@@ -39,15 +47,14 @@ def test_histograms_reach_otlp_with_matching_bounds(protocol, monkeypatch):
         if {a.key: a.value.string_value for a in p.attributes}
         == {"run": "otlpm", "stage": "generate_sequences"}
     ]
-    assert list(point.explicit_bounds) == list(catalogue.SAMPLE_DURATION_BUCKETS)
+    assert list(point.explicit_bounds) == bounds
     assert duration.histogram.aggregation_temporality == 2  # CUMULATIVE
     assert point.count == 500 and point.sum == pytest.approx(values.sum())
     assert point.min == values.min() and point.max == values.max()
-    # Same numbers as the Prometheus exposition, bucket for bucket.
+    # Same numbers as the Prometheus exposition and numpy, bucket for bucket.
     cumulative = np.cumsum(point.bucket_counts)
-    for bound, count in zip(
-        [*catalogue.SAMPLE_DURATION_BUCKETS, float("inf")], cumulative, strict=True
-    ):
+    for bound, count in zip([*bounds, float("inf")], cumulative, strict=True):
+        assert count == np.count_nonzero(values <= bound)
         le = "+Inf" if bound == float("inf") else repr(bound)
         key = (
             "rlotel_agent_loop_duration_seconds_bucket",

@@ -51,9 +51,9 @@ def library_family(spec: cat.MetricSpec) -> Metric:
     return kind(spec.name, spec.help, labels=spec.label_names, unit=spec.unit)
 
 
-def bucket_labels(spec: cat.MetricSpec) -> list[str]:
-    """The `le` values of a histogram family, `+Inf` last."""
-    return [*(repr(float(bound)) for bound in spec.buckets), "+Inf"]
+def bucket_labels(bounds: Iterable[float]) -> list[str]:
+    """The `le` label values of a histogram's upper bounds, `+Inf` last."""
+    return [*(repr(float(bound)) for bound in bounds), "+Inf"]
 
 
 def label_block(names: Iterable[str], values: Iterable[str]) -> str:
@@ -84,10 +84,16 @@ class _HistogramPrefixes:
 
     __slots__ = ("buckets", "count", "sum")
 
-    def __init__(self, spec: cat.MetricSpec, names: tuple[str, ...], values: tuple[str, ...]):
+    def __init__(
+        self,
+        spec: cat.MetricSpec,
+        names: tuple[str, ...],
+        values: tuple[str, ...],
+        bounds: tuple[float, ...],
+    ):
         self.buckets = [
             f"{spec.name}_bucket{label_block((*names, 'le'), (*values, le))} "
-            for le in bucket_labels(spec)
+            for le in bucket_labels(bounds)
         ]
         block = label_block(names, values)
         self.count = f"{spec.name}_count{block} "
@@ -156,7 +162,7 @@ class Renderer:
     ) -> None:
         key = (spec, point.labels)
         prefixes = previous.get(key) or _HistogramPrefixes(
-            spec, spec.label_names, (self._run, *point.labels)
+            spec, spec.label_names, (self._run, *point.labels), point.bounds
         )
         self._prefixes[key] = prefixes
         cumulative = point.cumulative.tolist()

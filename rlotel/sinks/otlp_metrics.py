@@ -64,7 +64,7 @@ def to_metrics_data(
                     count=int(p.cumulative[-1]),
                     sum=p.sum,
                     bucket_counts=[int(c) for c in p.counts],
-                    explicit_bounds=list(spec.buckets),
+                    explicit_bounds=list(p.bounds),
                     min=p.min,
                     max=p.max,
                     exemplars=[_exemplar(e) for e in p.exemplars.values()],

@@ -66,6 +66,7 @@ class _Histogram:
 
 class HistogramPoint(NamedTuple):
     labels: Labels
+    bounds: tuple[float, ...]  # upper bounds, +Inf implied
     cumulative: np.ndarray  # observations <= each bound, then the total (+Inf)
     sum: float
     min: float
@@ -87,10 +88,24 @@ class Snapshot(NamedTuple):
 
 
 class SeriesStore(Collector):
-    """Values of every catalogue family, by label values (without `run`)."""
+    """Values of every catalogue family, by label values (without `run`).
 
-    def __init__(self, run: str, drops: Drops, max_series: int) -> None:
+    `buckets` replaces the catalogue's upper bounds of histograms by family name (validated
+    by `Config`)."""
+
+    def __init__(
+        self,
+        run: str,
+        drops: Drops,
+        max_series: int,
+        buckets: Mapping[str, tuple[float, ...]] | None = None,
+    ) -> None:
         self._run = run
+        self._bounds = {
+            spec: tuple((buckets or {}).get(spec.name, spec.buckets))
+            for spec in cat.CATALOGUE
+            if spec.kind == "histogram"
+        }
         self._drops = drops
         self._max_series = max_series
         self._lock = threading.Lock()
@@ -150,7 +165,7 @@ class SeriesStore(Collector):
                 return
             histogram = family.get(labels)
             if histogram is None:
-                histogram = family[labels] = _Histogram(spec.buckets)
+                histogram = family[labels] = _Histogram(self._bounds[spec])
             histogram.observe(values, exemplars)
 
     def snapshot(self) -> Snapshot:
@@ -161,6 +176,7 @@ class SeriesStore(Collector):
                 spec: [
                     HistogramPoint(
                         labels,
+                        self._bounds[spec],
                         np.append(h.cumulative, h.count),
                         h.sum,
                         h.min,
@@ -187,7 +203,7 @@ class SeriesStore(Collector):
             if spec.kind == "histogram":
                 if spec not in histograms:
                     continue
-                bounds = exposition.bucket_labels(spec)
+                bounds = exposition.bucket_labels(self._bounds[spec])
                 for point in histograms[spec]:
                     cumulative = point.counts.cumsum()
                     buckets = [
@@ -209,9 +225,15 @@ class SeriesStore(Collector):
 class PrometheusSink:
     """Maps closed steps and `tel.log` dicts onto catalogue series."""
 
-    def __init__(self, run: str, drops: Drops, max_series: int) -> None:
+    def __init__(
+        self,
+        run: str,
+        drops: Drops,
+        max_series: int,
+        buckets: Mapping[str, tuple[float, ...]] | None = None,
+    ) -> None:
         self._run = run
-        self.store = SeriesStore(run, drops, max_series)
+        self.store = SeriesStore(run, drops, max_series, buckets)
         self._drops = drops
         self._phases_seen: set[str] = set()
         self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
