@@ -49,6 +49,7 @@ def init(
     max_sample_spans: int = 4,
     prometheus_tls: tuple[str, str] | None = None,
     prometheus_basic_auth: tuple[str, str] | None = None,
+    prometheus_port_retries: int = 0,
     queue_size: int = 1024,
     shutdown_timeout_s: float = 5.0,
     histogram_buckets: Mapping[str, Iterable[float]] | None = None,
@@ -63,6 +64,9 @@ def init(
     own batch processor) to the ones OTEL_EXPORTER_OTLP_* and `traces_file` switch on.
     `prometheus_tls=(certfile, keyfile)` serves /metrics over HTTPS and
     `prometheus_basic_auth=(user, password)` requires credentials (for a non-loopback bind).
+    A busy `prometheus_port` raises `ConfigError` unless `prometheus_port_retries=N` lets
+    it take the next free one of the N after it (several ranks per node); the port taken is
+    in `tel.metrics_url`.
     `histogram_buckets={"rlotel_phase_duration_seconds": [1, 10, 60, 600]}` replaces a
     histogram's upper bounds (put bounds near the latencies your alerts and SLOs name).
     `bottleneck_thresholds` tunes the per-step verdict (`rlotel.diagnose.Thresholds`).
@@ -84,6 +88,7 @@ def init(
         max_sample_spans=max_sample_spans,
         prometheus_tls=prometheus_tls,
         prometheus_basic_auth=prometheus_basic_auth,
+        prometheus_port_retries=prometheus_port_retries,
         queue_size=queue_size,
         shutdown_timeout_s=shutdown_timeout_s,
         histogram_buckets=histogram_buckets,

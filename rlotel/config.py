@@ -48,6 +48,7 @@ class Config:
     queue_size: int = 1024
     shutdown_timeout_s: float = 5.0
     histogram_buckets: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    prometheus_port_retries: int = 0
 
     @classmethod
     def build(
@@ -69,6 +70,7 @@ class Config:
         shutdown_timeout_s: float,
         environ: Mapping[str, str],
         histogram_buckets: Mapping[str, Iterable[float]] | None = None,
+        prometheus_port_retries: int = 0,
     ) -> Config:
         if not isinstance(run, str) or not run.strip() or not _utf8(run):
             raise ConfigError(
@@ -99,6 +101,7 @@ class Config:
             ("max_metric_keys", max_metric_keys, 1),
             ("max_sample_spans", max_sample_spans, 0),
             ("queue_size", queue_size, 1),
+            ("prometheus_port_retries", prometheus_port_retries, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{label} must be an integer ≥ {least}, got {value!r}")
@@ -128,6 +131,7 @@ class Config:
             queue_size=queue_size,
             shutdown_timeout_s=float(shutdown_timeout_s),
             histogram_buckets=_histogram_buckets(histogram_buckets),
+            prometheus_port_retries=prometheus_port_retries,
         )
 
 

@@ -98,6 +98,7 @@ class Telemetry:
                 config.prometheus_port,
                 config.prometheus_tls,
                 config.prometheus_basic_auth,
+                config.prometheus_port_retries,
             )
         if exporters:
             self._spans = SpanSink(resource, config.run, exporters, self.drops)
@@ -442,6 +443,7 @@ def build(
         queue_size=tuning.get("queue_size", 1024),
         shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
         histogram_buckets=tuning.get("histogram_buckets"),
+        prometheus_port_retries=tuning.get("prometheus_port_retries", 0),
         environ=os.environ,
     )
     if profile is None and config.profile_steps:

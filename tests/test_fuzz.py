@@ -677,6 +677,7 @@ BAD_CONFIG = {
     ),
     "max_metric_keys": st.one_of(NOT_A_COUNT, st.booleans()),
     "queue_size": st.one_of(NOT_A_COUNT, st.booleans()),
+    "prometheus_port_retries": st.one_of(st.integers(max_value=-1), st.text(max_size=3), FINITE),
     "max_sample_spans": st.one_of(
         st.integers(max_value=-1), st.text(max_size=3), FINITE, st.none()
     ),

@@ -1,12 +1,20 @@
-"""fork after init, and exiting mid-step: no deadlock, no duplicate export, nothing lost."""
+"""fork after init, exiting mid-step, SIGTERM and busy ports: no deadlock, no duplicate
+export, nothing lost, and a clear error or the configured fallback."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
-from tests.conftest import file_spans
+import pytest
+
+import rlotel
+from tests.conftest import file_spans, scrape
 
 FORK = textwrap.dedent(
     """
@@ -113,3 +121,53 @@ def test_sigterm_flushes_then_terminates(tmp_path):
     roots = {s["attrs"]["rl.step"]: s for s in file_spans(path) if s["name"] == "step"}
     assert sorted(roots) == [1, 2, 3]
     assert roots[3]["attrs"]["rl.incomplete"] is True
+
+
+@contextlib.contextmanager
+def listening(count: int) -> Iterator[int]:
+    """`count` consecutive loopback ports held by listeners (as other ranks would); the first."""
+    for _ in range(50):
+        held: list[socket.socket] = []
+        first = socket.create_server(("127.0.0.1", 0))
+        held.append(first)
+        base = first.getsockname()[1]
+        try:
+            for offset in range(1, count):
+                held.append(socket.create_server(("127.0.0.1", base + offset)))
+        except OSError:  # a neighbour is taken already: another base
+            for sock in held:
+                sock.close()
+            continue
+        try:
+            yield base
+        finally:
+            for sock in held:
+                sock.close()
+        return
+    pytest.skip("no run of free consecutive loopback ports")
+
+
+def test_busy_port_falls_back_to_the_next_when_configured(caplog):
+    with listening(2) as base:
+        with pytest.raises(rlotel.ConfigError, match=f":{base}: Address already in use"):
+            rlotel.init(run="ranks", prometheus_port=base)
+        with pytest.raises(rlotel.ConfigError, match=f":{base}–{base + 1}: Address already"):
+            rlotel.init(run="ranks", prometheus_port=base, prometheus_port_retries=1)
+        with caplog.at_level(logging.WARNING, logger="rlotel"):
+            tel = rlotel.init(run="ranks", prometheus_port=base, prometheus_port_retries=8)
+        try:
+            port = int(tel.metrics_url.rsplit(":", 1)[1].split("/")[0])
+            assert base + 2 <= port <= base + 8
+            assert f"port {base} is in use; serving /metrics on {port}" in caplog.text
+            tel.log({"rank/value": 3.0}, step=1)
+            assert tel.flush(10)
+            assert 'rlotel_train_metric{key="rank/value",run="ranks"} 3.0' in scrape(
+                tel.metrics_url
+            )
+        finally:
+            tel.shutdown()
+
+
+def test_port_retries_must_be_a_count():
+    with pytest.raises(rlotel.ConfigError, match="prometheus_port_retries must be an integer"):
+        rlotel.init(prometheus_port=0, prometheus_port_retries=-1)

@@ -4,7 +4,9 @@ HTTP basic auth (loopback-only by default, so neither is needed unless you bind 
 from __future__ import annotations
 
 import base64
+import errno
 import hmac
+import logging
 import socket
 import ssl
 import threading
@@ -13,6 +15,8 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from rlotel.config import ConfigError
+
+log = logging.getLogger("rlotel")
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -53,20 +57,15 @@ def serve(
     port: int,
     tls: tuple[str, str] | None = None,
     credentials: tuple[str, str] | None = None,
+    port_retries: int = 0,
 ) -> WSGIServer:
-    """Start the endpoint on a daemon thread; configuration errors raise ConfigError."""
+    """Start the endpoint on a daemon thread; configuration errors raise ConfigError.
+
+    A busy `port` is an error unless `port_retries` allows the next ones (one per rank when
+    several processes on a node each serve their own `/metrics`)."""
     if credentials is not None:
         app = basic_auth(app, *credentials)
-    server_class = type("Server", (_ThreadingServer,), {})
-    server_class.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    try:
-        server = make_server(addr, port, app, server_class, handler_class=_QuietHandler)
-    except (OSError, TypeError, ValueError, UnicodeError) as error:
-        raise ConfigError(
-            f"cannot serve /metrics on {addr!r}:{port}: "
-            f"{getattr(error, 'strerror', None) or error}; choose a free "
-            "prometheus_port (0 = ephemeral) or prometheus_port=None for no endpoint"
-        ) from None
+    server = _bind(app, addr, port, port_retries)
     if tls is not None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -84,3 +83,31 @@ def serve(
         )
     threading.Thread(target=server.serve_forever, name="rlotel-metrics", daemon=True).start()
     return server
+
+
+def _bind(app: Callable, addr: str, port: int, retries: int) -> WSGIServer:
+    server_class = type("Server", (_ThreadingServer,), {})
+    server_class.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    last = min(65535, port + retries) if port else port
+    candidate = port
+    while True:
+        try:
+            server = make_server(addr, candidate, app, server_class, handler_class=_QuietHandler)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE and candidate < last:
+                candidate += 1
+                continue
+            tried = f"{port}" if last == port else f"{port}–{last}"
+            raise ConfigError(
+                f"cannot serve /metrics on {addr!r}:{tried}: {error.strerror or error}; "
+                "choose a free prometheus_port (0 = ephemeral), allow "
+                "prometheus_port_retries, or prometheus_port=None for no endpoint"
+            ) from None
+        except (TypeError, ValueError, UnicodeError) as error:
+            raise ConfigError(
+                f"cannot serve /metrics on {addr!r}:{port}: {error}; give prometheus_addr "
+                "as a host address such as 127.0.0.1"
+            ) from None
+        if candidate != port:
+            log.warning("rlotel: port %d is in use; serving /metrics on %d", port, candidate)
+        return server

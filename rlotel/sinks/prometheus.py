@@ -249,9 +249,10 @@ class PrometheusSink:
         port: int,
         tls: tuple[str, str] | None = None,
         credentials: tuple[str, str] | None = None,
+        port_retries: int = 0,
     ) -> str:
         app = exposition.wsgi_app(exposition.Renderer(self.store, self._run), self.registry)
-        self._server = endpoint.serve(app, addr, port, tls, credentials)
+        self._server = endpoint.serve(app, addr, port, tls, credentials, port_retries)
         host = f"[{addr}]" if ":" in addr else addr
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://{host}:{self._server.server_port}/metrics"
