@@ -34,7 +34,7 @@ from rlotel.drops import Drops, as_finite_float
 from rlotel.formulas import VERL_STAGE_ORDER
 from rlotel.sinks.exposition import bucket_labels
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
-from rlotel.sinks.prometheus import PrometheusSink, Snapshot
+from rlotel.sinks.prometheus import PrometheusSink, SeriesStore, Snapshot
 
 DEFAULT_STEP_SECONDS = 60.0
 MAX_SERIES = 256  # per family, as live: caps distinct rlotel_train_metric keys
@@ -85,7 +85,7 @@ def replay(
     clock = _clock([_seconds(data, fallback) for _, data in steps], start_time)
 
     history = _History()
-    sink = PrometheusSink(run, drops, MAX_SERIES)
+    sink = PrometheusSink(SeriesStore(run, drops, MAX_SERIES), drops)
     for index, (number, data) in enumerate(steps):
         sink.observe_log(_without_nulls(data, drops), number)
         sink.store.set(cat.LAST_STEP_TIMESTAMP, clock.ms[index] / 1000)

@@ -28,7 +28,7 @@ from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remo
 from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 from rlotel.sinks.otlp import otlp_span_exporter
 from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
-from rlotel.sinks.prometheus import PrometheusSink
+from rlotel.sinks.prometheus import PrometheusSink, SeriesStore
 from rlotel.sinks.spans import SpanSink
 
 log = logging.getLogger("rlotel")
@@ -89,9 +89,10 @@ class Telemetry:
             exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
         for index, exporter in enumerate(span_exporters):
             exporters[f"{type(exporter).__name__}#{index}"] = exporter
-        self._prometheus = PrometheusSink(
+        store = SeriesStore(
             config.run, self.drops, config.max_metric_keys, config.histogram_buckets
         )
+        self._prometheus = PrometheusSink(store, self.drops)
         if config.prometheus_port is not None:
             self.metrics_url = self._prometheus.serve(
                 config.prometheus_addr,

@@ -44,7 +44,7 @@ positive = st.floats(min_value=0.0, max_value=1e7, allow_nan=False)
 
 
 @st.composite
-def stores(draw) -> tuple[SeriesStore, str]:
+def stores(draw) -> SeriesStore:
     run = draw(label_values)
     drops = Drops()
     bounds = st.lists(positive, min_size=1, max_size=8, unique=True).map(sorted).map(tuple)
@@ -73,7 +73,7 @@ def stores(draw) -> tuple[SeriesStore, str]:
         store.observe(spec, values, *labels, exemplars=exemplars)
     for _ in range(draw(st.integers(0, 2))):
         drops.add(draw(st.sampled_from(["spans", "metrics"])), draw(label_values), "fuzz")
-    return store, run
+    return store
 
 
 def library_bodies(store: SeriesStore) -> dict[str, bytes]:
@@ -84,9 +84,8 @@ def library_bodies(store: SeriesStore) -> dict[str, bytes]:
 
 @settings(max_examples=150, deadline=None)
 @given(stores())
-def test_bodies_equal_prometheus_clients(built) -> None:
-    store, run = built
-    renderer = Renderer(store, run)
+def test_bodies_equal_prometheus_clients(store: SeriesStore) -> None:
+    renderer = Renderer(store)
     expected = library_bodies(store)
     snapshot = store.snapshot()
     for form in (TEXT, OPENMETRICS):
@@ -105,7 +104,7 @@ def filled_store(run: str = "r") -> tuple[SeriesStore, Drops]:
 
 def test_unchanged_store_is_not_rendered_again() -> None:
     store, drops = filled_store()
-    renderer = Renderer(store, "r")
+    renderer = Renderer(store)
     first = renderer.body(TEXT, compressed=False)
     assert renderer.body(TEXT, compressed=False) is first  # same object: no render
     zipped = renderer.body(TEXT, compressed=True)
@@ -125,7 +124,7 @@ def test_unchanged_store_is_not_rendered_again() -> None:
 def test_prefix_cache_follows_the_live_series_only() -> None:
     """The verdict family replaces its one series each step; old prefixes must not pile up."""
     store, _ = filled_store()
-    renderer = Renderer(store, "r")
+    renderer = Renderer(store)
     for number in range(500):
         store.replace(cat.BOTTLENECK, 1.0, "phase", f"update_actor {number}")
         body = renderer.body(TEXT, compressed=False)

@@ -104,9 +104,9 @@ class Renderer:
     """Exposition bytes of a store; prefixes kept for the series of the last render only,
     so a family whose label values churn (the bottleneck verdict) cannot grow the cache."""
 
-    def __init__(self, store: SeriesStore, run: str) -> None:
+    def __init__(self, store: SeriesStore) -> None:
         self._store = store
-        self._run = run
+        self._run = store.run
         self._families = [_Family(spec) for spec in cat.CATALOGUE]
         self._prefixes: dict[tuple[cat.MetricSpec, Labels], object] = {}
         self._lock = threading.Lock()

@@ -100,7 +100,7 @@ class SeriesStore(Collector):
         max_series: int,
         buckets: Mapping[str, tuple[float, ...]] | None = None,
     ) -> None:
-        self._run = run
+        self.run = run
         self._bounds = {
             spec: tuple((buckets or {}).get(spec.name, spec.buckets))
             for spec in cat.CATALOGUE
@@ -212,28 +212,21 @@ class SeriesStore(Collector):
                         else (le, float(c))
                         for i, (le, c) in enumerate(zip(bounds, cumulative, strict=True))
                     ]
-                    family.add_metric([self._run, *point.labels], buckets, point.sum)
+                    family.add_metric([self.run, *point.labels], buckets, point.sum)
                 yield family
                 continue
             if spec not in scalars:
                 continue
             for labels, value in scalars[spec].items():
-                family.add_metric([self._run, *labels], value)
+                family.add_metric([self.run, *labels], value)
             yield family
 
 
 class PrometheusSink:
     """Maps closed steps and `tel.log` dicts onto catalogue series."""
 
-    def __init__(
-        self,
-        run: str,
-        drops: Drops,
-        max_series: int,
-        buckets: Mapping[str, tuple[float, ...]] | None = None,
-    ) -> None:
-        self._run = run
-        self.store = SeriesStore(run, drops, max_series, buckets)
+    def __init__(self, store: SeriesStore, drops: Drops) -> None:
+        self.store = store
         self._drops = drops
         self._phases_seen: set[str] = set()
         self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
@@ -251,7 +244,7 @@ class PrometheusSink:
         credentials: tuple[str, str] | None = None,
         port_retries: int = 0,
     ) -> str:
-        app = exposition.wsgi_app(exposition.Renderer(self.store, self._run), self.registry)
+        app = exposition.wsgi_app(exposition.Renderer(self.store), self.registry)
         self._server = endpoint.serve(app, addr, port, tls, credentials, port_retries)
         host = f"[{addr}]" if ":" in addr else addr
         scheme = "https" if tls else "http"
