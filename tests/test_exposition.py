@@ -26,10 +26,16 @@ from rlotel.drops import Drops
 from rlotel.sinks.exposition import OPENMETRICS, TEXT, Renderer
 from rlotel.sinks.prometheus import SeriesStore
 
-# What Prometheus 2.x sends when scraping (it negotiates OpenMetrics, gzip-compressed).
-PROMETHEUS_ACCEPT = (
+# What Prometheus 2.x and 3.x send when scraping (OpenMetrics, gzip-compressed).
+PROMETHEUS_2_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+PROMETHEUS_3_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,"
+    "*/*;q=0.1"
 )
 SCALAR_SPECS = [spec for spec in cat.CATALOGUE if spec.kind != "histogram"]
 HISTOGRAM_SPECS = [spec for spec in cat.CATALOGUE if spec.kind == "histogram"]
@@ -76,21 +82,25 @@ def stores(draw) -> SeriesStore:
     return store
 
 
-def library_bodies(store: SeriesStore) -> dict[str, bytes]:
+def library_bodies(store: SeriesStore, escaping: str = openmetrics.UNDERSCORES) -> dict:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(store)
-    return {TEXT: generate_latest(registry), OPENMETRICS: openmetrics.generate_latest(registry)}
+    return {
+        TEXT: generate_latest(registry, escaping=escaping),
+        OPENMETRICS: openmetrics.generate_latest(registry, escaping=escaping),
+    }
 
 
 @settings(max_examples=150, deadline=None)
 @given(stores())
 def test_bodies_equal_prometheus_clients(store: SeriesStore) -> None:
     renderer = Renderer(store)
-    expected = library_bodies(store)
     snapshot = store.snapshot()
-    for form in (TEXT, OPENMETRICS):
-        assert renderer.render(snapshot, form) == expected[form]
-        assert renderer.render(snapshot, form) == expected[form]  # from cached prefixes
+    for escaping in (openmetrics.UNDERSCORES, openmetrics.ALLOWUTF8):  # Prometheus 2, 3
+        expected = library_bodies(store, escaping)
+        for form in (TEXT, OPENMETRICS):
+            assert renderer.render(snapshot, form) == expected[form]
+            assert renderer.render(snapshot, form) == expected[form]  # cached prefixes
 
 
 def filled_store(run: str = "r") -> tuple[SeriesStore, Drops]:
@@ -156,16 +166,20 @@ def served(make_tel):
     return tel, tel._prometheus.registry
 
 
-def test_prometheus_scrape_request_gets_openmetrics_gzip(served) -> None:
+@pytest.mark.parametrize(
+    ("accept", "escaping"),
+    [(PROMETHEUS_2_ACCEPT, "underscores"), (PROMETHEUS_3_ACCEPT, "allow-utf-8")],
+)
+def test_prometheus_scrape_request_gets_openmetrics_gzip(served, accept, escaping) -> None:
     tel, registry = served
-    status, headers, body = fetch(
-        tel.metrics_url, Accept=PROMETHEUS_ACCEPT, **{"Accept-Encoding": "gzip"}
-    )
+    status, headers, body = fetch(tel.metrics_url, Accept=accept, **{"Accept-Encoding": "gzip"})
     assert status == 200 and headers["Content-Encoding"] == "gzip"
-    assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert headers["Content-Type"] == (
+        f"application/openmetrics-text; version=1.0.0; charset=utf-8; escaping={escaping}"
+    )
     text = gzip.decompress(body)
     assert int(headers["Content-Length"]) == len(body)
-    assert text == openmetrics.generate_latest(registry)
+    assert text == openmetrics.generate_latest(registry, escaping=escaping)
     assert b" # {span_id=" in text  # exemplars are in the OpenMetrics body
 
 
@@ -179,10 +193,11 @@ def test_plain_scrape_gets_text_004(served) -> None:
 
 def test_other_requests_are_served_by_prometheus_client(served) -> None:
     tel, registry = served
-    utf8 = "application/openmetrics-text; version=1.0.0; escaping=allow-utf-8"
-    status, headers, body = fetch(tel.metrics_url, Accept=utf8)
-    assert status == 200 and headers["Content-Type"].endswith("escaping=allow-utf-8")
-    assert body == openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)
+    values = "application/openmetrics-text; version=1.0.0; escaping=values"
+    status, headers, body = fetch(tel.metrics_url, Accept=values)
+    assert status == 200 and headers["Content-Type"].endswith("escaping=values")
+    assert body == openmetrics.generate_latest(registry, escaping=openmetrics.VALUES)
+    assert b"U__rlotel__step__time__seconds" in body
     dotted = "text/plain; version=1.0.0; escaping=dots"
     status, headers, body = fetch(tel.metrics_url, Accept=dotted)
     assert status == 200 and b"rlotel__step__time__seconds" in body

@@ -6,11 +6,11 @@ training loop needs. Our label sets are few and stable, so each series' line pre
 built once and reused; a scrape only formats numbers (~0.1 ms), and a scrape that finds the
 store unchanged since the last one gets the same bytes back without rendering at all.
 
-Only the two formats Prometheus negotiates by default are rendered here: text 0.0.4 and
-OpenMetrics 1.x, with the default `underscores` name escaping. Any other request (UTF-8 or
-dotted name escaping, `name[]` filters, OPTIONS, other methods) is served by
-prometheus_client's own WSGI app over the same store, and tests/test_exposition.py checks
-that our bytes equal prometheus_client's for the same series.
+Only the two formats Prometheus negotiates by default are rendered here: text and
+OpenMetrics 1.x, with `underscores` or `allow-utf-8` name escaping (identical for our
+names). Any other request (`dots` or `values` escaping, `name[]` filters, OPTIONS, other
+methods) is served by prometheus_client's own WSGI app over the same store, and
+tests/test_exposition.py checks that our bytes equal prometheus_client's for the same series.
 """
 
 from __future__ import annotations
@@ -181,10 +181,16 @@ class Renderer:
         lines.append(f"{prefixes.sum}{floatToGoString(point.sum)}\n")
 
 
+# Name escapings under which our names (all in the legacy character set) are written as
+# they are: Prometheus 2 asks for `underscores` (or nothing), Prometheus 3 `allow-utf-8`.
+VERBATIM_ESCAPINGS = ("", "underscores", "allow-utf-8")
+
+
 def fast_form(accept: str | None) -> tuple[str, str] | None:
     """(form, content type) when this request is one `Renderer` answers, else None."""
     _, content_type = choose_encoder(accept or "")
-    if "escaping=" in content_type and not content_type.endswith("escaping=underscores"):
+    escaping = content_type.partition("escaping=")[2]
+    if escaping not in VERBATIM_ESCAPINGS:
         return None
     form = OPENMETRICS if content_type.startswith("application/openmetrics-text") else TEXT
     return form, content_type
