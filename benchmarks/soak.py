@@ -37,16 +37,18 @@ def rss_bytes() -> int:
 
 
 def snapshot(tel: rlotel.Telemetry) -> dict[str, float]:
+    """Counted before the scrape: the server closes its side of a scrape's connection just
+    after the client has read it, so counting after would race that close."""
     tel.flush(30)
-    with urllib.request.urlopen(tel.metrics_url, timeout=10) as response:
-        series = sum(1 for line in response.read().decode().splitlines() if line and line[0] != "#")
-    return {
+    point = {
         "rss": rss_bytes(),
         "heap": tracemalloc.get_traced_memory()[0],
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": threading.active_count(),
-        "series": series,
     }
+    with urllib.request.urlopen(tel.metrics_url, timeout=10) as response:
+        body = response.read().decode()
+    return {**point, "series": sum(1 for line in body.splitlines() if line and line[0] != "#")}
 
 
 def soak(steps: int, points: int = 10, traces_file: Path | None = None) -> list[dict]:

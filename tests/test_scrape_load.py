@@ -1,7 +1,9 @@
-"""A scraper at 50 requests/s during a run: every scrape well-formed and consistent."""
+"""A scraper at 50 requests/s during a run: every scrape well-formed and consistent; stalled
+clients neither block other scrapes nor make threads grow without bound."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -10,6 +12,8 @@ import urllib.request
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import scrape
 
 
 def scraper(url: str, stop: threading.Event, bodies: list[str], rate_hz: float = 50.0) -> None:
@@ -102,3 +106,37 @@ def test_scrapes_under_load_are_consistent(make_tel, tmp_path):
     for body in bodies:
         previous = check_consistent(body, previous)
     assert previous[("rlotel_steps_total", (("run", "load"),))] > 0
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_stalled_clients_neither_block_scrapes_nor_grow_threads_unbounded(make_tel):
+    tel = make_tel(run="stall")
+    server = tel._prometheus._server
+    server.idle_exit_s = 0.5  # workers added for the flood retire quickly
+    address = ("127.0.0.1", server.server_port)
+    tel.log({"x": 1.0}, step=1)
+    assert tel.flush(10)
+    baseline = threading.active_count()
+    stalled = [socket.create_connection(address) for _ in range(20)]  # connect, send nothing
+    try:
+        started = time.monotonic()
+        assert 'rlotel_train_metric{key="x",run="stall"} 1.0' in scrape(tel.metrics_url)
+        assert time.monotonic() - started < 3  # not queued behind them (10 s timeouts)
+        more = [socket.create_connection(address) for _ in range(2 * server.max_workers)]
+        stalled += more
+        assert wait_until(lambda: threading.active_count() - baseline >= server.max_workers, 5)
+        assert threading.active_count() - baseline <= server.max_workers  # capped
+    finally:
+        for sock in stalled:
+            sock.close()
+    # Hung-up clients free their workers, which then retire; scrapes still work.
+    assert wait_until(lambda: threading.active_count() <= baseline + 1, 10)
+    assert "rlotel_train_metric" in scrape(tel.metrics_url)

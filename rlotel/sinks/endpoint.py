@@ -1,5 +1,6 @@
-"""The /metrics HTTP endpoint: a WSGI app on a threading server, optionally behind TLS and
-HTTP basic auth (loopback-only by default, so neither is needed unless you bind wider)."""
+"""The /metrics HTTP endpoint: a WSGI app served by a few long-lived threads, optionally
+behind TLS and HTTP basic auth (loopback-only by default, so neither is needed unless you
+bind wider)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import base64
 import errno
 import hmac
 import logging
+import queue
 import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from rlotel.config import ConfigError
@@ -19,8 +20,59 @@ from rlotel.config import ConfigError
 log = logging.getLogger("rlotel")
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _PooledServer(WSGIServer):
+    """Connections go to reused worker threads. A new thread per connection (what
+    ThreadingMixIn does) costs more CPU than the scrape itself here (≈0.13 of 0.23 ms), all
+    of it under the GIL the training loop needs. Workers are added only when none is idle
+    (stalled clients, bursts), up to `max_workers`, and retire after `idle_exit_s` idle, so
+    a stalled client cannot hold up other scrapes and a flood cannot spawn without bound."""
+
+    max_workers = 32
+    idle_exit_s = 30.0
+    request_queue_size = 128  # listen backlog; socketserver's 5 drops SYNs in a burst
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._connections: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._workers = 0
+        self._busy = 0  # connections handed over and not yet finished (queued or served)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        with self._pool_lock:
+            if self._busy >= self._workers < self.max_workers:  # every worker is taken
+                self._workers += 1
+                threading.Thread(target=self._work, name="rlotel-metrics", daemon=True).start()
+            self._busy += 1
+            self._connections.put((request, client_address))  # beyond the cap: it waits
+
+    def _work(self) -> None:
+        while True:
+            try:
+                connection = self._connections.get(timeout=self.idle_exit_s)
+            except queue.Empty:
+                with self._pool_lock:
+                    if self._workers > self._busy:  # more workers than work: retire
+                        self._workers -= 1
+                        return
+                continue
+            if connection is None:  # server_close
+                return
+            request, client_address = connection
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+                with self._pool_lock:
+                    self._busy -= 1
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._pool_lock:
+            for _ in range(self._workers):
+                self._connections.put(None)
 
     def handle_error(self, request, client_address) -> None:
         """A client that speaks plain HTTP to TLS, or hangs up mid-scrape, is its problem:
@@ -29,6 +81,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 class _QuietHandler(WSGIRequestHandler):
     wbufsize = -1  # status, headers and body leave in one or two sends, not five
+    timeout = 10  # seconds a client may stall a read or write (and hold its worker)
 
     def log_message(self, format: str, *args) -> None:
         """Scrapes are not worth a log line each."""
@@ -86,7 +139,7 @@ def serve(
 
 
 def _bind(app: Callable, addr: str, port: int, retries: int) -> WSGIServer:
-    server_class = type("Server", (_ThreadingServer,), {})
+    server_class = type("Server", (_PooledServer,), {})
     server_class.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     last = min(65535, port + retries) if port else port
     candidate = port
