@@ -153,6 +153,10 @@ class FaultyReceiver(Received):
                     request = trace_service_pb2.ExportTraceServiceRequest()
                     request.ParseFromString(body)
                     received.add(request)
+                elif self.path == "/v1/metrics":
+                    metrics = metrics_service_pb2.ExportMetricsServiceRequest()
+                    metrics.ParseFromString(body)
+                    received.add_metrics(metrics)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -34,13 +34,20 @@ def train(tel: rlotel.Telemetry, first: int, steps: int) -> list[float]:
     return durations
 
 
-def export_drops(tel: rlotel.Telemetry) -> float:
+def export_drops(tel: rlotel.Telemetry, signal: str | None = None) -> float:
     series = parse_exposition(scrape(tel.metrics_url))
     return sum(
         value
         for (name, labels), value in series.items()
-        if name == "rlotel_telemetry_dropped_total" and ("reason", "export_failed") in labels
+        if name == "rlotel_telemetry_dropped_total"
+        and ("reason", "export_failed") in labels
+        and signal in (None, dict(labels)["signal"])
     )
+
+
+def received_steps(receiver: FaultyReceiver) -> float | None:
+    metric = receiver.last_metrics().get("rlotel_steps")
+    return metric.sum.data_points[0].as_double if metric is not None else None
 
 
 @pytest.fixture
@@ -49,7 +56,7 @@ def otlp_env(monkeypatch):
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds, per request
-        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "300")  # ms: pushes during the run
 
     return point_at
 
@@ -64,9 +71,11 @@ def test_failing_collector_is_counted_and_never_blocks(mode, otlp_env):
         assert max(durations) < 1.0  # the loop never waits for the collector
         tel.flush(6)  # bounded even against a blackhole
         deadline = time.monotonic() + 15
-        while export_drops(tel) == 0 and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+            export_drops(tel, "spans") and export_drops(tel, "metrics")
+        ):
             time.sleep(0.2)
-        assert export_drops(tel) > 0
+        assert export_drops(tel, "spans") > 0 and export_drops(tel, "metrics") > 0
     finally:
         started = time.monotonic()
         tel.shutdown()
@@ -109,6 +118,10 @@ def test_data_after_recovery_arrives(otlp_env):
             if attribute.key == "rl.step"
         )
         assert {4, 5, 6} <= set(steps)
+        deadline = time.monotonic() + 10  # the next metric push after recovery
+        while time.monotonic() < deadline and received_steps(receiver) != 6.0:
+            time.sleep(0.1)
+        assert received_steps(receiver) == 6.0
     finally:
         tel.shutdown()
         receiver.stop()
