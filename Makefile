@@ -35,4 +35,5 @@ bench: $(STAMP)
 	$(PY) benchmarks/demo_overhead.py
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/scrape_load.py
+	$(PY) benchmarks/collector_faults.py
 	$(PY) benchmarks/soak.py

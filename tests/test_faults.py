@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
@@ -122,6 +123,32 @@ def test_data_after_recovery_arrives(otlp_env):
         while time.monotonic() < deadline and received_steps(receiver) != 6.0:
             time.sleep(0.1)
         assert received_steps(receiver) == 6.0
+    finally:
+        tel.shutdown()
+        receiver.stop()
+
+
+def test_exporter_retries_do_not_flood_the_log(otlp_env, caplog):
+    """One rate-limited rlotel line per reason, not the OTLP exporters' line per attempt;
+    an exporter the application runs on its own thread still logs as usual."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    receiver = FaultyReceiver("unavailable")
+    otlp_env(receiver.endpoint)
+    caplog.set_level(logging.WARNING)
+    tel = rlotel.init(run="fault-quiet", prometheus_port=0, shutdown_timeout_s=3.0)
+    try:
+        for first in range(1, 16, 5):  # several export batches, each failing
+            train(tel, first, 5)
+            tel.flush(3)
+        assert export_drops(tel, "spans") >= 15 and export_drops(tel, "metrics") >= 1
+        exporter_lines = [r for r in caplog.records if r.name.startswith("opentelemetry")]
+        assert exporter_lines == []
+        rlotel_lines = [r.getMessage() for r in caplog.records if r.name == "rlotel"]
+        assert len(rlotel_lines) == 2, rlotel_lines  # spans and metrics, once each
+        assert all("export_failed" in line and "otlp" in line.lower() for line in rlotel_lines)
+        OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces", timeout=1).export([])
+        assert any(r.name.startswith("opentelemetry.exporter") for r in caplog.records)
     finally:
         tel.shutdown()
         receiver.stop()

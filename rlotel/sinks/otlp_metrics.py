@@ -32,6 +32,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rlotel import catalogue as cat
 from rlotel.drops import Drops
+from rlotel.sinks import exporter_logs
 from rlotel.sinks.otlp import otlp_enabled, otlp_protocol
 from rlotel.sinks.prometheus import SeriesStore, Snapshot
 
@@ -133,14 +134,15 @@ class OtlpMetricsPusher:
         data = to_metrics_data(
             self._store.snapshot(), self._run, self._resource, self._start_ns, time.time_ns()
         )
-        with self._lock:
+        with self._lock, exporter_logs.captured() as first_log:
             try:
                 result = self._exporter.export(data, timeout_millis=timeout_s * 1000)
             except Exception as error:
                 self._drops.add("metrics", "export_failed", f"OTLP metrics: {error!r}")
                 return False
         if result is not MetricExportResult.SUCCESS:
-            self._drops.add("metrics", "export_failed", "OTLP metrics export was refused")
+            why = first_log() or "no reason given"
+            self._drops.add("metrics", "export_failed", f"OTLP metrics: {why}")
             return False
         return True
 

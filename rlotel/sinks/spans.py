@@ -21,6 +21,7 @@ from rlotel.drops import Drops
 from rlotel.ledger import Phase, Step, Trace
 from rlotel.profiling import Capture
 from rlotel.samples import DURATION_FIELDS, PREEMPTED, SampleBatch
+from rlotel.sinks import exporter_logs
 
 # OTel GenAI conventions where one exists; rl.sample.* otherwise.
 _SAMPLE_ATTRIBUTES = {
@@ -56,13 +57,15 @@ class CountingExporter(SpanExporter):
         self._name = name
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._inner.export(spans)
-        except Exception as exc:
-            self._drops.add("spans", "export_failed", f"{self._name}: {exc!r}", len(spans))
-            return SpanExportResult.FAILURE
+        with exporter_logs.captured() as first_log:
+            try:
+                result = self._inner.export(spans)
+            except Exception as exc:
+                self._drops.add("spans", "export_failed", f"{self._name}: {exc!r}", len(spans))
+                return SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
-            self._drops.add("spans", "export_failed", f"{self._name} refused a batch", len(spans))
+            why = first_log() or "no reason given"
+            self._drops.add("spans", "export_failed", f"{self._name}: {why}", len(spans))
         return result
 
     def shutdown(self) -> None:
