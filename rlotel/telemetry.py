@@ -327,6 +327,8 @@ class Telemetry:
         self.ledger.drops = self.drops
         self._publisher.submit = _discard
         self.ledger.set_publisher(_discard)
+        if self._prometheus is not None:
+            self._prometheus.release_in_child()
         self.metrics_url = None
         self._spans = self._prometheus = self._otlp_metrics = None
 

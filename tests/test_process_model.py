@@ -64,6 +64,27 @@ CRASH = textwrap.dedent(
 )
 
 
+PORT_AFTER_FORK = textwrap.dedent(
+    """
+    import os, signal, socket, sys, time
+    import rlotel
+    tel = rlotel.init(run="port", prometheus_port=0)
+    port = int(tel.metrics_url.rsplit(":", 1)[1].split("/")[0])
+    pid = os.fork()  # a worker that outlives the trainer's endpoint
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        tel.shutdown()
+        with socket.create_server(("127.0.0.1", port)):  # a restarted trainer's bind
+            pass
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    """
+)
+
+
 def run(script: str, path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120
@@ -76,6 +97,12 @@ def test_fork_after_init_neither_deadlocks_nor_duplicates(tmp_path):
     run(FORK, path)
     steps = sorted(s["attrs"]["rl.step"] for s in file_spans(path) if s["name"] == "step")
     assert steps == [1, 2]  # each parent step once; nothing from the child
+
+
+def test_forked_child_does_not_keep_the_metrics_port(tmp_path):
+    """The child closes its copy of the listening socket: a lingering worker must not
+    hold the port the next run binds (nor queue scrapes nobody answers)."""
+    run(PORT_AFTER_FORK, tmp_path)
 
 
 def test_exit_mid_step_exports_what_closed_marked_incomplete(tmp_path):

@@ -251,6 +251,13 @@ class PrometheusSink:
         self.url = f"{scheme}://{host}:{self._server.server_port}/metrics"
         return self.url
 
+    def release_in_child(self) -> None:
+        """In a forked child: close its copy of the listening socket (the serving threads
+        stayed in the parent), so a child that outlives the parent does not hold the port."""
+        if self._server is not None:
+            self._server.socket.close()
+            self._server = None
+
     def shutdown(self) -> None:
         if self._server is not None:
             self._server.shutdown()
