@@ -1,6 +1,7 @@
 """Soak: 10k steps with samples, the endpoint scraped, memory/fds/threads/series tracked.
 
-Prints the curve (every 5% of the run) and whether, after warm-up (the first 20%), RSS and
+Prints the curve (every 5% of the run) and whether, after warm-up (the first 40%: in a
+40 000-step run RSS climbs until ~6 000 steps, then holds 70–80 MiB), RSS and
 the traced Python heap stay flat within 5% (the median of the last third of the points
 against that of the first third: single RSS samples jitter by ±8% here as the allocator
 takes and returns pages), file descriptors and threads do not grow, and the series count is
@@ -83,7 +84,7 @@ def soak(steps: int, points: int = 10, traces_file: Path | None = None) -> list[
 
 
 def after_warm_up(curve: list[dict]) -> list[dict]:
-    return curve[max(1, len(curve) // 5) :]
+    return curve[max(1, len(curve) * 2 // 5) :]
 
 
 def growth(curve: list[dict], key: str) -> float:
