@@ -38,20 +38,14 @@ class _Capture(logging.Filter):
 
 
 _capture = _Capture()
-_install_lock = threading.Lock()
-_installed = False
+for _name in EXPORTER_LOGGERS:  # inert outside `captured()`, so installed once, at import
+    logging.getLogger(_name).addFilter(_capture)
 
 
 @contextlib.contextmanager
 def captured() -> Iterator[Callable[[], str]]:
     """Within: exporter records on this thread are held back; the callable returns the
     first one's message ("" if none was logged)."""
-    global _installed
-    with _install_lock:
-        if not _installed:
-            for name in EXPORTER_LOGGERS:
-                logging.getLogger(name).addFilter(_capture)
-            _installed = True
     _capture.local.active, _capture.local.first = True, ""
     try:
         yield lambda: _capture.local.first
