@@ -1,39 +1,21 @@
-"""Shared fixtures: a telemetry with an in-memory span exporter, a recording NVTX backend."""
+"""Shared fixtures: a telemetry with an in-memory span exporter, a recording NVTX backend, a
+real Prometheus. Helper functions and classes live in tests/helpers.py: import them from there."""
 
 from __future__ import annotations
 
-import json
-import re
+import os
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import rlotel
 from rlotel import nvtx
 
-
-class RecordingNvtx:
-    """NVTX backend that remembers every push and pop, in order."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str | None, str | None]] = []
-        self.depth = 0
-
-    def push(self, name: str, color: str | None) -> None:
-        self.events.append(("push", name, color))
-        self.depth += 1
-
-    def pop(self) -> None:
-        self.events.append(("pop", None, None))
-        self.depth -= 1
-
-    @property
-    def pushed(self) -> list[str]:
-        return [name for kind, name, _ in self.events if kind == "push"]
+# parse_exposition and scrape are re-exported only for tests/test_dashboards.py, which still
+# imports them from here (its owner moves that import to tests.helpers; then drop them).
+from tests.helpers import RecordingNvtx, parse_exposition, scrape  # noqa: F401
 
 
 @pytest.fixture
@@ -74,62 +56,12 @@ def tel(make_tel) -> rlotel.Telemetry:
     return make_tel()
 
 
-def finished_spans(tel: rlotel.Telemetry, exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    assert tel.flush(10)
-    return list(exporter.get_finished_spans())
-
-
-def scrape(url: str, accept: str | None = None) -> str:
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.read().decode()
-
-
-def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
-    """Samples of a classic text exposition by (name, labels)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
-
-
-HEX = re.compile(r"^[0-9a-f]+$")
-
-
-def file_spans(path, run: str | None = None) -> list[dict]:
-    """Spans of an OTLP/JSON lines file as flat dicts, checking the encoding rules."""
-    spans = []
-    for line in path.read_text().splitlines():
-        request = json.loads(line)  # one ExportTraceServiceRequest per line
-        for resource_spans in request["resourceSpans"]:
-            resource = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
-            if run is not None:
-                assert resource["rl.run"] == {"stringValue": run}
-            for scope_spans in resource_spans["scopeSpans"]:
-                for span in scope_spans["spans"]:
-                    assert len(span["traceId"]) == 32 and HEX.match(span["traceId"])
-                    assert len(span["spanId"]) == 16 and HEX.match(span["spanId"])
-                    assert isinstance(span["kind"], int)
-                    attrs = {}
-                    for a in span["attributes"]:
-                        ((kind, value),) = a["value"].items()
-                        attrs[a["key"]] = int(value) if kind == "intValue" else value
-                    spans.append(
-                        {
-                            "name": span["name"],
-                            "trace": span["traceId"],
-                            "id": span["spanId"],
-                            "parent": span.get("parentSpanId", ""),
-                            "start": int(span["startTimeUnixNano"]),
-                            "end": int(span["endTimeUnixNano"]),
-                            "attrs": attrs,
-                            "status": span.get("status", {}).get("code", 0),
-                        }
-                    )
-    return spans
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No OTLP exporter or SDK switch from the environment."""
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rlotel
-from tests.conftest import parse_exposition, scrape
+from tests.helpers import parse_exposition, scrape
 
 BAD_VALUES = [float("nan"), float("inf"), float("-inf"), None, "12", object(), [1, 2]]
 

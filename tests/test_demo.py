@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlotel import catalogue, cli
-from tests.conftest import file_spans, parse_exposition, scrape
+from tests.helpers import file_spans, parse_exposition, scrape
 
 pytest.importorskip("torch")
 

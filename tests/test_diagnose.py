@@ -8,7 +8,7 @@ import pytest
 
 import rlotel
 from rlotel.diagnose import Diagnoser, StepFacts, Thresholds, diagnose
-from tests.conftest import finished_spans, parse_exposition, scrape
+from tests.helpers import finished_spans, parse_exposition, scrape
 
 
 def loop_keys(gen=(0.5, 1.0, 4.0), tools=(0.0, 0.0, 0.0), score=(0.0, 0.0, 0.0), length=None):

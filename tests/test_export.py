@@ -7,7 +7,7 @@ import json
 import pytest
 
 import rlotel
-from tests.conftest import file_spans
+from tests.helpers import file_spans
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import rlotel
-from tests.conftest import parse_exposition, scrape
+from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import FaultyReceiver
 
 PHASES = ("gen", "reward", "update_actor")

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import rlotel
-from tests.conftest import finished_spans
+from tests.helpers import finished_spans
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
 

@@ -8,7 +8,7 @@ import pytest
 
 import rlotel
 from rlotel import catalogue
-from tests.conftest import parse_exposition, scrape
+from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 
 CUSTOM = [0.25, 0.5, 1, 2, 4, 8]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 import rlotel
-from tests.conftest import file_spans, scrape
+from tests.helpers import file_spans, scrape
 
 FORK = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ import pytest
 import rlotel
 from rlotel import ProfileConfig
 from rlotel.profiling import sglang_profiler_args, token_window, vllm_profiler_args
-from tests.conftest import finished_spans, parse_exposition, scrape
+from tests.helpers import finished_spans, parse_exposition, scrape
 
 torch = pytest.importorskip("torch")
 

@@ -7,7 +7,7 @@ import subprocess
 
 import torch
 
-from tests.conftest import parse_exposition, scrape
+from tests.helpers import parse_exposition, scrape
 
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import rlotel
-from tests.conftest import finished_spans, parse_exposition, scrape
+from tests.helpers import finished_spans, parse_exposition, scrape
 
 
 def test_worker_sample_spans_are_children_of_driver_gen(make_tel, span_exporter):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import rlotel
-from tests.conftest import finished_spans
+from tests.helpers import finished_spans
 from tests.otlp_receiver import HttpReceiver
 from tests.promserver import Prometheus
 

@@ -17,7 +17,7 @@ import pytest
 
 from rlotel.formulas import VERL_STEP_STAGES
 from rlotel.replay import MAX_SERIES, STAGE_ORDER, ReplayResult, _timestamp, replay
-from tests.conftest import file_spans
+from tests.helpers import file_spans
 from tests.promserver import Prometheus
 
 RUN = 'grpo "7b"\\a'  # a quote and a backslash: label values must be escaped

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from tests.conftest import parse_exposition, scrape
+from tests.helpers import parse_exposition, scrape
 
 
 def histogram_count(tel, stage: str) -> float:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from rlotel import catalogue
-from tests.conftest import file_spans, parse_exposition, scrape
+from tests.helpers import file_spans, parse_exposition, scrape
 
 
 def test_p99_and_exemplars_through_prometheus(make_tel, prometheus_for, tmp_path):

@@ -84,7 +84,7 @@ def test_aggregates_equal_verl(make_tel, seed):
 
 
 def test_unknown_preemptions_stay_in_aggregates_but_not_in_counter(make_tel):
-    from tests.conftest import parse_exposition, scrape
+    from tests.helpers import parse_exposition, scrape
 
     tel = make_tel(run="pre")
     with tel.step(1) as step:

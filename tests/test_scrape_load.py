@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import scrape
+from tests.helpers import scrape
 
 
 def scraper(url: str, stop: threading.Event, bodies: list[str], rate_hz: float = 50.0) -> None:

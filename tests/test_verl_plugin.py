@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.conftest import file_spans, parse_exposition, scrape
+from tests.helpers import file_spans, parse_exposition, scrape
 
 pytest.importorskip("verl")
 

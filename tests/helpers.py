@@ -1,0 +1,94 @@
+"""Helpers the tests import: span, exposition and OTLP/JSON readers, a recording NVTX backend.
+
+Fixtures live in conftest.py (pytest finds them there); plain functions and classes live here,
+so tests import them from `tests.helpers`, never from `tests.conftest`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import rlotel
+
+
+class RecordingNvtx:
+    """NVTX backend that remembers every push and pop, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None, str | None]] = []
+        self.depth = 0
+
+    def push(self, name: str, color: str | None) -> None:
+        self.events.append(("push", name, color))
+        self.depth += 1
+
+    def pop(self) -> None:
+        self.events.append(("pop", None, None))
+        self.depth -= 1
+
+    @property
+    def pushed(self) -> list[str]:
+        return [name for kind, name, _ in self.events if kind == "push"]
+
+
+def finished_spans(tel: rlotel.Telemetry, exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    assert tel.flush(10)
+    return list(exporter.get_finished_spans())
+
+
+def scrape(url: str, accept: str | None = None) -> str:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()
+
+
+def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
+    """Samples of a classic text exposition by (name, labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def file_spans(path, run: str | None = None) -> list[dict]:
+    """Spans of an OTLP/JSON lines file as flat dicts, checking the encoding rules."""
+    spans = []
+    for line in path.read_text().splitlines():
+        request = json.loads(line)  # one ExportTraceServiceRequest per line
+        for resource_spans in request["resourceSpans"]:
+            resource = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+            if run is not None:
+                assert resource["rl.run"] == {"stringValue": run}
+            for scope_spans in resource_spans["scopeSpans"]:
+                for span in scope_spans["spans"]:
+                    assert len(span["traceId"]) == 32 and HEX.match(span["traceId"])
+                    assert len(span["spanId"]) == 16 and HEX.match(span["spanId"])
+                    assert isinstance(span["kind"], int)
+                    attrs = {}
+                    for a in span["attributes"]:
+                        ((kind, value),) = a["value"].items()
+                        attrs[a["key"]] = int(value) if kind == "intValue" else value
+                    spans.append(
+                        {
+                            "name": span["name"],
+                            "trace": span["traceId"],
+                            "id": span["spanId"],
+                            "parent": span.get("parentSpanId", ""),
+                            "start": int(span["startTimeUnixNano"]),
+                            "end": int(span["endTimeUnixNano"]),
+                            "attrs": attrs,
+                            "status": span.get("status", {}).get("code", 0),
+                        }
+                    )
+    return spans
