@@ -1,138 +1,171 @@
-"""Validated configuration: `rlotel.init` arguments plus the standard OTel variables.
+"""Every `rlotel.init` option, declared once: name, default, meaning and validation.
 
-Everything that can be wrong with a configuration is found here, at `init`, and raised as
-`ConfigError` with a message that says what to change; after `init`, nothing raises.
+`rlotel.init(...)` takes exactly `Config`'s fields; `Config.validated()` finds everything
+that can be wrong at `init` and raises `ConfigError` with a message that says what to
+change. After `init`, nothing raises.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, replace
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from rlotel import catalogue as cat
+from rlotel.diagnose import Thresholds
+from rlotel.env import Environment
+from rlotel.errors import ConfigError
+from rlotel.profile.config import ProfileConfig
+from rlotel.sinks.base import Sink
 
 DEFAULT_SERVICE_NAME = "rlotel"
 MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake
 MAX_BUCKETS = 100  # each bound is one more series per label set, in every scrape
 
 
-class ConfigError(ValueError):
-    """A configuration rlotel cannot run with; the message says how to fix it."""
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 @dataclass(frozen=True)
 class Config:
-    run: str
-    service_name: str
-    n_gpus: int
-    prometheus_addr: str
-    prometheus_port: int | None
-    traces_file: Path | None
-    profile_steps: tuple[int, ...]
-    profile_dir: Path | None
-    sdk_disabled: bool
-    prometheus_tls: tuple[str, str] | None = None
-    prometheus_basic_auth: tuple[str, str] | None = None
+    """One run's telemetry options (the arguments of `rlotel.init`).
+
+    run: experiment name → label `run` on every series and resource attribute `rl.run`.
+    service_name: else `OTEL_SERVICE_NAME`, else "rlotel".
+    n_gpus: GPUs in the job, for `perf/throughput`.
+    prometheus_addr, prometheus_port: where `/metrics` listens (loopback by default);
+        port 0 = ephemeral, None = no endpoint. `tel.metrics_url` has the port taken.
+    traces_file: OTLP/JSON-lines file of every span.
+    profile_steps, profile_dir: global steps to capture with torch.profiler, and where.
+    max_metric_keys: series cap per family (e.g. distinct `tel.log` keys).
+    max_sample_spans: the slowest samples per step that get a span (and are exemplars).
+    prometheus_tls=(certfile, keyfile): serve /metrics over HTTPS;
+    prometheus_basic_auth=(user, password): require credentials (non-loopback binds).
+    prometheus_port_retries: a busy port falls back to one of the N after it (several
+        ranks per node), else `ConfigError`.
+    queue_size: closed items waiting for the publisher (drop-oldest, counted).
+    shutdown_timeout_s: the bound on flush and shutdown.
+    histogram_buckets: `{"rlotel_phase_duration_seconds": [1, 10, 60, 600]}` replaces a
+        histogram's upper bounds (put bounds near the latencies your alerts name).
+    span_exporters: OTel `SpanExporter`s of your own, next to the ones
+        `OTEL_EXPORTER_OTLP_*` and `traces_file` switch on.
+    sinks: `rlotel.Sink`s of your own: closed steps, traces, samples, logs, captures.
+    bottleneck_thresholds: tunes the per-step verdict (`rlotel.Thresholds`).
+    profile: every profiling option (`rlotel.ProfileConfig`); overrides profile_steps.
+    """
+
+    run: str = "default"
+    service_name: str | None = None
+    n_gpus: int = 1
+    prometheus_addr: str = "127.0.0.1"
+    prometheus_port: int | None = 9464
+    traces_file: str | os.PathLike | None = None
+    profile_steps: Iterable[int] = ()
+    profile_dir: str | os.PathLike | None = None
+    _: KW_ONLY
     max_metric_keys: int = 256
     max_sample_spans: int = 4
+    prometheus_tls: tuple[str, str] | None = None
+    prometheus_basic_auth: tuple[str, str] | None = None
+    prometheus_port_retries: int = 0
     queue_size: int = 1024
     shutdown_timeout_s: float = 5.0
-    histogram_buckets: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    prometheus_port_retries: int = 0
+    histogram_buckets: Mapping[str, Iterable[float]] | None = None
+    span_exporters: Sequence[Any] = ()
+    sinks: Sequence[Sink] = ()
+    bottleneck_thresholds: Thresholds | None = None
+    profile: ProfileConfig | None = None
+    environment: Environment = field(default_factory=Environment.read, repr=False)
 
-    @classmethod
-    def build(
-        cls,
-        *,
-        run: str,
-        service_name: str | None,
-        n_gpus: int,
-        prometheus_addr: str,
-        prometheus_port: int | None,
-        traces_file: str | os.PathLike | None,
-        profile_steps: Iterable[int],
-        profile_dir: str | os.PathLike | None,
-        max_metric_keys: int,
-        max_sample_spans: int,
-        prometheus_tls: tuple[str, str] | None,
-        prometheus_basic_auth: tuple[str, str] | None,
-        queue_size: int,
-        shutdown_timeout_s: float,
-        environ: Mapping[str, str],
-        histogram_buckets: Mapping[str, Iterable[float]] | None = None,
-        prometheus_port_retries: int = 0,
-    ) -> Config:
+    def validated(self) -> Config:
+        """The same options, checked and normalised (paths, tuples, the resolved service
+        name and profile config); raises `ConfigError` naming what to fix."""
+        run = self.run
         if not isinstance(run, str) or not run.strip() or not _utf8(run):
             raise ConfigError(
                 f"run must be a non-empty UTF-8 string naming the experiment, got {run!r}"
             )
-        name = service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
+        n_gpus = self.n_gpus
         if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
             raise ConfigError(
                 f"n_gpus must be a positive integer (GPUs in the job), got {n_gpus!r}"
             )
-        if prometheus_port is not None and (
-            not isinstance(prometheus_port, int)
-            or isinstance(prometheus_port, bool)
-            or not 0 <= prometheus_port <= 65535
+        port = self.prometheus_port
+        if port is not None and (
+            not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
         ):
             raise ConfigError(
                 f"prometheus_port must be 0..65535 (0 = ephemeral) or None (no endpoint), "
-                f"got {prometheus_port!r}"
+                f"got {port!r}"
             )
-        if (
-            not isinstance(prometheus_addr, str)
-            or not prometheus_addr
-            or not _utf8(prometheus_addr)
-        ):
-            raise ConfigError(f"prometheus_addr must be a host address, got {prometheus_addr!r}")
-        steps = _steps(profile_steps)
+        addr = self.prometheus_addr
+        if not isinstance(addr, str) or not addr or not _utf8(addr):
+            raise ConfigError(f"prometheus_addr must be a host address, got {addr!r}")
         for label, value, least in (
-            ("max_metric_keys", max_metric_keys, 1),
-            ("max_sample_spans", max_sample_spans, 0),
-            ("queue_size", queue_size, 1),
-            ("prometheus_port_retries", prometheus_port_retries, 0),
+            ("max_metric_keys", self.max_metric_keys, 1),
+            ("max_sample_spans", self.max_sample_spans, 0),
+            ("queue_size", self.queue_size, 1),
+            ("prometheus_port_retries", self.prometheus_port_retries, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{label} must be an integer ≥ {least}, got {value!r}")
+        timeout = self.shutdown_timeout_s
         if (
-            not isinstance(shutdown_timeout_s, (int, float))
-            or isinstance(shutdown_timeout_s, bool)
-            or not 0 < shutdown_timeout_s <= MAX_SHUTDOWN_TIMEOUT_S
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or not 0 < timeout <= MAX_SHUTDOWN_TIMEOUT_S
         ):
             raise ConfigError(
                 f"shutdown_timeout_s must be a number of seconds in (0, "
-                f"{MAX_SHUTDOWN_TIMEOUT_S:.0f}], got {shutdown_timeout_s!r}"
+                f"{MAX_SHUTDOWN_TIMEOUT_S:.0f}], got {timeout!r}"
             )
-        return cls(
-            prometheus_tls=_tls(prometheus_tls),
-            prometheus_basic_auth=_credentials(prometheus_basic_auth),
-            run=run,
-            service_name=name,
-            n_gpus=n_gpus,
-            prometheus_addr=prometheus_addr,
-            prometheus_port=prometheus_port,
-            traces_file=_writable_file(traces_file, "traces_file"),
+        for sink in self.sinks:
+            if not isinstance(sink, Sink):
+                raise ConfigError(f"sinks must be rlotel.Sink instances, got {sink!r}")
+        thresholds = self.bottleneck_thresholds
+        if thresholds is not None and not isinstance(thresholds, Thresholds):
+            raise ConfigError(
+                f"bottleneck_thresholds must be rlotel.Thresholds, got {thresholds!r}"
+            )
+        steps = _steps(self.profile_steps)
+        profile_dir = writable_dir(self.profile_dir, "profile_dir")
+        profile = self.profile
+        if profile is None and steps:
+            profile = ProfileConfig(steps=steps, save_dir=profile_dir)
+        if profile is not None:
+            if not isinstance(profile, ProfileConfig):
+                raise ConfigError(f"profile must be rlotel.ProfileConfig, got {profile!r}")
+            profile = profile.validated()
+            if profile.save_dir is not None:
+                writable_dir(profile.save_dir, "profile save_dir")
+        return replace(
+            self,
+            service_name=self.service_name or self.environment.service_name or DEFAULT_SERVICE_NAME,
+            prometheus_tls=_tls(self.prometheus_tls),
+            prometheus_basic_auth=_credentials(self.prometheus_basic_auth),
+            traces_file=_writable_file(self.traces_file, "traces_file"),
             profile_steps=steps,
-            profile_dir=writable_dir(profile_dir, "profile_dir"),
-            sdk_disabled=_truthy(environ.get("OTEL_SDK_DISABLED")),
-            max_metric_keys=max_metric_keys,
-            max_sample_spans=max_sample_spans,
-            queue_size=queue_size,
-            shutdown_timeout_s=float(shutdown_timeout_s),
-            histogram_buckets=_histogram_buckets(histogram_buckets),
-            prometheus_port_retries=prometheus_port_retries,
+            profile_dir=profile_dir,
+            shutdown_timeout_s=float(timeout),
+            histogram_buckets=_histogram_buckets(self.histogram_buckets),
+            span_exporters=tuple(self.span_exporters),
+            sinks=tuple(self.sinks),
+            bottleneck_thresholds=thresholds or Thresholds(),
+            profile=profile
+            if profile is not None and (profile.steps or profile.discover_dir)
+            else None,
         )
+
+
+# `rlotel.init`'s signature: Config's fields, without the environment (read at init).
+INIT_SIGNATURE = inspect.signature(Config).replace(
+    parameters=[
+        p for name, p in inspect.signature(Config).parameters.items() if name != "environment"
+    ]
+)
 
 
 def _histogram_buckets(given: Any) -> dict[str, tuple[float, ...]]:

@@ -50,21 +50,3 @@ def throughput_metrics(
 def mfu_metrics(mfu: Mapping[str, float]) -> dict[str, float]:
     """`perf/mfu/{role}` as verl's actor workers name them (actor, actor_infer, ...)."""
     return {f"perf/mfu/{role}": value for role, value in mfu.items()}
-
-
-# Top-level windows of verl's V0 `fit` step, in the order it runs them; their sum against
-# `step` gives the unaccounted time when only a logged dict (no nesting) is available.
-VERL_STAGE_ORDER: tuple[str, ...] = (
-    "gen",
-    "reward",
-    "old_log_prob",
-    "ref",
-    "values",
-    "adv",
-    "update_critic",
-    "update_actor",
-    "save_checkpoint",
-    "update_weights",
-    "dump_rollout_generations",
-)
-VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER)

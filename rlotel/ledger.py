@@ -13,15 +13,32 @@ import threading
 from collections.abc import Callable, MutableMapping
 from random import getrandbits
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rlotel import formulas, nvtx, samples
-from rlotel.diagnose import Diagnoser, StepFacts, Verdict
+from rlotel import formulas, nvtx, samples, vocabulary
+from rlotel.diagnose import StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
-from rlotel.profiling import Capture, StepProfiler
 from rlotel.samples import SampleBatch
 
+if TYPE_CHECKING:
+    from rlotel.profile.capture import Capture
+
 log = logging.getLogger("rlotel")
+
+
+class StepHooks(Protocol):
+    """What a component that reacts to steps implements (the profiler, verl capture
+    discovery): called on the training thread, so each call must be cheap on unflagged
+    steps. The ledger only records; it never publishes on a hook's behalf or asks whether
+    to. A hook may also set `Ledger.phase_range` (e.g. torch's `record_function`)."""
+
+    def on_step_start(self, number: int) -> None: ...
+
+    def on_step_end(self, step: Step) -> None:
+        """May set `step.held`: the pipeline then waits for the hook to release it."""
+
+    def flush(self) -> None:
+        """End of run: finish what is open and release every step still held."""
 
 
 class Phase:
@@ -78,8 +95,8 @@ class Phase:
             else:
                 records.append(self)
             stack.append(self)
-            if ledger.profiler is not None:
-                self._enter_profiler_range(ledger.profiler)
+            if ledger.phase_range is not None:
+                self._enter_range(ledger.phase_range)
         backend = nvtx._backend
         if backend is not None:
             backend.push(self.name, self.color)
@@ -113,9 +130,9 @@ class Phase:
                 ledger.close_loose()
         return False
 
-    def _enter_profiler_range(self, profiler: StepProfiler) -> None:
+    def _enter_range(self, phase_range: Callable[[str], Any]) -> None:
         try:
-            self._range = profiler.record_function(self.name)
+            self._range = phase_range(self.name)
             if self._range is not None:
                 self._range.__enter__()
         except Exception as error:
@@ -176,8 +193,10 @@ class Step:
         self.sequences: int | None = None
         self.captures: list[Capture] = []  # profiler outputs this step links to
         self.closed = False
-        self._verdict: Verdict | None = None
-        self._verdict_lock = threading.Lock()
+        self.held = False  # a hook holds it until its captures are written
+        self.published_verdict: Verdict | None = None  # set by the pipeline, before fan-out
+        self._published = threading.Event()
+        self._derive_lock = threading.Lock()
         self._derived: tuple[dict[str, float], dict[str, float], float] | None = None
 
     @property
@@ -253,13 +272,18 @@ class Step:
     def verdict(self) -> Verdict | None:
         """Bottleneck verdict (rlotel.diagnose), with trends over the run's previous steps.
 
-        Computed once, on first read after close, by whichever thread reads it first."""
+        The pipeline computes it once, in step order, before any sink sees the step; read
+        right after the step closes, this waits (bounded) for the publisher to get there.
+        """
         if not self.closed:
             return None
-        with self._verdict_lock:
-            if self._verdict is None:
-                self._verdict = self._ledger.diagnoser.observe(self.facts())
-            return self._verdict
+        self._published.wait(self._ledger.verdict_wait_s)
+        return self.published_verdict
+
+    def mark_published(self, verdict: Verdict | None) -> None:
+        """The pipeline finished this step (verdict included) and fans it out now."""
+        self.published_verdict = verdict
+        self._published.set()
 
     def facts(self) -> StepFacts:
         """What the bottleneck verdict is read from."""
@@ -273,39 +297,34 @@ class Step:
         )
 
     def _derive(self) -> tuple[dict[str, float], dict[str, float], float]:
-        """Computed on first read after close (usually by the publisher thread), so closing
-        a step costs the training thread nothing per phase."""
+        """verl's numbers of the closed step: a pure function of what was recorded, made
+        once (the pipeline does it before fan-out; a reader that comes first gets the same
+        numbers), so closing a step costs the training thread nothing per phase."""
         derived = self._derived
         if derived is not None:
             return derived
         if not self.closed:
             return {}, {}, 0.0
+        with self._derive_lock:
+            if self._derived is None:
+                self._derived = self._compute()
+            return self._derived
+
+    def _compute(self) -> tuple[dict[str, float], dict[str, float], float]:
         timing: dict[str, float] = {}
         for record in self.trace.records:
             if record.end_ns:
                 timing[record.name] = timing.get(record.name, 0) + record.seconds
-        timing["step"] = self.record.seconds
+        timing[vocabulary.STEP] = self.record.seconds
         metrics = formulas.timing_metrics(timing, self.prompt_tokens, self.response_tokens)
         metrics.update(formulas.throughput_metrics(timing, self.total_tokens, self._n_gpus))
         metrics.update(formulas.mfu_metrics(self.mfu))
         if self.trace.samples:
             metrics.update(samples.verl_aggregates(self.trace.samples))
-        unaccounted = max(0.0, timing["step"] - self._top_level_seconds())
-        self._derived = derived = (timing, metrics, unaccounted)
-        return derived
-
-    def _top_level_seconds(self) -> float:
-        """Seconds covered by top-level phases, overlaps counted once."""
-        intervals = sorted(
+        covered = vocabulary.covered_by_intervals(
             (r.start_ns, r.end_ns) for r in self.trace.records if r.parent is None and r.end_ns
         )
-        covered, reach = 0, 0
-        for start, end in intervals:
-            start = max(start, reach)
-            if end > start:
-                covered += end - start
-                reach = end
-        return covered / 1e9
+        return timing, metrics, vocabulary.unaccounted(timing[vocabulary.STEP], covered)
 
 
 def _length(values: Any) -> int:
@@ -324,16 +343,19 @@ class Ledger:
 
     def __init__(
         self,
-        publish: Callable[[Any], None],
+        publish_step: Callable[[Step], None],
+        publish_trace: Callable[[Trace], None],
         drops: Drops,
         n_gpus: int,
-        diagnoser: Diagnoser | None = None,
+        verdict_wait_s: float = 5.0,
     ) -> None:
-        self._publish = publish
+        self._publish_step = publish_step
+        self._publish_trace = publish_trace
         self.drops = drops
-        self.diagnoser = diagnoser or Diagnoser()
-        self.profiler: StepProfiler | None = None
+        self.hooks: tuple[StepHooks, ...] = ()
+        self.phase_range: Callable[[str], Any] | None = None  # a context manager per phase
         self.n_gpus = n_gpus
+        self.verdict_wait_s = verdict_wait_s
         self.stack: list[Phase] = []
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None
@@ -391,8 +413,11 @@ class Ledger:
         self._step = step
         self.stack.clear()
         self.records = step.trace.records
-        if self.profiler is not None:
-            self.profiler.on_step_start(step.number)  # before the clock: start-up not counted
+        for hook in self.hooks:
+            try:  # before the clock: a capture's start-up is not the step's time
+                hook.on_step_start(step.number)
+            except Exception as error:
+                self.drops.add("profile", "profiler_error", repr(error))
         backend = nvtx._backend
         if backend is not None:
             backend.push("step", None)
@@ -412,16 +437,18 @@ class Ledger:
         self.stack.clear()
         self.last_step_number = step.number
         step.closed = True
-        if self.profiler is not None:
+        for hook in self.hooks:
             try:
-                if self.profiler.on_step_end(step):
-                    return  # the profiler publishes it after its capture
+                hook.on_step_end(step)
             except Exception as error:
                 self.drops.add("profile", "profiler_error", repr(error))
-        self._publish(step)
+        self._publish_step(step)
 
-    def set_publisher(self, publish: Callable[[Any], None]) -> None:
-        self._publish = publish
+    def set_publisher(
+        self, publish_step: Callable[[Step], None], publish_trace: Callable[[Trace], None]
+    ) -> None:
+        self._publish_step = publish_step
+        self._publish_trace = publish_trace
 
     def abandon_open_step(self) -> None:
         """The process is exiting with a step still open: close it now, marked incomplete,
@@ -452,7 +479,7 @@ class Ledger:
         self.records = None
         self.stack.clear()
         if loose is not None:
-            self._publish(loose)
+            self._publish_trace(loose)
 
     def unwind(self, phase: Phase) -> None:
         """A phase closed out of order (threads, generators): forget it wherever it is."""

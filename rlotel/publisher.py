@@ -1,5 +1,6 @@
-"""The thread that turns closed steps into spans and series, off the training thread.
+"""The thread that runs the pipeline's handlers, off the training thread.
 
+Each item is queued with the handler that takes it (no type dispatch on the far side).
 The training thread pays one deque append and one event set per step. The queue is
 bounded and drops the oldest item when full (counted), so a stuck exporter can never grow
 memory or block training.
@@ -30,8 +31,7 @@ def yield_gil() -> None:
 
 
 class Publisher:
-    def __init__(self, handle: Callable[[Any], None], drops: Drops, maxlen: int) -> None:
-        self._handle = handle
+    def __init__(self, drops: Drops, maxlen: int) -> None:
         self._drops = drops
         self._queue: deque[Any] = deque(maxlen=maxlen)
         self._wake = threading.Event()
@@ -42,12 +42,12 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="rlotel-publisher", daemon=True)
         self._thread.start()
 
-    def submit(self, item: Any) -> None:
+    def submit(self, handler: Callable[[Any], None], item: Any) -> None:
         queue = self._queue
         if len(queue) == queue.maxlen:
             self._drops.add("spans", "queue_full", f"publisher queue of {queue.maxlen} is full")
         self._submitted += 1
-        queue.append((self._submitted, item))  # a full deque discards its oldest item
+        queue.append((self._submitted, handler, item))  # a full deque discards its oldest item
         self._wake.set()
 
     def _run(self) -> None:
@@ -56,12 +56,12 @@ class Publisher:
             self._wake.clear()
             while self._queue:
                 try:
-                    sequence, item = self._queue.popleft()
+                    sequence, handler, item = self._queue.popleft()
                 except IndexError:
                     break
                 yield_gil()
                 try:
-                    self._handle(item)
+                    handler(item)
                 except Exception:
                     log.exception("rlotel publisher failed on %s; continuing", type(item).__name__)
                     self._drops.add("spans", "internal_error", "publisher failed on one item")

@@ -1,8 +1,8 @@
 """Replay a finished verl run (FileLogger JSONL) as Prometheus history and step traces.
 
-The live exporter's `PrometheusSink.observe_log` maps each step's dict, so the replayed
-series carry exactly the names and labels a live run would have shown; a snapshot after
-each step becomes one timestamped OpenMetrics sample per series, which
+The live recorder maps each step's dict, so the replayed series carry exactly the names
+and labels a live run would have shown; a snapshot after each step becomes one timestamped
+OpenMetrics sample per series (written by prometheus_client's encoder), which
 `promtool tsdb create-blocks-from openmetrics` backfills. verl's file holds no wall-clock
 times, so steps are laid on a synthetic clock: each lasts its `timing_s/step` (else
 `perf/time_per_step`, else `step_seconds`), and the run ends "now" unless told otherwise.
@@ -15,33 +15,36 @@ import math
 import time
 from array import array
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
-from opentelemetry import context as context_api
-from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Timestamp
 
+from rlotel import attributes as attr
 from rlotel import catalogue as cat
+from rlotel import vocabulary
 from rlotel.drops import Drops, as_finite_float
-from rlotel.formulas import VERL_STAGE_ORDER
-from rlotel.sinks.exposition import bucket_labels
-from rlotel.sinks.jsonl import OtlpJsonLinesExporter
-from rlotel.sinks.prometheus import PrometheusSink, SeriesStore, Snapshot
+from rlotel.ledger import Phase, Trace
+from rlotel.metrics.recorder import Recorder
+from rlotel.metrics.store import SeriesStore, Snapshot
+from rlotel.sinks.exposition import bucket_labels, library_family
+from rlotel.sinks.jsonl import JsonLinesExporter
+from rlotel.sinks.spans import SpanBuilder
 
 DEFAULT_STEP_SECONDS = 60.0
 MAX_SERIES = 256  # per family, as live: caps distinct rlotel_train_metric keys
 
 # The replayed child spans are laid back to back in verl's order (their real order and
 # overlap are not in the file).
-STAGE_ORDER = VERL_STAGE_ORDER
+STAGE_ORDER = vocabulary.VERL_STAGE_ORDER
 
 Labels = tuple[str, ...]
 
@@ -85,17 +88,21 @@ def replay(
     clock = _clock([_seconds(data, fallback) for _, data in steps], start_time)
 
     history = _History()
-    sink = PrometheusSink(SeriesStore(run, drops, MAX_SERIES), drops)
+    store = SeriesStore(run, drops, MAX_SERIES)
+    recorder = Recorder(store, drops)
     for index, (number, data) in enumerate(steps):
-        sink.observe_log(_without_nulls(data, drops), number)
-        sink.store.set(cat.LAST_STEP_TIMESTAMP, clock.ms[index] / 1000)
-        history.add(index, sink.store.snapshot())
+        recorder.observe_log(_without_nulls(data, drops), number)
+        store.set(cat.LAST_STEP_TIMESTAMP, clock.ms[index] / 1000)
+        history.add(index, store.snapshot())
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = out_dir / "metrics.om"
-    with metrics_path.open("w", encoding="utf-8") as out:
-        series, samples = history.write(out, run, [_timestamp(ms) for ms in clock.ms])
+    collector = history.collector(run, [_timestamp(ms) for ms in clock.ms])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    metrics_path.write_bytes(openmetrics.generate_latest(registry))
+    series, samples = collector.series, collector.samples
     traces_path = out_dir / "traces.jsonl"
     _write_traces(traces_path, steps, clock, run, service_name)
 
@@ -164,7 +171,7 @@ def _without_nulls(data: Mapping[str, Any], drops: Drops) -> dict[str, Any]:
 
 def _seconds(data: Mapping[str, Any], fallback: float) -> float:
     """How long a step lasted: verl's own measurement when the file has one."""
-    for key in ("timing_s/step", "perf/time_per_step"):
+    for key in (vocabulary.TIMING_S + vocabulary.STEP, vocabulary.TIME_PER_STEP):
         value = as_finite_float(data.get(key))[0]
         if value is not None and value > 0:
             return value
@@ -218,60 +225,48 @@ class _History:
             for point in points:
                 series.setdefault(point.labels, []).append((index, point.cumulative, point.sum))
 
-    def write(self, out: TextIO, run: str, timestamps: list[str]) -> tuple[int, int]:
-        """The text, families in catalogue order, each series' samples in time order."""
-        series = samples = 0
+    def collector(self, run: str, timestamps: list[Timestamp]) -> _HistoryCollector:
+        return _HistoryCollector(self, run, timestamps)
+
+
+class _HistoryCollector(Collector):
+    """The history as prometheus_client families, one timestamped sample per step, so
+    replay's OpenMetrics comes from the same encoder (names, escaping, units) as /metrics."""
+
+    def __init__(self, history: _History, run: str, timestamps: list[Timestamp]) -> None:
+        self._history = history
+        self._run = run
+        self._timestamps = timestamps
+        self.series = 0
+        self.samples = 0
+
+    def collect(self) -> Iterator[Metric]:
+        history, run, at = self._history, self._run, self._timestamps
         for spec in cat.CATALOGUE:
-            if spec in self.scalars:
-                _header(out, spec)
-                name = spec.sample_names[0]
-                for labels, (indices, values) in self.scalars[spec].items():
-                    text = _labels(spec.label_names, (run, *labels))
+            family = library_family(spec)
+            if spec in history.scalars:
+                for labels, (indices, values) in history.scalars[spec].items():
                     for index, value in zip(indices, values, strict=True):
-                        out.write(f"{name}{text} {_number(value)} {timestamps[index]}\n")
-                    series += 1
-                    samples += len(values)
-            elif spec in self.histograms:
-                _header(out, spec)
+                        family.add_metric([run, *labels], value, timestamp=at[index])
+                    self.series += 1
+                    self.samples += len(values)
+            elif spec in history.histograms:
                 bounds = bucket_labels(spec.buckets)  # the live `le` of a default run
-                names = ("run", *spec.labels, "le")
-                for labels, points in self.histograms[spec].items():
-                    text = _labels(spec.label_names, (run, *labels))
+                for labels, points in history.histograms[spec].items():
                     for index, cumulative, total in points:
-                        at = timestamps[index]
-                        for le, count in zip(bounds, cumulative.tolist(), strict=True):
-                            le_text = _labels(names, (run, *labels, le))
-                            out.write(f"{spec.name}_bucket{le_text} {count} {at}\n")
-                        out.write(f"{spec.name}_count{text} {int(cumulative[-1])} {at}\n")
-                        out.write(f"{spec.name}_sum{text} {_number(total)} {at}\n")
-                    series += len(bounds) + 2
-                    samples += (len(bounds) + 2) * len(points)
-        out.write("# EOF\n")
-        return series, samples
+                        buckets = list(zip(bounds, cumulative.tolist(), strict=True))
+                        family.add_metric([run, *labels], buckets, total, timestamp=at[index])
+                    self.series += len(bounds) + 2
+                    self.samples += (len(bounds) + 2) * len(points)
+            else:
+                continue
+            yield family
 
 
-def _header(out: TextIO, spec: cat.MetricSpec) -> None:
-    out.write(f"# HELP {spec.name} {_escape(spec.help)}\n")
-    out.write(f"# TYPE {spec.name} {spec.kind}\n")
-    if spec.unit and spec.name.endswith(f"_{spec.unit}"):  # OpenMetrics: unit is a suffix
-        out.write(f"# UNIT {spec.name} {spec.unit}\n")
-
-
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
-    return "{" + pairs + "}"
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))  # shortest text that parses back to the same double
+def _timestamp(ms: int) -> Timestamp:
+    """Half a millisecond past `ms`: Prometheus' parser (`int64(float * 1000)`, truncating)
+    reads it back as exactly `ms` whatever the float rounding."""
+    return Timestamp(ms // 1000, (ms % 1000) * 1_000_000 + 500_000)
 
 
 # --- traces ----------------------------------------------------------------------------
@@ -284,51 +279,37 @@ def _write_traces(
     run: str,
     service_name: str,
 ) -> None:
-    """One line per step: a `step` root and its stages back to back from the step start."""
-    collected = InMemorySpanExporter()
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name, "rl.run": run}),
-        sampler=ALWAYS_ON,
-        shutdown_on_exit=False,
-    )
-    provider.add_span_processor(SimpleSpanProcessor(collected))
-    tracer = provider.get_tracer("rlotel.replay")
+    """One line per step: a `step` root and its stages back to back from the step start,
+    through the live span path (span builder, OTLP/JSON encoder)."""
+    resource = Resource.create({attr.SERVICE_NAME: service_name, attr.RUN: run}).attributes
+    builder = SpanBuilder(run)
+    marked = {attr.RECONSTRUCTED: True}
     path.write_text("")
-    writer = OtlpJsonLinesExporter(path)
+    writer = JsonLinesExporter(path, resource)
     try:
         for index, (number, data) in enumerate(steps):
             begin = clock.begin_ns[index]
-            common = {"rl.run": run, "rl.step": number, "rl.reconstructed": True}
-            root = tracer.start_span(
-                "step",
-                context=context_api.Context(),  # a new trace, whatever the caller's context
-                attributes={**common, **_root_attributes(data)},
-                start_time=begin,
-            )
-            parent = trace_api.set_span_in_context(root)
+            root = Phase(None, vocabulary.STEP)
+            root.start_ns, root.end_ns = begin, clock.end_ns[index]
+            trace = Trace(root, number)
             for stage, seconds in _stages(data):
-                child = tracer.start_span(
-                    stage,
-                    context=parent,
-                    attributes={**common, "rl.phase": stage},
-                    start_time=begin,
-                )
+                record = Phase(None, stage)
+                record.start_ns = begin
                 begin += round(seconds * 1e9)
-                child.end(end_time=begin)
-            root.end(end_time=clock.end_ns[index])
-            spans = collected.get_finished_spans()
-            if spans:
-                writer.export(spans)
-            collected.clear()
+                record.end_ns = begin
+                trace.records.append(record)
+            spans = builder.trace(trace, _root_attributes(data), offset_ns=0)
+            writer.export(
+                [span._replace(attributes={**span.attributes, **marked}) for span in spans]
+            )
     finally:
         writer.shutdown()
-        provider.shutdown()
 
 
 def _stages(data: Mapping[str, Any]) -> list[tuple[str, float]]:
     stages = []
     for stage in STAGE_ORDER:
-        seconds = as_finite_float(data.get(f"timing_s/{stage}"))[0]
+        seconds = as_finite_float(data.get(vocabulary.TIMING_S + stage))[0]
         if seconds is not None and seconds >= 0:
             stages.append((stage, seconds))
     return stages
@@ -337,16 +318,19 @@ def _stages(data: Mapping[str, Any]) -> list[tuple[str, float]]:
 def _root_attributes(data: Mapping[str, Any]) -> dict[str, float]:
     """What the live step span carries and the file knows: throughput, MFU, unaccounted."""
     attributes: dict[str, float] = {}
-    for key in ("perf/throughput", "perf/time_per_step"):
+    for key, name in (
+        (vocabulary.THROUGHPUT, attr.THROUGHPUT),
+        (vocabulary.TIME_PER_STEP, attr.TIME_PER_STEP),
+    ):
         value = as_finite_float(data.get(key))[0]
         if value is not None:
-            attributes["rl." + key.split("/", 1)[1]] = value
+            attributes[name] = value
     for key, raw in data.items():
-        value = as_finite_float(raw)[0] if key.startswith("perf/mfu/") else None
+        value = as_finite_float(raw)[0] if key.startswith(vocabulary.MFU) else None
         if value is not None:
-            attributes[f"rl.mfu.{key[len('perf/mfu/') :]}"] = value
-    step = as_finite_float(data.get("timing_s/step"))[0]
+            attributes[attr.MFU_PREFIX + key[len(vocabulary.MFU) :]] = value
+    step = as_finite_float(data.get(vocabulary.TIMING_S + vocabulary.STEP))[0]
     if step is not None and step >= 0:
         covered = sum(seconds for _, seconds in _stages(data))
-        attributes["rl.unaccounted_s"] = max(0.0, step - covered)
+        attributes[attr.UNACCOUNTED_S] = vocabulary.unaccounted(step, covered)
     return attributes

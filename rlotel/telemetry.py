@@ -1,8 +1,11 @@
-"""`Telemetry`: wires the ledger, the publisher and the sinks behind the public API."""
+"""`Telemetry`: the composition root — builds the sinks, the pipeline and the ledger from
+one validated `Config`, and owns the lifecycle (flush, shutdown, atexit, SIGTERM, fork).
+"""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import os
@@ -10,108 +13,147 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExporter
-
-from rlotel import catalogue as cat
-from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config, ConfigError, writable_dir
-from rlotel.diagnose import Diagnoser, Thresholds
+from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
+from rlotel.diagnose import Diagnoser
 from rlotel.drops import Drops, describe, encodable
-from rlotel.ledger import Ledger, Phase, RemotePhase, Step, Trace
-from rlotel.profiling import Capture, ProfileConfig, StepProfiler, summarize
+from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks
+from rlotel.metrics.recorder import Recorder
+from rlotel.metrics.store import SeriesStore
+from rlotel.pipeline import LogRecord, Pipeline
 from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
 from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
-from rlotel.sinks.jsonl import OtlpJsonLinesExporter
-from rlotel.sinks.otlp import otlp_span_exporter
-from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
-from rlotel.sinks.prometheus import PrometheusSink, SeriesStore
-from rlotel.sinks.spans import SpanSink
+from rlotel.sinks.base import CompositeSink, Sink
+from rlotel.sinks.export_queue import SpanBatchExporter
 
 log = logging.getLogger("rlotel")
-
-
-class _LogRecord:
-    __slots__ = ("data", "step")
-
-    def __init__(self, data: dict, step: Any) -> None:
-        self.data = data
-        self.step = step
 
 
 class Telemetry:
     """One run's telemetry. Create with `rlotel.init`; nothing here raises after that."""
 
-    def __init__(
-        self,
-        config: Config,
-        span_exporters: Sequence[SpanExporter] = (),
-        bottleneck_thresholds: Thresholds | None = None,
-        profile: ProfileConfig | None = None,
-    ) -> None:
+    def __init__(self, config: Config) -> None:
+        """`config` must be `Config.validated()`: everything that can fail on
+        configuration fails while the sinks are built, before training starts."""
         self.config = config
         self.drops = Drops()
-        self._spans: SpanSink | None = None
-        self._prometheus: PrometheusSink | None = None
-        self._otlp_metrics: OtlpMetricsPusher | None = None
         self.metrics_url: str | None = None
-        if config.sdk_disabled:
+        self._endpoint = None
+        self._traced = False
+        self._profiler = None
+        sinks: list[Sink] = []
+        if config.environment.sdk_disabled:
             log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
         else:
-            self._start_sinks(span_exporters)
-        self._publisher = Publisher(self._publish, self.drops, config.queue_size)
-        self.ledger = Ledger(
-            self._publisher.submit, self.drops, config.n_gpus, Diagnoser(bottleneck_thresholds)
+            sinks = self._build_sinks()
+        self._sink = CompositeSink(sinks, self.drops)
+        top_ops = config.profile.top_n if config.profile is not None else 10
+        self._pipeline = Pipeline(
+            self._sink, Diagnoser(config.bottleneck_thresholds), self.drops, top_ops
         )
-        if profile is not None and (profile.steps or profile.discover_dir):
-            self.ledger.profiler = StepProfiler(
-                profile, self.drops, self._publisher.submit, self.ledger.current_context
-            )
+        self._publisher = Publisher(self.drops, config.queue_size)
+        submit = self._publisher.submit
+        self.ledger = Ledger(
+            functools.partial(submit, self._pipeline.step),
+            functools.partial(submit, self._pipeline.trace),
+            self.drops,
+            config.n_gpus,
+            verdict_wait_s=config.shutdown_timeout_s,
+        )
+        self._hooks = self._build_hooks()
+        self.ledger.hooks = tuple(self._hooks)
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
         _flush_on_sigterm(self)
         os.register_at_fork(after_in_child=_after_fork_hook(weakref.ref(self)))
 
-    def _start_sinks(self, span_exporters: Sequence[SpanExporter]) -> None:
-        """Everything that can fail on configuration fails here, before training starts."""
-        config = self.config
+    def _build_sinks(self) -> list[Sink]:
+        from opentelemetry.sdk.resources import Resource
+
+        from rlotel.sinks.jsonl import JsonLinesExporter
+        from rlotel.sinks.otlp import SdkSpanExporter, otlp_span_exporter
+        from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
+        from rlotel.sinks.prometheus import PrometheusEndpoint
+        from rlotel.sinks.spans import SpanSink
+
+        config, environment = self.config, self.config.environment
         resource = Resource.create({"service.name": config.service_name, "rl.run": config.run})
-        exporters: dict[str, SpanExporter] = {}
-        otlp = otlp_span_exporter(os.environ)
-        if otlp is not None:
-            exporters["otlp"] = otlp
-        metric_exporter = otlp_metric_exporter(os.environ)
-        interval_s = _export_interval_s(os.environ)
+        exporters: dict[str, SpanBatchExporter] = {}
+        if environment.otlp_traces is not None:
+            exporters["otlp"] = SdkSpanExporter(
+                otlp_span_exporter(environment.otlp_traces), resource.attributes
+            )
         if config.traces_file is not None:
-            exporters["traces_file"] = OtlpJsonLinesExporter(config.traces_file)
-        for index, exporter in enumerate(span_exporters):
-            exporters[f"{type(exporter).__name__}#{index}"] = exporter
+            exporters["traces_file"] = JsonLinesExporter(config.traces_file, resource.attributes)
+        for index, exporter in enumerate(config.span_exporters):
+            exporters[f"{type(exporter).__name__}#{index}"] = SdkSpanExporter(
+                exporter, resource.attributes
+            )
         store = SeriesStore(
             config.run, self.drops, config.max_metric_keys, config.histogram_buckets
         )
-        self._prometheus = PrometheusSink(store, self.drops)
+        sinks: list[Sink] = [Recorder(store, self.drops)]
+        if exporters:
+            sinks.append(SpanSink(config.run, exporters, self.drops))
+            self._traced = True
         if config.prometheus_port is not None:
-            self.metrics_url = self._prometheus.serve(
+            self._endpoint = PrometheusEndpoint(store)
+            self.metrics_url = self._endpoint.serve(
                 config.prometheus_addr,
                 config.prometheus_port,
                 config.prometheus_tls,
                 config.prometheus_basic_auth,
                 config.prometheus_port_retries,
             )
-        if exporters:
-            self._spans = SpanSink(resource, config.run, exporters, self.drops)
-        if metric_exporter is not None:
-            self._otlp_metrics = OtlpMetricsPusher(
-                metric_exporter,
-                self._prometheus.store,
-                config.run,
-                resource,
-                self.drops,
-                interval_s,
+            sinks.append(self._endpoint)
+        if environment.otlp_metrics is not None:
+            sinks.append(
+                OtlpMetricsPusher(
+                    otlp_metric_exporter(environment.otlp_metrics),
+                    store,
+                    config.run,
+                    resource,
+                    self.drops,
+                    environment.metric_export_interval_s,
+                )
             )
+        sinks.extend(config.sinks)
+        return sinks
+
+    def _build_hooks(self) -> list[StepHooks]:
+        """The profiler and verl capture discovery react to step start and end."""
+        profile = self.config.profile
+        if profile is None:
+            return []
+        submit = self._publisher.submit
+        publish_capture = functools.partial(submit, self._pipeline.capture)
+        release = functools.partial(submit, self._pipeline.release)
+        hooks: list[StepHooks] = []
+        if profile.steps and profile.save_dir is not None:
+            from rlotel.profile.torch_driver import StepProfiler
+
+            self._profiler = StepProfiler(
+                profile, self.drops, publish_capture, release, self.ledger.current_context
+            )
+            self.ledger.phase_range = self._profiler.phase_range
+            hooks.append(self._profiler)
+        if profile.discover_dir is not None:
+            from rlotel.integrations.verl_captures import VerlCaptureDiscovery
+
+            hooks.append(
+                VerlCaptureDiscovery(
+                    profile.discover_dir,
+                    frozenset(profile.steps),
+                    profile.role,
+                    profile.rank,
+                    publish_capture,
+                    release,
+                )
+            )
+        return hooks
 
     # --- training-thread API ---------------------------------------------------------------
 
@@ -172,13 +214,13 @@ class Telemetry:
             batch = build_batch(records, fields, self.drops)
             if batch is None:
                 return {}
-            span_budget = self.config.max_sample_spans if self._spans is not None else 0
+            span_budget = self.config.max_sample_spans if self._traced else 0
             if exemplar_spans is not None:
                 span_budget = 0
             if context is not None:
                 self._attach_remote(batch, context, span_budget)
             elif not self.ledger.attach_samples(batch, span_budget):
-                self._publisher.submit(batch)  # outside any trace: histograms only
+                self._publisher.submit(self._pipeline.samples, batch)  # histograms only
             if exemplar_spans is not None:
                 bad = use_remote_spans(batch, exemplar_spans)
                 if bad:
@@ -210,13 +252,12 @@ class Telemetry:
         else:
             batch.trace_id, batch.parent_span_id = ids
             pick_sample_spans(batch, span_budget)
-        self._publisher.submit(batch)
+        self._publisher.submit(self._pipeline.samples, batch)
 
     def profile_step(self) -> None:
         """One update mini-batch done: advances a profiler schedule on flagged steps."""
-        profiler = self.ledger.profiler
-        if profiler is not None:
-            profiler.profile_step()
+        if self._profiler is not None:
+            self._profiler.profile_step()
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl `Tracking.log`-compatible: known keys to the catalogue, other scalars generic."""
@@ -225,7 +266,7 @@ class Telemetry:
         except Exception as exc:
             self.drops.add("metrics", "bad_dict", f"tel.log data is not a mapping: {exc!r}")
             return
-        self._publisher.submit(_LogRecord(snapshot, step))
+        self._publisher.submit(self._pipeline.log, LogRecord(snapshot, step))
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -234,12 +275,7 @@ class Telemetry:
         timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
         deadline = time.monotonic() + timeout
         done = self._publisher.flush(timeout)
-        if self._spans is not None:
-            left = max(0.0, deadline - time.monotonic())
-            done = self._spans.provider.force_flush(int(left * 1000)) and done
-        if self._otlp_metrics is not None:
-            done = self._otlp_metrics.export(max(0.1, deadline - time.monotonic())) and done
-        return done
+        return self._sink.force_flush(deadline) and done
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Flush and stop everything, returning within about `timeout_s` seconds."""
@@ -249,71 +285,21 @@ class Telemetry:
         atexit.unregister(self.shutdown)
         timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
         self.ledger.abandon_open_step()  # exiting mid-step: export what closed, incomplete
-        profiler = self.ledger.profiler
-        if profiler is not None:
+        for hook in self._hooks:
             try:
-                profiler.flush()  # a capture still open, steps held for discovery
+                hook.flush()  # a capture still open, steps held for discovery
             except Exception as error:
                 self.drops.add("profile", "profiler_error", repr(error))
-            profiler.wait_for_hook(timeout / 4)
+        if self._profiler is not None:
+            self._profiler.wait_for_hook(timeout / 4)
+        self._publisher.submit(self._pipeline.release_all, None)
         self._publisher.flush(timeout / 2)
         self._publisher.stop(0.5)
-        # Exporters may face a blackholed collector: close them in parallel, bounded threads.
-        closers = []
-        if self._spans is not None:
-            closers.append(threading.Thread(target=self._spans.shutdown, daemon=True))
-        if self._otlp_metrics is not None:
-            closers.append(
-                threading.Thread(
-                    target=self._otlp_metrics.shutdown, args=(timeout / 2,), daemon=True
-                )
-            )
-        deadline = time.monotonic() + timeout / 2
-        for closer in closers:
-            closer.start()
-        for closer in closers:
-            closer.join(max(0.0, deadline - time.monotonic()))
-            if closer.is_alive():
-                log.warning("rlotel: export did not finish within %.1fs; giving up", timeout)
-        if self._prometheus is not None:
-            self._prometheus.shutdown()
+        self._sink.shutdown(time.monotonic() + timeout / 2)
         import rlotel
 
         if rlotel._current is self:
             rlotel._current = None
-
-    # --- publisher thread ------------------------------------------------------------------
-
-    def _publish(self, item: Step | Trace | SampleBatch | _LogRecord) -> None:
-        if isinstance(item, _LogRecord):
-            if self._prometheus is not None:
-                self._prometheus.observe_log(item.data, item.step)
-            return
-        if isinstance(item, Capture):
-            self._publish_capture(item)
-            return
-        if isinstance(item, SampleBatch):
-            if self._spans is not None and item.parent_span_id:
-                self._spans.export_remote_samples(item)
-            if self._prometheus is not None:
-                self._prometheus.observe_samples(item)
-            return
-        if isinstance(item, Step):
-            unclosed = [phase.name for phase in item.trace.records if not phase.end_ns]
-            if unclosed:
-                self.drops.add("spans", "unclosed_phase", f"step closed with {unclosed} open")
-            if self._spans is not None:
-                self._spans.export_step(item)
-            if self._prometheus is not None:
-                self._prometheus.observe_step(item)
-            trace = item.trace
-        else:
-            if self._spans is not None:
-                self._spans.export_trace(item)
-            trace = item
-        if self._prometheus is not None:
-            for batch in trace.samples:
-                self._prometheus.observe_samples(batch)
 
     def _forked(self) -> None:
         """In a forked child (dataloader workers, multiprocessing): go quiet.
@@ -326,22 +312,12 @@ class Telemetry:
         self.drops = Drops()  # a fresh lock: the parent's may have been held at fork time
         self.ledger.drops = self.drops
         self._publisher.submit = _discard
-        self.ledger.set_publisher(_discard)
-        if self._prometheus is not None:
-            self._prometheus.release_in_child()
+        self.ledger.set_publisher(_discard_step, _discard)
+        if self._endpoint is not None:
+            self._endpoint.release_in_child()
         self.metrics_url = None
-        self._spans = self._prometheus = self._otlp_metrics = None
-
-    def _publish_capture(self, capture: Capture) -> None:
-        profiler = self.ledger.profiler
-        try:
-            summarize(capture, profiler.config.top_n if profiler else 10)
-        except Exception as error:  # a missing or truncated file still gets its link
-            self.drops.add("profile", "unreadable_capture", f"{capture.path}: {error!r}")
-        if self._spans is not None:
-            self._spans.export_capture(capture)
-        if self._prometheus is not None:
-            self._prometheus.store.inc(cat.PROFILE_CAPTURES, 1.0, capture.tool)
+        self._endpoint = None
+        self._sink = CompositeSink([], self.drops)
 
     def __enter__(self) -> Telemetry:
         return self
@@ -390,7 +366,12 @@ def _flush_on_sigterm(tel: Telemetry) -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _discard(item: Any) -> None:
+def _discard_step(step: Step) -> None:
+    """The publisher of a forked child: nothing leaves the child (and no verdict waits)."""
+    step.mark_published(None)
+
+
+def _discard(*_: Any) -> None:
     """The publisher of a forked child: nothing leaves the child."""
 
 
@@ -403,56 +384,6 @@ def _after_fork_hook(reference: weakref.ref) -> Callable[[], None]:
     return after_fork
 
 
-def _export_interval_s(environ: Mapping[str, str]) -> float:
-    raw = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000")
-    try:
-        interval_ms = float(raw)
-    except ValueError:
-        interval_ms = -1.0
-    if not interval_ms > 0:
-        raise ConfigError(
-            f"OTEL_METRIC_EXPORT_INTERVAL must be a positive number of milliseconds, got {raw!r}"
-        )
-    return interval_ms / 1000
-
-
-def build(
-    run: str,
-    service_name: str | None,
-    n_gpus: int,
-    prometheus_addr: str,
-    prometheus_port: int | None,
-    traces_file: Any,
-    profile_steps: Iterable[int],
-    profile_dir: Any,
-    span_exporters: Sequence[SpanExporter] = (),
-    bottleneck_thresholds: Thresholds | None = None,
-    profile: ProfileConfig | None = None,
-    **tuning: Any,
-) -> Telemetry:
-    config = Config.build(
-        run=run,
-        service_name=service_name,
-        n_gpus=n_gpus,
-        prometheus_addr=prometheus_addr,
-        prometheus_port=prometheus_port,
-        traces_file=traces_file,
-        profile_steps=profile_steps,
-        profile_dir=profile_dir,
-        max_metric_keys=tuning.get("max_metric_keys", 256),
-        max_sample_spans=tuning.get("max_sample_spans", 4),
-        prometheus_tls=tuning.get("prometheus_tls"),
-        prometheus_basic_auth=tuning.get("prometheus_basic_auth"),
-        queue_size=tuning.get("queue_size", 1024),
-        shutdown_timeout_s=tuning.get("shutdown_timeout_s", 5.0),
-        histogram_buckets=tuning.get("histogram_buckets"),
-        prometheus_port_retries=tuning.get("prometheus_port_retries", 0),
-        environ=os.environ,
-    )
-    if profile is None and config.profile_steps:
-        profile = ProfileConfig(steps=config.profile_steps, save_dir=config.profile_dir)
-    if profile is not None:
-        profile = profile.validated()
-        if profile.save_dir is not None:
-            writable_dir(profile.save_dir, "profile save_dir")
-    return Telemetry(config, span_exporters, bottleneck_thresholds, profile)
+def build(*args: Any, **kwargs: Any) -> Telemetry:
+    """`rlotel.init`'s work: validate the options, then start everything."""
+    return Telemetry(Config(*args, **kwargs).validated())

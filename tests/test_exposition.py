@@ -23,8 +23,8 @@ from prometheus_client.samples import Exemplar
 
 from rlotel import catalogue as cat
 from rlotel.drops import Drops
-from rlotel.sinks.exposition import OPENMETRICS, TEXT, Renderer
-from rlotel.sinks.prometheus import SeriesStore
+from rlotel.metrics.store import SeriesStore
+from rlotel.sinks.exposition import OPENMETRICS, TEXT, Renderer, StoreCollector
 
 # What Prometheus 2.x and 3.x send when scraping (OpenMetrics, gzip-compressed).
 PROMETHEUS_2_ACCEPT = (
@@ -84,7 +84,7 @@ def stores(draw) -> SeriesStore:
 
 def library_bodies(store: SeriesStore, escaping: str = openmetrics.UNDERSCORES) -> dict:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(store)
+    registry.register(StoreCollector(store))
     return {
         TEXT: generate_latest(registry, escaping=escaping),
         OPENMETRICS: openmetrics.generate_latest(registry, escaping=escaping),
@@ -163,7 +163,7 @@ def served(make_tel):
             step.set_tokens(prompt=[3] * 16, response=[9] * 16)
         tel.log({"actor/pg_loss": float(number), "bad": float("nan")}, step=number)
     assert tel.flush(10)
-    return tel, tel._prometheus.registry
+    return tel, tel._endpoint.registry
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 
 import rlotel
 from rlotel import ProfileConfig
-from rlotel.profiling import sglang_profiler_args, token_window, vllm_profiler_args
+from rlotel.profile.config import sglang_profiler_args, token_window, vllm_profiler_args
 from tests.helpers import finished_spans, parse_exposition, scrape
 
 torch = pytest.importorskip("torch")
@@ -204,7 +204,7 @@ def test_a_hook_that_hangs_is_killed_and_counted(make_tel, tmp_path):
     started = time.monotonic()
     run(tel, 2)
     assert time.monotonic() - started < 20  # training never waits for the hook
-    tel.ledger.profiler.wait_for_hook(10)
+    tel._profiler.wait_for_hook(10)
     tel.flush(10)
     drops = parse_exposition(scrape(tel.metrics_url))
     key = (

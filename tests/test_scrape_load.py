@@ -119,7 +119,7 @@ def wait_until(condition, seconds: float) -> bool:
 
 def test_stalled_clients_neither_block_scrapes_nor_grow_threads_unbounded(make_tel):
     tel = make_tel(run="stall")
-    server = tel._prometheus._server
+    server = tel._endpoint._server
     server.idle_exit_s = 0.5  # workers added for the flood retire quickly
     address = ("127.0.0.1", server.server_port)
     tel.log({"x": 1.0}, step=1)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import rlotel
-from rlotel.profiling import ProfileConfig
+from rlotel.profile.config import ProfileConfig
 
 log = logging.getLogger("rlotel")
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from rlotel.config import ConfigError
+from rlotel.errors import ConfigError
 
 log = logging.getLogger("rlotel")
 

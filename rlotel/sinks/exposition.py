@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
@@ -28,12 +27,12 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from rlotel import catalogue as cat
-
-if TYPE_CHECKING:
-    from rlotel.sinks.prometheus import HistogramPoint, Labels, SeriesStore, Snapshot
+from rlotel.metrics.store import HistogramPoint, Labels, SeriesStore, Snapshot
 
 TEXT, OPENMETRICS = "text", "openmetrics"
 
@@ -60,6 +59,49 @@ def label_block(names: Iterable[str], values: Iterable[str]) -> str:
     """`{a="1",b="2"}` with names sorted, as prometheus_client writes them."""
     pairs = sorted(zip(names, values, strict=True))
     return "{" + ",".join(f'{name}="{escape_value(value)}"' for name, value in pairs) + "}"
+
+
+class StoreCollector(Collector):
+    """The store as a prometheus_client collector: the oracle the fast renderer is
+    checked against, and the server of every request the renderer does not answer."""
+
+    def __init__(self, store: SeriesStore) -> None:
+        self._store = store
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family the store can expose, so `/metrics?name[]=…` filters find them."""
+        return (library_family(spec) for spec in cat.CATALOGUE)
+
+    def collect(self) -> Iterator[Metric]:
+        scalars, histograms, _ = self._store.snapshot()
+        run = self._store.run
+        for spec in cat.CATALOGUE:
+            family = library_family(spec)
+            if spec.kind == "histogram":
+                if spec not in histograms:
+                    continue
+                for point in histograms[spec]:
+                    cumulative = point.counts.cumsum()
+                    buckets = [
+                        (le, float(count), _library_exemplar(point.exemplars[index]))
+                        if index in point.exemplars
+                        else (le, float(count))
+                        for index, (le, count) in enumerate(
+                            zip(bucket_labels(point.bounds), cumulative, strict=True)
+                        )
+                    ]
+                    family.add_metric([run, *point.labels], buckets, point.sum)
+                yield family
+                continue
+            if spec not in scalars:
+                continue
+            for labels, value in scalars[spec].items():
+                family.add_metric([run, *labels], value)
+            yield family
+
+
+def _library_exemplar(exemplar) -> Exemplar:
+    return Exemplar(exemplar.labels, exemplar.value, exemplar.timestamp)
 
 
 class _Family:

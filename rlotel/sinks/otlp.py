@@ -1,51 +1,75 @@
-"""OTLP span exporters chosen by the standard `OTEL_EXPORTER_OTLP_*` variables.
+"""OpenTelemetry SDK span exporters (OTLP from `OTEL_EXPORTER_OTLP_*`, or your own).
 
-Export is on when an endpoint variable is set. The protocol follows
-`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL` (spec default
-`http/protobuf`); endpoint, headers, timeout, compression and certificates are read by the
-exporters themselves, exactly as the OpenTelemetry SDK documents them.
+They take `ReadableSpan`s: span data becomes them here, on the exporter's own thread,
+without a tracer (no sampler, no span processor, no per-span lock). Endpoint, headers,
+timeout, compression and certificates are read by the OTLP exporters themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from rlotel.config import ConfigError
+from rlotel.sinks.spans import SpanData, exception_attributes, status_message
 
-PROTOCOLS = ("grpc", "http/protobuf")
-
-
-def otlp_enabled(environ: Mapping[str, str], signal: str) -> bool:
-    """`signal` is TRACES or METRICS; `OTEL_{signal}_EXPORTER=none` switches it off."""
-    if "none" in environ.get(f"OTEL_{signal}_EXPORTER", "").replace(" ", "").split(","):
-        return False
-    return bool(
-        environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SCOPE = InstrumentationScope("rlotel")
+_UNSET = Status(StatusCode.UNSET)
 
 
-def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
-    protocol = (
-        environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
-    if protocol not in PROTOCOLS:
-        raise ConfigError(
-            f"OTLP protocol {protocol!r} is not supported: set OTEL_EXPORTER_OTLP_PROTOCOL "
-            f"to one of {', '.join(PROTOCOLS)}"
-        )
-    return protocol
-
-
-def otlp_span_exporter(environ: Mapping[str, str]) -> SpanExporter | None:
-    if not otlp_enabled(environ, "TRACES"):
-        return None
-    if otlp_protocol(environ, "TRACES") == "grpc":
+def otlp_span_exporter(protocol: str) -> SpanExporter:
+    if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return OTLPSpanExporter()
+
+
+def readable_span(span: SpanData, resource: Resource) -> ReadableSpan:
+    parent = (
+        SpanContext(span.trace_id, span.parent_span_id, span.remote_parent, _SAMPLED)
+        if span.parent_span_id
+        else None
+    )
+    status, events = _UNSET, ()
+    if span.error is not None:
+        status = Status(StatusCode.ERROR, status_message(span.error))
+        events = (Event("exception", exception_attributes(span.error), span.end_ns),)
+    return ReadableSpan(
+        name=span.name,
+        context=SpanContext(span.trace_id, span.span_id, False, _SAMPLED),
+        parent=parent,
+        resource=resource,
+        attributes=span.attributes,
+        events=events,
+        links=[
+            Link(SpanContext(link.trace_id, link.span_id, False, _SAMPLED), link.attributes)
+            for link in span.links
+        ],
+        kind=SpanKind.INTERNAL,
+        instrumentation_scope=_SCOPE,
+        status=status,
+        start_time=span.start_ns,
+        end_time=span.end_ns,
+    )
+
+
+class SdkSpanExporter:
+    """Adapts an OTel `SpanExporter` to rlotel's batches of span data."""
+
+    def __init__(self, exporter: SpanExporter, resource: Mapping[str, Any]) -> None:
+        self._exporter = exporter
+        self._resource = Resource.create(dict(resource))
+
+    def export(self, spans: Sequence[SpanData]) -> bool:
+        readable = [readable_span(span, self._resource) for span in spans]
+        return self._exporter.export(readable) is SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 
 from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
@@ -32,18 +31,16 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rlotel import catalogue as cat
 from rlotel.drops import Drops
+from rlotel.metrics.store import SeriesStore, Snapshot
 from rlotel.sinks import exporter_logs
-from rlotel.sinks.otlp import otlp_enabled, otlp_protocol
-from rlotel.sinks.prometheus import SeriesStore, Snapshot
+from rlotel.sinks.base import Sink
 
 # UCUM units, as OTel semantic conventions write them.
 _UNITS = {"seconds": "s", "tokens": "{token}", "ratio": "1", "": "1"}
 
 
-def otlp_metric_exporter(environ: Mapping[str, str]) -> MetricExporter | None:
-    if not otlp_enabled(environ, "METRICS"):
-        return None
-    if otlp_protocol(environ, "METRICS") == "grpc":
+def otlp_metric_exporter(protocol: str) -> MetricExporter:
+    if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -106,7 +103,7 @@ def _exemplar(exemplar) -> Exemplar:
     )
 
 
-class OtlpMetricsPusher:
+class OtlpMetricsPusher(Sink):
     """Exports the store periodically from its own thread; failures are counted."""
 
     def __init__(
@@ -150,8 +147,12 @@ class OtlpMetricsPusher:
         while not self._stop.wait(self._interval_s):
             self.export(min(self._interval_s, 10.0))
 
-    def shutdown(self, timeout_s: float) -> None:
+    def force_flush(self, deadline: float) -> bool:
+        return self.export(max(0.1, deadline - time.monotonic()))
+
+    def shutdown(self, deadline: float) -> None:
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        timeout_s = max(0.1, deadline - time.monotonic())
         self.export(timeout_s)
         self._exporter.shutdown(timeout_millis=timeout_s * 1000)

@@ -1,0 +1,58 @@
+"""Span and resource attribute names: rlotel's `rl.*` namespace and the `gen_ai.*` ones it reuses.
+
+Spans, replay, analyze, the report, diagnose and profiling import these names, so an
+attribute is spelled once. OTel GenAI conventions are used where one exists.
+"""
+
+from __future__ import annotations
+
+RUN = "rl.run"
+STEP = "rl.step"
+PHASE = "rl.phase"
+INCOMPLETE = "rl.incomplete"  # the step ended by an exception or at exit
+RECONSTRUCTED = "rl.reconstructed"  # replayed from a verl log, not measured
+UNACCOUNTED_S = "rl.unaccounted_s"
+SEQUENCES = "rl.sequences"
+TOKENS_PROMPT = "rl.tokens.prompt"
+TOKENS_RESPONSE = "rl.tokens.response"
+TOKENS_TOTAL = "rl.tokens.total"
+THROUGHPUT = "rl.throughput"
+TIME_PER_STEP = "rl.time_per_step"
+MFU_PREFIX = "rl.mfu."  # + role
+
+BOTTLENECK = "rl.bottleneck"
+BOTTLENECK_PREFIX = "rl.bottleneck."  # + evidence name
+
+SAMPLE_SPAN = "sample"  # span name of one trajectory
+SAMPLE_INDEX = "rl.sample.index"
+SAMPLE_PREFIX = "rl.sample."
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+CAPTURE_SPAN = "profile.capture"
+PROFILE_PREFIX = "rl.profile."
+PROFILE_PATH = "rl.profile.path"
+PROFILE_SIZE = "rl.profile.size_bytes"
+PROFILE_TOOL = "rl.profile.tool"
+PROFILE_ROLE = "rl.profile.role"
+PROFILE_RANK = "rl.profile.rank"
+PROFILE_STEP_FIRST = "rl.profile.step_first"
+PROFILE_STEP_LAST = "rl.profile.step_last"
+PROFILE_MINI_BATCH_FIRST = "rl.profile.mini_batch_first"
+PROFILE_MINI_BATCH_LAST = "rl.profile.mini_batch_last"
+PROFILE_TOP_OPS = "rl.profile.top_ops"
+PROFILE_PHASES = "rl.profile.phases"
+
+SERVICE_NAME = "service.name"
+
+# Per-sample fields → attribute names (seconds get an `_s` suffix).
+DURATION_SUFFIX = "_s"
+
+
+def sample_attribute(field: str, is_duration: bool) -> str:
+    """The span attribute of one per-sample field (`gen_ai.usage.*` for lengths)."""
+    if field == "prompt_length":
+        return INPUT_TOKENS
+    if field == "response_length":
+        return OUTPUT_TOKENS
+    return f"{SAMPLE_PREFIX}{field}{DURATION_SUFFIX if is_duration else ''}"

@@ -1,0 +1,201 @@
+"""The recorder: closed steps, samples and verl's logged keys → catalogue series.
+
+The one place that knows which series a step, a sample batch or a `tel.log` key becomes;
+it writes the series store that every metrics exporter reads. It is the pipeline's
+metrics sink, on the publisher thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlotel import catalogue as cat
+from rlotel.drops import Drops, as_finite_float, describe, encodable
+from rlotel.ledger import Step, Trace
+from rlotel.metrics.store import Exemplar, SeriesStore
+from rlotel.profile.capture import Capture
+from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
+from rlotel.sinks.base import Sink
+from rlotel.vocabulary import VERL_STEP_STAGES
+
+
+class Recorder(Sink):
+    """Maps closed steps, sample batches, captures and `tel.log` dicts onto the store."""
+
+    def __init__(self, store: SeriesStore, drops: Drops) -> None:
+        self.store = store
+        self._drops = drops
+        self._phases_seen: set[str] = set()
+        self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
+        self._last_counted = -1
+
+    def on_step(self, step: Step) -> None:
+        self.observe_step(step)
+        self.on_trace(step.trace)
+
+    def on_trace(self, trace: Trace) -> None:
+        for batch in trace.samples:
+            self.observe_samples(batch)
+
+    def on_samples(self, batch: SampleBatch) -> None:
+        self.observe_samples(batch)
+
+    def on_log(self, data: Mapping[str, Any], step: Any) -> None:
+        self.observe_log(data, step)
+
+    def on_capture(self, capture: Capture) -> None:
+        self.store.inc(cat.PROFILE_CAPTURES, 1.0, capture.tool)
+
+    # --- closed steps (publisher thread) ---------------------------------------------------
+
+    def observe_step(self, step: Step) -> None:
+        store = self.store
+        self._ledger_keys = set(step.metrics)
+        phases = {name: value for name, value in step.timing_raw.items() if name != "step"}
+        self._set_phase_seconds(phases)
+        for name, value in phases.items():
+            store.observe(cat.PHASE_DURATION, np.array([value]), name)
+        seconds = step.timing_raw["step"]
+        store.set(cat.STEP_TIME, seconds)
+        store.observe(cat.STEP_DURATION, np.array([seconds]))
+        store.set(cat.STEP_UNACCOUNTED, step.unaccounted_seconds)
+        verdict = step.verdict
+        if verdict is not None:
+            store.replace(cat.BOTTLENECK, 1.0, verdict.kind, verdict.detail)
+        self._count_step(step.number)
+        for key, value in step.metrics.items():
+            if key.startswith("agent_loop/") and not key.startswith("agent_loop/slowest/"):
+                continue  # min/max/mean are verl's view; the histograms hold every sample
+            if not key.startswith("timing_s/"):
+                self._map_known(key, value)
+        if step.prompt_tokens is not None:
+            for kind, count in (
+                ("prompt", step.prompt_tokens),
+                ("response", step.response_tokens),
+                ("total", step.total_tokens),
+            ):
+                store.set(cat.STEP_TOKENS, float(count), kind)
+                store.inc(cat.TOKENS, float(count), kind)
+
+    def _set_phase_seconds(self, phases: Mapping[str, float]) -> None:
+        self._phases_seen.update(phases)
+        for name in self._phases_seen:
+            self.store.set(cat.STEP_PHASE_SECONDS, phases.get(name, 0.0), name)
+
+    def _count_step(self, number: int) -> None:
+        self.store.inc(cat.STEPS, 1.0)
+        self.store.set(cat.STEP, float(number))
+        self.store.set(cat.LAST_STEP_TIMESTAMP, time.time())
+        self._last_counted = number
+
+    def observe_samples(self, batch: SampleBatch) -> None:
+        """Every valid sample into the stage/length histograms; sample spans as exemplars."""
+        age_s = (time.perf_counter_ns() - batch.end_ns) / 1e9 if batch.end_ns else 0.0
+        timestamp = time.time() - age_s
+        for name, spec, label in (
+            *((f, cat.AGENT_LOOP_DURATION, f) for f in DURATION_FIELDS),
+            *((f, cat.AGENT_LOOP_LENGTH, kind) for f, kind in LENGTH_KINDS.items()),
+        ):
+            if name not in batch.columns:
+                continue
+            exemplars = [
+                Exemplar(
+                    {
+                        "trace_id": f"{batch.trace_id:032x}",
+                        "span_id": f"{span.span_id:016x}",
+                    },
+                    span.values[name],
+                    timestamp,
+                )
+                for span in batch.spans
+                if name in span.values
+            ]
+            self.store.observe(spec, batch.valid(name), label, exemplars=exemplars)
+        if PREEMPTED in batch.columns:
+            reported = batch.valid(PREEMPTED)
+            self.store.inc(cat.AGENT_LOOP_PREEMPTIONS, float(reported[reported >= 0].sum()))
+
+    # --- tel.log (publisher thread) --------------------------------------------------------
+
+    def observe_log(self, data: Mapping[Any, Any], step: Any) -> None:
+        """verl `Tracking.log` dicts: known keys to the catalogue, other scalars generic.
+
+        For a step the ledger already closed, the ledger's numbers stand and only keys it
+        did not produce are taken (e.g. throughput when tokens were never given to the
+        ledger), so a verl run that both times phases and logs its dict is neither counted
+        twice nor overwritten with a second measurement.
+        """
+        number = as_finite_float(step)[0]
+        if number is None or not float(number).is_integer() or number < 0:
+            self._drops.add("metrics", "bad_step", f"tel.log step={describe(step)} ignored")
+            number = None
+        fresh = number is None or int(number) != self._last_counted
+        phases: dict[str, float] = {}
+        for key, raw in data.items():
+            if not isinstance(key, str) or not key:
+                self._drops.add("metrics", "bad_key", f"key {key!r} is not a non-empty string")
+                continue
+            value, why = as_finite_float(raw)
+            if value is None:
+                self._drops.add("metrics", why, f"{key}={describe(raw)}")
+            elif key.startswith("timing_s/") and "/" not in key[9:]:
+                if value < 0:
+                    self._drops.add("metrics", "negative", f"{key}={value}")
+                elif not encodable(key):
+                    self._drops.add("metrics", "bad_label", "a timing_s/ key is not valid UTF-8")
+                else:
+                    phases[key[9:]] = value
+            elif fresh or key not in self._ledger_keys:
+                self._map_known(key, value)  # what the ledger's step did not already say
+        if not fresh:
+            return
+        seconds = phases.pop("step", None)
+        if phases:
+            self._set_phase_seconds(phases)
+        if number is None:
+            return
+        if seconds is not None:
+            self.store.set(cat.STEP_TIME, seconds)
+            self.store.observe(cat.STEP_DURATION, np.array([seconds]))
+            covered = sum(v for k, v in phases.items() if k in VERL_STEP_STAGES)
+            self.store.set(cat.STEP_UNACCOUNTED, max(0.0, seconds - covered))
+        for name, value in phases.items():
+            self.store.observe(cat.PHASE_DURATION, np.array([value]), name)
+        total = as_finite_float(data.get("perf/total_num_tokens"))[0]
+        if total is not None and total >= 0:
+            self.store.inc(cat.TOKENS, total, "total")
+        self._count_step(int(number))
+
+    def _map_known(self, key: str, value: float) -> None:
+        """Gauges of one verl metric key; unknown keys go to the capped generic gauge."""
+        store = self.store
+        target: tuple | None = None
+        if key.startswith("timing_per_token_ms/"):
+            target = (cat.PHASE_TIME_PER_TOKEN, value / 1000, key[20:])
+        elif key == "perf/throughput":
+            target = (cat.THROUGHPUT, value)
+        elif key == "perf/time_per_step":
+            target = (cat.STEP_TIME, value)
+        elif key == "perf/total_num_tokens":
+            target = (cat.STEP_TOKENS, value, "total")
+        elif key.startswith("perf/mfu/"):
+            target = (cat.MFU, value, key[9:])
+        elif key.startswith(("agent_loop/slowest/", "timing_s/agent_loop/slowest/")):
+            field = key.rsplit("/", 1)[1]
+            if field in DURATION_FIELDS:
+                target = (cat.AGENT_LOOP_SLOWEST, value, field)
+            elif field in LENGTH_KINDS:
+                target = (cat.AGENT_LOOP_SLOWEST_LENGTH, value, LENGTH_KINDS[field])
+        if target is None:
+            if key.startswith("timing_s/") and value < 0:
+                self._drops.add("metrics", "negative", f"{key}={value}")
+            else:
+                store.set(cat.TRAIN_METRIC, value, key)
+        elif value < 0:
+            self._drops.add("metrics", "negative", f"{key}={value}")
+        else:
+            store.set(*target)

@@ -1,0 +1,193 @@
+"""The series store: every catalogue family's values, by label values, backend-neutral.
+
+The recorder writes (on the publisher thread); exporters take consistent snapshots (a
+scrape, an OTLP push, a replayed step) and never see a half-written step. Histograms count
+buckets with numpy. Label sets per family are capped, the excess counted as drops.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+from rlotel import catalogue as cat
+from rlotel.drops import Drops, encodable
+
+
+class Exemplar(NamedTuple):
+    """A bucket's example observation: trace/span ids, its value and Unix time (s)."""
+
+    labels: dict[str, str]
+    value: float
+    timestamp: float
+
+
+Labels = tuple[str, ...]
+
+
+class _Histogram:
+    """Cumulative bucket counts (numpy), sum, min, max and each bucket's latest exemplar."""
+
+    __slots__ = ("bound_list", "bounds", "count", "cumulative", "exemplars", "max", "min", "sum")
+
+    SMALL = 16  # below this many values, per-value bisection beats numpy's call overhead
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bound_list = list(bounds)
+        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.cumulative = np.zeros(len(bounds), dtype=np.int64)  # observations <= bound
+        self.count = 0
+        self.sum = 0.0
+        self.min = np.inf
+        self.max = -np.inf
+        self.exemplars: dict[int, Exemplar] = {}
+
+    def observe(self, values: np.ndarray, exemplars: list[Exemplar]) -> None:
+        if not values.size:
+            return
+        if values.size < self.SMALL:
+            for value in values.tolist():
+                self.cumulative[bisect_left(self.bound_list, value) :] += 1
+        else:
+            # One vectorised comparison per bound: ~7x faster than searchsorted + bincount
+            # for the ~20 bounds a histogram has, and it gives Prometheus' `le` counts.
+            self.cumulative += [np.count_nonzero(values <= bound) for bound in self.bounds]
+        self.count += values.size
+        self.sum += float(values.sum())
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
+        for exemplar in sorted(exemplars, key=lambda e: e.value):  # slowest written last
+            self.exemplars[bisect_left(self.bound_list, exemplar.value)] = exemplar
+
+
+class HistogramPoint(NamedTuple):
+    labels: Labels
+    bounds: tuple[float, ...]  # upper bounds, +Inf implied
+    cumulative: np.ndarray  # observations <= each bound, then the total (+Inf)
+    sum: float
+    min: float
+    max: float
+    exemplars: dict[int, Exemplar]
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Per-bucket counts (OTLP's bucket_counts), the last one above every bound."""
+        return np.diff(self.cumulative, prepend=0)
+
+
+class Snapshot(NamedTuple):
+    """A consistent copy of every series, for one scrape or one OTLP export."""
+
+    scalars: dict[cat.MetricSpec, dict[Labels, float]]
+    histograms: dict[cat.MetricSpec, list[HistogramPoint]]
+    version: tuple[int, int]  # SeriesStore.version when it was taken
+
+
+class SeriesStore:
+    """Values of every catalogue family, by label values (without `run`).
+
+    `buckets` replaces the catalogue's upper bounds of histograms by family name (validated
+    by `Config`)."""
+
+    def __init__(
+        self,
+        run: str,
+        drops: Drops,
+        max_series: int,
+        buckets: Mapping[str, tuple[float, ...]] | None = None,
+    ) -> None:
+        self.run = run
+        self._bounds = {
+            spec: tuple((buckets or {}).get(spec.name, spec.buckets))
+            for spec in cat.CATALOGUE
+            if spec.kind == "histogram"
+        }
+        self._drops = drops
+        self._max_series = max_series
+        self._lock = threading.Lock()
+        self._scalars: dict[cat.MetricSpec, dict[Labels, float]] = {}
+        self._histograms: dict[cat.MetricSpec, dict[Labels, _Histogram]] = {}
+        self._writes = 0
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """Changes whenever a series or a drop count may have changed (cache key)."""
+        return self._writes, self._drops.total
+
+    def _admit(self, spec: cat.MetricSpec, family: Mapping, labels: Labels) -> bool:
+        if labels in family:
+            return True
+        if not all(encodable(label) for label in labels):
+            self._drops.add("metrics", "bad_label", f"{spec.name}: a label is not valid UTF-8")
+            return False
+        if len(family) < self._max_series:
+            return True
+        self._drops.add(
+            "metrics", "label_cap", f"{spec.name}{list(labels)}: {self._max_series} series reached"
+        )
+        return False
+
+    def set(self, spec: cat.MetricSpec, value: float, *labels: str) -> None:
+        with self._lock:
+            self._writes += 1
+            family = self._scalars.setdefault(spec, {})
+            if self._admit(spec, family, labels):
+                family[labels] = value
+
+    def replace(self, spec: cat.MetricSpec, value: float, *labels: str) -> None:
+        """The family's only series from now on (a state, like the current verdict)."""
+        with self._lock:
+            self._writes += 1
+            self._scalars[spec] = {labels: value}
+
+    def inc(self, spec: cat.MetricSpec, amount: float, *labels: str) -> None:
+        with self._lock:
+            self._writes += 1
+            family = self._scalars.setdefault(spec, {})
+            if self._admit(spec, family, labels):
+                family[labels] = family.get(labels, 0.0) + amount
+
+    def observe(
+        self,
+        spec: cat.MetricSpec,
+        values: np.ndarray,
+        *labels: str,
+        exemplars: list[Exemplar] = (),  # type: ignore[assignment]
+    ) -> None:
+        with self._lock:
+            self._writes += 1
+            family = self._histograms.setdefault(spec, {})
+            if not self._admit(spec, family, labels):
+                return
+            histogram = family.get(labels)
+            if histogram is None:
+                histogram = family[labels] = _Histogram(self._bounds[spec])
+            histogram.observe(values, exemplars)
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            version = self.version
+            scalars = {spec: dict(family) for spec, family in self._scalars.items()}
+            histograms = {
+                spec: [
+                    HistogramPoint(
+                        labels,
+                        self._bounds[spec],
+                        np.append(h.cumulative, h.count),
+                        h.sum,
+                        h.min,
+                        h.max,
+                        dict(h.exemplars),
+                    )
+                    for labels, h in family.items()
+                ]
+                for spec, family in self._histograms.items()
+            }
+            drops = self._drops.snapshot()
+        for (signal, reason), count in drops.items():
+            scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
+        return Snapshot(scalars, histograms, version)

@@ -1,0 +1,83 @@
+"""What happens to a closed item before any sink sees it, on the publisher thread.
+
+Exactly one place publishes a closed step: here. Each step is finished once, in step
+order — verl's derived numbers, then the verdict (the diagnoser keeps the run's trends) —
+and only then fanned out; a step a hook holds (its profiler capture is still being
+written) waits here until the hook releases it. Capture summaries are read once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rlotel.diagnose import Diagnoser
+from rlotel.drops import Drops
+from rlotel.ledger import Step, Trace
+from rlotel.profile.capture import Capture, summarize
+from rlotel.samples import SampleBatch
+from rlotel.sinks.base import Sink
+
+
+class LogRecord:
+    """A `tel.log` call: a snapshot of the dict and the step it belongs to."""
+
+    __slots__ = ("data", "step")
+
+    def __init__(self, data: dict, step: Any) -> None:
+        self.data = data
+        self.step = step
+
+
+class Pipeline:
+    def __init__(self, sink: Sink, diagnoser: Diagnoser, drops: Drops, top_ops: int) -> None:
+        self.sink = sink
+        self._diagnoser = diagnoser
+        self._drops = drops
+        self._top_ops = top_ops
+        self._held: dict[int, Step] = {}
+
+    def step(self, step: Step) -> None:
+        if step.held:
+            self._held[id(step)] = step
+            return
+        self._publish(step)
+
+    def _publish(self, step: Step) -> None:
+        unclosed = [phase.name for phase in step.trace.records if not phase.end_ns]
+        if unclosed:
+            self._drops.add("spans", "unclosed_phase", f"step closed with {unclosed} open")
+        try:
+            verdict = self._diagnoser.observe(step.facts())
+        except Exception as error:  # a verdict is never worth losing the step for
+            self._drops.add("spans", "internal_error", f"verdict: {error!r}")
+            verdict = None
+        step.mark_published(verdict)
+        self.sink.on_step(step)
+
+    def release(self, steps: Iterable[Step]) -> None:
+        """A hook finished the captures of these held steps: publish them now, in order."""
+        for step in steps:
+            if self._held.pop(id(step), None) is not None:
+                self._publish(step)
+
+    def release_all(self, _: Any = None) -> None:
+        for step in sorted(self._held.values(), key=lambda s: s.number):
+            self._publish(step)
+        self._held.clear()
+
+    def trace(self, trace: Trace) -> None:
+        self.sink.on_trace(trace)
+
+    def samples(self, batch: SampleBatch) -> None:
+        self.sink.on_samples(batch)
+
+    def log(self, record: LogRecord) -> None:
+        self.sink.on_log(record.data, record.step)
+
+    def capture(self, capture: Capture) -> None:
+        try:
+            summarize(capture, self._top_ops)
+        except Exception as error:  # a missing or truncated file still gets its link
+            self._drops.add("profile", "unreadable_capture", f"{capture.path}: {error!r}")
+        self.sink.on_capture(capture)

@@ -1,0 +1,78 @@
+"""verl's vocabulary: stage lists, key prefixes and the unaccounted-time rule, said once.
+
+Spans, the recorder, replay, analyze and diagnose import these names instead of spelling
+verl's strings themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+STEP = "step"  # the step's own timer; every other name is a phase
+
+# Top-level windows of verl's V0 `fit` step, in the order it runs them; their sum against
+# `step` gives the unaccounted time when only a logged dict (no nesting) is available.
+VERL_STAGE_ORDER: tuple[str, ...] = (
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "save_checkpoint",
+    "update_weights",
+    "dump_rollout_generations",
+)
+VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER)
+
+# Key prefixes of verl's metric dicts (metric_utils.py, agent_loop.py).
+TIMING_S = "timing_s/"
+TIMING_PER_TOKEN_MS = "timing_per_token_ms/"
+PERF = "perf/"
+MFU = "perf/mfu/"
+AGENT_LOOP = "agent_loop/"
+AGENT_LOOP_SLOWEST = "agent_loop/slowest/"
+TIME_PER_STEP = "perf/time_per_step"
+THROUGHPUT = "perf/throughput"
+TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+
+
+def phase_of_timing_key(key: str) -> str | None:
+    """`timing_s/gen` → `gen`; None for other keys and nested ones (`timing_s/agent_loop/…`)."""
+    if not key.startswith(TIMING_S):
+        return None
+    name = key[len(TIMING_S) :]
+    return name if name and "/" not in name else None
+
+
+def timing_from_metrics(data: Mapping[str, object]) -> dict[str, float]:
+    """verl's `timing_raw` back from a logged dict's `timing_s/*` keys (numbers only)."""
+    timing: dict[str, float] = {}
+    for key, value in data.items():
+        name = phase_of_timing_key(key)
+        if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            timing[name] = float(value)
+    return timing
+
+
+def unaccounted(step_seconds: float, covered_seconds: float) -> float:
+    """Step time covered by no top-level window: the waiting between windows."""
+    return max(0.0, step_seconds - covered_seconds)
+
+
+def covered_by_stages(timing: Mapping[str, float]) -> float:
+    """Seconds of verl's top-level stages, for a flat dict where nesting is unknown."""
+    return sum(value for name, value in timing.items() if name in VERL_STEP_STAGES)
+
+
+def covered_by_intervals(intervals: Iterable[tuple[int, int]]) -> float:
+    """Seconds covered by (start_ns, end_ns) windows, overlaps counted once."""
+    covered, reach = 0, 0
+    for start, end in sorted(intervals):
+        start = max(start, reach)
+        if end > start:
+            covered += end - start
+            reach = end
+    return covered / 1e9
