@@ -193,8 +193,3 @@ def test_busy_port_falls_back_to_the_next_when_configured(caplog):
             )
         finally:
             tel.shutdown()
-
-
-def test_port_retries_must_be_a_count():
-    with pytest.raises(rlotel.ConfigError, match="prometheus_port_retries must be an integer"):
-        rlotel.init(prometheus_port=0, prometheus_port_retries=-1)
