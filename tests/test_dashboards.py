@@ -34,6 +34,7 @@ VARIABLES = {
 }
 
 
+@pytest.mark.slow
 def test_committed_json_matches_the_code():
     result = subprocess.run(
         [sys.executable, str(ROOT / "dashboards" / "build.py"), "--check"],
@@ -70,6 +71,7 @@ def substitute(expression: str) -> str:
     return expression
 
 
+@pytest.mark.slow
 def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
     command = [
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "40", "--port", "0",

@@ -50,6 +50,7 @@ def fetch(url: str, cafile, credentials: tuple[str, str] | None = None) -> int:
         return error.code
 
 
+@pytest.mark.slow
 def test_tls_and_basic_auth_scraped_by_prometheus(make_tel, certificate, tmp_path):
     cert, key = certificate
     tel = make_tel(
@@ -83,6 +84,7 @@ def test_tls_and_basic_auth_scraped_by_prometheus(make_tel, certificate, tmp_pat
         prometheus.stop()
 
 
+@pytest.mark.slow
 def test_no_token_and_no_text_leaves_the_process(tmp_path, monkeypatch, caplog, capfd):
     """Tokens in OTLP headers and text passed by mistake appear in no log, file or series."""
     caplog.set_level(logging.DEBUG)

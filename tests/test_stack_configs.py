@@ -116,6 +116,7 @@ def host_port(address: str) -> tuple[str, int]:
     return parsed.hostname, parsed.port
 
 
+@pytest.mark.slow
 def test_compose_file_matches_the_compose_spec():
     checker = tool("check-jsonschema")
     assert checker, "check-jsonschema is not installed in the venv"
@@ -180,6 +181,7 @@ def test_spanmetrics_buckets_cover_rl_phases():
     assert {d["name"] for d in spanmetrics["dimensions"]} >= {"rl.phase", "rl.run"}
 
 
+@pytest.mark.slow
 def test_promtool_accepts_the_prometheus_config():
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -223,6 +225,7 @@ def test_exemplars_link_to_the_tempo_datasource():
     assert destinations[0]["name"] == "trace_id"  # the exemplar label the collector writes
 
 
+@pytest.mark.slow
 def test_amtool_accepts_the_alertmanager_config():
     amtool = shutil.which("amtool")
     if amtool is None:
