@@ -19,6 +19,7 @@ from rlotel.diagnose import StepFacts
 from rlotel.otlp_json import SpanRecord
 
 SUMMARY_FILE = "summary.json"  # the demo's per-step timing_raw and metrics
+CAPTURE_SPAN = "profile.capture"  # a profiler output, linked from the steps it covers
 
 
 @dataclass
@@ -208,3 +209,18 @@ def _merge_summary_metrics(steps: list[StepRecord], summary: dict[str, Any]) -> 
                 step.metrics.setdefault(key, value)
             logged_loop = StepFacts.from_metrics(step.number, {}, step.metrics).agent_loop
             step.facts = replace(step.facts, agent_loop={**logged_loop, **step.facts.agent_loop})
+
+
+def resolve_capture_path(recorded: str, source: Path) -> Path | None:
+    """A capture file as recorded (absolute or relative to where the run ran), else found
+    by name under the run directory (a run copied elsewhere keeps working)."""
+    if not recorded:
+        return None
+    path = Path(recorded)
+    if path.is_file():
+        return path.resolve()
+    base = source if source.is_dir() else source.parent
+    for candidate in (base / path, base / "profile" / path.name):
+        if candidate.is_file():
+            return candidate.resolve()
+    return next(base.rglob(path.name), None)

@@ -14,6 +14,7 @@ steps (the slowest, the profiled, the first and last, the rest evenly spaced).
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rlotel import otlp_json
-from rlotel.analyze import Run, StepRecord, load_run
+from rlotel.analyze import CAPTURE_SPAN, Run, StepRecord, load_run, resolve_capture_path
 from rlotel.diagnose import TOP_LEVEL, Diagnoser, Verdict, windows
 from rlotel.otlp_json import SpanRecord
 
@@ -36,7 +37,6 @@ MAX_TREES = 200
 MAX_SLOWEST_SAMPLES = 25
 MAX_VERDICT_ROWS = 200
 STAGES = ("generate_sequences", "tool_calls", "compute_score")
-CAPTURE_SPAN = "profile.capture"
 # Step metrics drawn when a run has them (goodput and async issues); absent keys are skipped.
 EFFICIENCY_PREFIXES = ("rlotel/goodput", "rlotel/idle_ratio/", "rlotel/bucket_seconds/")
 STALENESS_PREFIX = "training/off_policy/trajectory_"
@@ -156,7 +156,7 @@ def _buckets(count: int, limit: int) -> list[tuple[int, int]]:
     if count <= limit:
         return [(i, i + 1) for i in range(count)]
     edges = np.linspace(0, count, limit + 1).round().astype(int)
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges) if b > a]
 
 
 def _finite(value: Any) -> float | None:
@@ -218,9 +218,7 @@ def _stacked_phases(steps: Sequence[StepRecord], trees: _SpanIndex) -> dict[str,
     return {name: [s.get(name, 0.0) for s in per_step] for name in order if name in present}
 
 
-def _mean_shares(
-    steps: Sequence[StepRecord], stacked: dict[str, list[float]]
-) -> dict[str, float]:
+def _mean_shares(steps: Sequence[StepRecord], stacked: dict[str, list[float]]) -> dict[str, float]:
     total = sum(s.timing_raw.get("step", 0.0) for s in steps)
     if total <= 0:
         return {}
@@ -474,21 +472,6 @@ def _captures(run: Run, trees: _SpanIndex, out_dir: Path) -> list[dict[str, Any]
     return result
 
 
-def resolve_capture_path(recorded: str, source: Path) -> Path | None:
-    """A capture file as recorded (absolute or relative to where the run ran), else found
-    by name under the run directory (a run copied elsewhere keeps working)."""
-    if not recorded:
-        return None
-    path = Path(recorded)
-    if path.is_file():
-        return path.resolve()
-    base = source if source.is_dir() else source.parent
-    for candidate in (base / path, base / "profile" / path.name):
-        if candidate.is_file():
-            return candidate.resolve()
-    return next(base.rglob(path.name), None)
-
-
 def _relative_href(path: Path, out_dir: Path) -> str:
     relative = os.path.relpath(path.resolve(), Path(out_dir).resolve())
     return Path(relative).as_posix()
@@ -506,4 +489,4 @@ def _tree_steps(steps: Sequence[StepRecord], captures: Sequence[dict[str, Any]])
     spare = MAX_TREES - len(chosen)
     if spare > 0:
         chosen |= {int(i) for i in np.linspace(0, count - 1, spare).round()}
-    return sorted(chosen)[: max(MAX_TREES, len(chosen))]
+    return sorted(chosen)
