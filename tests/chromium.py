@@ -8,6 +8,7 @@ The browser is started with its own profile directory and stopped by PID.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import shutil
@@ -67,10 +68,13 @@ class Chromium:
             stderr=subprocess.PIPE,
             text=True,
         )
+        self._closing = contextlib.ExitStack()
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
         try:
-            self._ws = connect(self._browser_url(), max_size=None, open_timeout=timeout_s)
+            self._ws = self._closing.enter_context(
+                connect(self._browser_url(), max_size=None, open_timeout=timeout_s)
+            )
             target = self.call("Target.createTarget", url="about:blank")["targetId"]
             self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
                 "sessionId"
@@ -165,8 +169,7 @@ class Chromium:
         return base64.b64decode(shot["data"])
 
     def close(self) -> None:
-        if getattr(self, "_ws", None) is not None:
-            self._ws.close()
+        self._closing.close()
         if self._process.poll() is None:
             self._process.terminate()
             try:
