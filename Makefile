@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 
-.PHONY: demo test lint bench system-deps
+.PHONY: demo test test-fast lint bench system-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q
+
+# The fast tier: no external programs, Ray, demo or soak (tests marked `slow`); under 2 minutes.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/phase_overhead.py
