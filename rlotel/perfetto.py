@@ -11,11 +11,11 @@ Clock. Span times are Unix nanoseconds (rlotel records `perf_counter_ns` and add
 event's `ts` in µs relative to the file's `baseTimeNanoseconds`, also on the Unix clock, so
 `ts + baseTimeNanoseconds / 1000` is the event's Unix time in µs. The two clocks are read
 at different moments, so a residual skew (tens of µs here) remains; it is taken out by the
-`record_function` ranges rlotel opens with the phases' names while a capture runs: the
-median difference between each range and the same-named phase span of a covered step is
-added to every event of that capture (only when it is under a second; otherwise the Unix
-clocks are trusted as they are). Then a step's `update_actor` slice sits over the ops
-recorded inside it.
+`record_function` ranges rlotel opens with the phases' names while a capture runs: each
+range encloses its phase span, so the shift that puts every range around the same-named
+span of a covered step is added to every event of that capture (only when it is under a
+second; otherwise the Unix clocks are trusted as they are). Then a step's `update_actor`
+slice sits over the ops recorded inside it.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
                 "rlotel.origin_unix_ns": origin_ns,
                 "rlotel.source": str(run.source),
                 "rlotel.clock": "ts = Unix µs − origin; captures: ts + baseTimeNanoseconds/1000, "
-                "shifted by the median (phase span − same-named record_function range)",
+                "shifted so each record_function range encloses its same-named phase span",
             },
         },
         merged,
@@ -272,20 +272,29 @@ class _Builder:
 def _alignment_shift(
     events: Sequence[dict[str, Any]], base_us: float, covered: Sequence[SpanRecord]
 ) -> float:
-    """Median (phase span start − same-named record_function range start), in µs."""
-    starts: dict[str, list[float]] = defaultdict(list)
+    """The shift (µs) that puts each record_function range around its phase span.
+
+    rlotel enters the range just before it reads the phase's start and leaves it just after
+    the end, so each pair allows shifts in [span end − range end, span start − range start];
+    the middle of what every pair allows is taken. When the pairs disagree (no common
+    shift), the median start difference is.
+    """
+    spans: dict[str, list[SpanRecord]] = defaultdict(list)
     for span in covered:
-        starts[span.name].append(span.start_ns / 1000)
-    differences = []
+        spans[span.name].append(span)
+    low, high, starts = -math.inf, math.inf, []
     for event in events:
-        if event.get("cat") != "user_annotation" or event.get("name") not in starts:
+        if event.get("cat") != "user_annotation" or event.get("name") not in spans:
             continue
         at = float(event["ts"]) + base_us
-        nearest = min(starts[event["name"]], key=lambda start: abs(start - at))
-        differences.append(nearest - at)
-    if not differences:
+        end = at + float(event.get("dur", 0.0))
+        span = min(spans[event["name"]], key=lambda s: abs(s.start_ns / 1000 - at))
+        low = max(low, span.end_ns / 1000 - end)
+        high = min(high, span.start_ns / 1000 - at)
+        starts.append(span.start_ns / 1000 - at)
+    if not starts:
         return 0.0
-    shift = statistics.median(differences)
+    shift = (low + high) / 2 if low <= high else statistics.median(starts)
     return shift if abs(shift) < MAX_ALIGNMENT_SHIFT_US else 0.0
 
 
