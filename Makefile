@@ -13,13 +13,14 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # Prometheus, promtool and amtool from Debian: the tests start a real server on loopback
-# and check the shipped rules and configs.
+# and check the shipped rules and configs. Chromium from Debian: the report tests open the
+# HTML report from file:// in headless Chromium.
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
-	  command -v amtool >/dev/null || { \
+	  command -v amtool >/dev/null && command -v chromium >/dev/null || { \
 	  apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager; }
+	    prometheus prometheus-alertmanager chromium; }
 
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo
@@ -41,3 +42,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/scrape_load.py
 	$(PY) benchmarks/collector_faults.py
 	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/report_size.py
