@@ -232,3 +232,15 @@ def test_amtool_accepts_the_alertmanager_config():
         pytest.skip("amtool is not installed (Debian: prometheus-alertmanager)")
     result = run([amtool, "check-config", "collector/alertmanager.yml"])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_discovery_jobs_read_directories_the_stack_mounts():
+    """Workers and engines are found by file discovery in collector/ (mounted at
+    /etc/prometheus); an engine target must carry `replica`."""
+    jobs = {job["job_name"]: job for job in load(COLLECTOR / "prometheus.yml")["scrape_configs"]}
+    for name, directory in (("rlotel-workers", "workers"), ("rollout-engines", "engines")):
+        (files,) = [files for sd in jobs[name]["file_sd_configs"] for files in sd["files"]]
+        assert files == f"{directory}/*.json"
+        assert (COLLECTOR / directory).is_dir(), f"collector/{directory}/ is missing"
+    keep = jobs["rollout-engines"]["relabel_configs"][0]
+    assert keep == {"source_labels": ["replica"], "regex": ".+", "action": "keep"}
