@@ -108,6 +108,7 @@ def test_truncated_file_renders_what_is_valid(tmp_path, capsys) -> None:
     assert data["skipped_lines"] == 2 and data["x"] == [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.slow  # a subprocess interpreter: what the user sees, traceback or not
 @pytest.mark.parametrize(
     ("content", "message"),
@@ -185,6 +186,7 @@ def test_long_run_is_downsampled(tmp_path) -> None:
     assert len(data["trees"]) <= 200 + 3 and "777" in data["trees"]
 
 
+@pytest.mark.slow
 @pytest.mark.slow  # a worker process of its own
 def test_processes_across_files(tmp_path) -> None:
     """A directory of per-process traces: a worker's spans join the driver's step tree."""
