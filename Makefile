@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 
-.PHONY: demo test lint bench system-deps
+.PHONY: demo test test-fast lint bench system-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,13 +13,14 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # Prometheus, promtool and amtool from Debian: the tests start a real server on loopback
-# and check the shipped rules and configs.
+# and check the shipped rules and configs. Chromium from Debian: the report tests open the
+# HTML report from file:// in headless Chromium.
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
-	  command -v amtool >/dev/null || { \
+	  command -v amtool >/dev/null && command -v chromium >/dev/null || { \
 	  apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager; }
+	    prometheus prometheus-alertmanager chromium; }
 
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo
@@ -29,6 +30,10 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q
 
+# The fast tier: no external programs, Ray, demo or soak (tests marked `slow`); under 2 minutes.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow"
+
 bench: $(STAMP)
 	$(PY) benchmarks/phase_overhead.py
 	$(PY) benchmarks/sample_ingest.py
@@ -37,3 +42,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/scrape_load.py
 	$(PY) benchmarks/collector_faults.py
 	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/report_size.py

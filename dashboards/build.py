@@ -1,21 +1,26 @@
-"""Grafana dashboards and the Grafana gen-tail alert, built from code.
+"""Grafana dashboards and the Grafana gen-tail alert, built from data.
 
     python dashboards/build.py           # (re)write dashboards/*.json and the alert provisioning
-    python dashboards/build.py --check   # fail on drift or on a metric the catalogue lacks
+    python dashboards/build.py --check   # fail on drift or on a metric nothing exports
 
-Every PromQL expression is checked against `rlotel.catalogue` (and the recording rules in
-`collector/rules/`), so a panel can never query a metric rlotel does not export.
+Panels are data: each `Panel` lists `Target`s, and each target names the catalogue entries
+(`rlotel.catalogue`) or rollout-engine metrics (`rlotel.engine_metrics`) it queries; units
+come from those entries. The check parses every PromQL expression (`promql_names`) and fails
+when a target queries a series other than the ones it names, or a name that neither rlotel,
+an engine nor a recording rule in `collector/rules/` provides. The Grafana alert takes its
+query, threshold, `for` and severity from the Prometheus rule file, so the two cannot drift.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
+import promql_parser
 import yaml
 from grafana_foundation_sdk.builders import (
     alerting,
@@ -36,10 +41,12 @@ from grafana_foundation_sdk.builders.dashboard import (
     Row,
 )
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.alerting import RelativeTimeRange
 from grafana_foundation_sdk.models.common import StackingMode
 from grafana_foundation_sdk.models.dashboard import (
     DashboardLinkType,
     DataSourceRef,
+    DataTransformerConfig,
     VariableRefresh,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
@@ -47,52 +54,136 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rlotel import catalogue  # noqa: E402
+from dashboards import promql_names  # noqa: E402
+from rlotel import catalogue as cat  # noqa: E402
+from rlotel import engine_metrics as eng  # noqa: E402
+
+Metric = cat.MetricSpec | eng.EngineMetric
 
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TEMPO = DataSourceRef(type_val="tempo", uid="tempo")
+# rlotel's own series (driver or worker); the dashboards' `run`, `job`, `instance` variables.
 SELECTOR = 'run=~"$run", job=~"$job", instance=~"$instance"'
+# Engines are scraped by job `rollout-engines`, whose discovery files give `run` and `replica`.
+ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
+# Ray workers are scraped by file discovery with `role`, `rank` and `node` target labels.
+RANK_SELECTOR = 'run=~"$run", rank!=""'
 STEP_UID, TAIL_UID = "rlotel-step-breakdown", "rlotel-rollout-tail"
-RULES_DIR = ROOT / "collector" / "rules"
+RULES = ROOT / "collector" / "rules" / "rlotel.rules.yml"
 OUTPUTS = {
     STEP_UID: ROOT / "dashboards" / "rl-step-breakdown.json",
     TAIL_UID: ROOT / "dashboards" / "rl-rollout-tail.json",
 }
 ALERTS = ROOT / "collector" / "grafana" / "provisioning" / "alerting" / "rlotel-alerts.json"
+# Grafana units for the catalogue's units.
+UNITS = {"seconds": "s", "ratio": "percentunit", "tokens": "short", "steps": "short", "": "short"}
+GEN = 'stage="generate_sequences"'
 
 
-def over(function: str, metric: str, selector: str) -> str:
-    """`function(metric{selector}[$__rate_interval])`: rate or increase of a counter/bucket."""
-    return f"{function}({metric}{{{selector}}}[$__rate_interval])"
+# --- panels as data ----------------------------------------------------------------------
 
 
-def quantile(q: float, metric: str, selector: str) -> str:
-    return f"histogram_quantile({q}, sum by (le) ({over('rate', metric, selector)}))"
+@dataclass(frozen=True)
+class Target:
+    """One PromQL query of a panel and the metrics it reads."""
+
+    expr: str
+    legend: str
+    metrics: tuple[Metric, ...]
+    exemplar: bool = False
+    format: Literal["time_series", "heatmap", "table"] = "time_series"
 
 
-def query(expression: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
-    return (
-        prometheus.Dataquery()
-        .expr(expression)
-        .legend_format(legend or "__auto")
-        .ref_id(ref)
-        .datasource(PROMETHEUS)
+@dataclass(frozen=True)
+class Panel:
+    """A Prometheus panel: its kind, title and targets; the unit defaults to the first
+    metric's."""
+
+    title: str
+    targets: tuple[Target, ...]
+    kind: Literal["timeseries", "stat", "heatmap", "table"] = "timeseries"
+    unit: str | None = None
+    description: str = ""
+    stacked: bool = False
+    trace_links: bool = False
+    # A table of `rows` × `columns` from one instant query (Grafana's groupingToMatrix).
+    matrix: tuple[str, str] | None = None
+
+    @property
+    def grafana_unit(self) -> str:
+        return self.unit or UNITS[self.targets[0].metrics[0].unit]
+
+
+@dataclass(frozen=True)
+class TraceTable:
+    """A table of spans from Tempo (TraceQL)."""
+
+    title: str
+    traceql: str
+    limit: int = 20
+
+
+@dataclass(frozen=True)
+class Section:
+    """A dashboard row and its panels."""
+
+    title: str
+    panels: tuple[Panel | TraceTable, ...]
+
+
+@dataclass(frozen=True)
+class Board:
+    title: str
+    uid: str
+    linked: str  # title of the link to the other rlotel dashboards
+    sections: tuple[Section, ...]
+    replica_variable: bool = False
+
+
+def selector_of(metric: Metric) -> str:
+    return ENGINE_SELECTOR if isinstance(metric, eng.EngineMetric) else SELECTOR
+
+
+def select(metric: Metric, match: str = "", selector: str | None = None) -> str:
+    """`series{match, selector}`: the metric's queried series (counters' `_total`,
+    histograms' `_bucket`) under the dashboard's label selector."""
+    matchers = ", ".join(part for part in (match, selector or selector_of(metric)) if part)
+    return f"{metric.sample_names[0]}{{{matchers}}}"
+
+
+def value(metric: Metric, legend: str, match: str = "", wrap: str = "{}") -> Target:
+    """The series itself, optionally wrapped (`wrap` holds `{}` where the series goes)."""
+    return Target(wrap.format(select(metric, match)), legend, (metric,))
+
+
+def increase(metric: Metric, legend: str, by: str, match: str = "") -> Target:
+    """`sum by (by) (increase(...))` of a counter over the rate interval."""
+    return Target(
+        f"sum by ({by}) (increase({select(metric, match)}[$__rate_interval]))", legend, (metric,)
     )
 
 
-def series(title: str, unit: str, *queries: prometheus.Dataquery) -> timeseries.Panel:
-    panel = timeseries.Panel().title(title).unit(unit).datasource(PROMETHEUS)
-    for target in queries:
-        panel = panel.with_target(target)
-    return panel
-
-
-def single(title: str, unit: str, target: prometheus.Dataquery) -> stat.Panel:
-    return stat.Panel().title(title).unit(unit).datasource(PROMETHEUS).with_target(target)
+def quantile(
+    metric: Metric,
+    q: float,
+    legend: str = "",
+    match: str = "",
+    by: str = "",
+    window: str = "$__rate_interval",
+    exemplar: bool = False,
+) -> Target:
+    """`histogram_quantile(q, ...)` of a histogram, per `by` labels."""
+    labels = f"{by}, le" if by else "le"
+    return Target(
+        f"histogram_quantile({q}, sum by ({labels}) (rate({select(metric, match)}[{window}])))",
+        legend or f"p{round(q * 100)}",
+        (metric,),
+        exemplar=exemplar,
+    )
 
 
 def trace_links() -> list[DashboardLink]:
-    """Panel links to the trace UI (Tempo datasource uid `tempo`) and between dashboards."""
+    """Panel links to the trace UI (Tempo datasource uid `tempo`)."""
     return [
         DashboardLink("Traces of this run (Tempo)")
         .type(DashboardLinkType.LINK)
@@ -102,6 +193,366 @@ def trace_links() -> list[DashboardLink]:
         )
         .target_blank(True),
     ]
+
+
+STEP_BREAKDOWN = Board(
+    "RL step breakdown",
+    STEP_UID,
+    "Rollout tail",
+    (
+        Section(
+            "Where the step goes",
+            (
+                Panel(
+                    "Step time and phases (last step)",
+                    (
+                        value(cat.STEP_PHASE_SECONDS, "{{phase}}"),
+                        value(cat.STEP_TIME, "step"),
+                    ),
+                    stacked=True,
+                    trace_links=True,
+                ),
+                Panel(
+                    "Phase share of step",
+                    (
+                        Target(
+                            f"{select(cat.STEP_PHASE_SECONDS)} / ignoring(phase) group_left "
+                            f"{select(cat.STEP_TIME)}",
+                            "{{phase}}",
+                            (cat.STEP_PHASE_SECONDS, cat.STEP_TIME),
+                        ),
+                    ),
+                    unit="percentunit",
+                ),
+                Panel(
+                    "Unaccounted time (between windows)",
+                    (value(cat.STEP_UNACCOUNTED, "{{run}}"),),
+                ),
+                Panel(
+                    "Phase p90 over 30m (histogram)",
+                    (quantile(cat.PHASE_DURATION, 0.9, "{{phase}}", by="phase", window="30m"),),
+                ),
+            ),
+        ),
+        Section(
+            "Throughput and efficiency",
+            (
+                Panel(
+                    "Throughput (tokens/s/GPU)",
+                    (value(cat.THROUGHPUT, "{{run}}"),),
+                ),
+                Panel("MFU by role", (value(cat.MFU, "{{role}}"),)),
+                Panel("Time per token by phase", (value(cat.PHASE_TIME_PER_TOKEN, "{{phase}}"),)),
+                Panel("Tokens per step", (value(cat.STEP_TOKENS, "{{kind}}"),)),
+            ),
+        ),
+        Section(
+            "Goodput and async windows",
+            (
+                Panel(
+                    "Goodput (productive seconds ÷ step)",
+                    (value(cat.GOODPUT, "{{run}}"),),
+                ),
+                Panel(
+                    "Seconds by bucket",
+                    (increase(cat.BUCKET_SECONDS, "{{bucket}}", by="bucket"),),
+                    stacked=True,
+                ),
+                Panel(
+                    "Idle ratio by role",
+                    (value(cat.ROLE_IDLE, "{{role}}"),),
+                    description="Share of the step's wall time each role waited (async modes).",
+                ),
+                Panel(
+                    "Sample staleness and weight span (steps)",
+                    (
+                        quantile(cat.SAMPLE_STALENESS, 0.5, "staleness p50"),
+                        quantile(cat.SAMPLE_STALENESS, 0.99, "staleness p99"),
+                        quantile(cat.SAMPLE_WEIGHT_SPAN, 0.99, "weight span p99"),
+                    ),
+                ),
+                Panel(
+                    "Replay-buffer evictions by reason",
+                    (increase(cat.REPLAY_EVICTED, "{{reason}}", by="reason"),),
+                ),
+            ),
+        ),
+        Section(
+            "Stragglers (ranks)",
+            (
+                Panel(
+                    "Rank spread by phase (slowest ÷ median)",
+                    (value(cat.PHASE_RANK_SPREAD, "{{phase}}"),),
+                    unit="short",
+                    description="1 = balanced; the alert RLStragglerRank watches this.",
+                ),
+                Panel(
+                    "Phase seconds by rank (last step)",
+                    (
+                        Target(
+                            "max by (rank, phase) ("
+                            f"{select(cat.STEP_PHASE_SECONDS, selector=RANK_SELECTOR)})",
+                            "{{rank}} {{phase}}",
+                            (cat.STEP_PHASE_SECONDS,),
+                            format="table",
+                        ),
+                    ),
+                    kind="table",
+                    matrix=("rank", "phase"),
+                    description="Ray workers' own series (rank from file discovery).",
+                ),
+            ),
+        ),
+        Section(
+            "Diagnosis",
+            (
+                Panel(
+                    "Bottleneck (last step)",
+                    (value(cat.BOTTLENECK, "{{verdict}} {{detail}}", wrap="{} == 1"),),
+                    kind="stat",
+                    unit="none",
+                ),
+                Panel(
+                    "Global step",
+                    (value(cat.STEP, "{{run}}", wrap="max by (run) ({})"),),
+                    kind="stat",
+                    unit="none",
+                ),
+                Panel(
+                    "Seconds since last step",
+                    (value(cat.LAST_STEP_TIMESTAMP, "{{run}}", wrap="time() - max by (run) ({})"),),
+                    kind="stat",
+                ),
+                Panel(
+                    "Telemetry drops",
+                    (  # `or vector(0)`: a healthy run shows 0, not "No data"
+                        Target(
+                            f"{increase(cat.DROPPED, '', by='signal, reason').expr} or vector(0)",
+                            "{{signal}}/{{reason}}",
+                            (cat.DROPPED,),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Section(
+            "Profiler captures",
+            (
+                Panel(
+                    "Profile captures",
+                    (value(cat.PROFILE_CAPTURES, "{{tool}}", wrap="sum by (tool) ({})"),),
+                    kind="stat",
+                    unit="none",
+                ),
+                TraceTable(
+                    "profile.capture spans (Tempo)",
+                    '{ name = "profile.capture" && resource.rl.run =~ "$run" }',
+                ),
+            ),
+        ),
+    ),
+)
+
+ROLLOUT_TAIL = Board(
+    "RL rollout tail",
+    TAIL_UID,
+    "Step breakdown",
+    (
+        Section(
+            "Generation latency per sample",
+            (
+                Panel(
+                    "generate_sequences p50 / p90 / p99 (exemplars → traces)",
+                    (
+                        *(
+                            quantile(cat.AGENT_LOOP_DURATION, q, match=GEN, exemplar=True)
+                            for q in (0.5, 0.9, 0.99)
+                        ),
+                        value(cat.AGENT_LOOP_SLOWEST, "slowest", GEN, wrap="max by (run) ({})"),
+                    ),
+                    trace_links=True,
+                ),
+                Panel(
+                    "Per-sample generation time",
+                    (
+                        Target(
+                            increase(cat.AGENT_LOOP_DURATION, "", by="le", match=GEN).expr,
+                            "{{le}}",
+                            (cat.AGENT_LOOP_DURATION,),
+                            format="heatmap",
+                        ),
+                    ),
+                    kind="heatmap",
+                ),
+            ),
+        ),
+        Section(
+            "Tools and scoring",
+            (
+                Panel(
+                    "tool_calls and compute_score p99",
+                    tuple(
+                        quantile(
+                            cat.AGENT_LOOP_DURATION, 0.99, stage, f'stage="{stage}"', exemplar=True
+                        )
+                        for stage in ("tool_calls", "compute_score")
+                    ),
+                ),
+                Panel(
+                    "Slowest sample's lengths",
+                    (value(cat.AGENT_LOOP_SLOWEST_LENGTH, "{{kind}}"),),
+                ),
+                Panel(
+                    "Response length p50 / p99",
+                    tuple(
+                        quantile(cat.AGENT_LOOP_LENGTH, q, match='kind="response"')
+                        for q in (0.5, 0.99)
+                    ),
+                ),
+                Panel(
+                    "Preemptions",
+                    (increase(cat.AGENT_LOOP_PREEMPTIONS, "{{run}}", by="run"),),
+                ),
+            ),
+        ),
+        Section(
+            "Rollout engines (vLLM / SGLang, by replica)",
+            (
+                Panel(
+                    "Engine request latency p99",
+                    (
+                        quantile(eng.VLLM_E2E_LATENCY, 0.99, "vLLM {{replica}}", by="replica"),
+                        quantile(eng.SGLANG_E2E_LATENCY, 0.99, "SGLang {{replica}}", by="replica"),
+                    ),
+                ),
+                Panel(
+                    "vLLM time to first token p50 / p99",
+                    tuple(
+                        quantile(
+                            eng.VLLM_TIME_TO_FIRST_TOKEN,
+                            q,
+                            f"p{round(q * 100)} {{{{replica}}}}",
+                            by="replica",
+                        )
+                        for q in (0.5, 0.99)
+                    ),
+                ),
+                Panel(
+                    "Engine queue time p99",
+                    (
+                        quantile(eng.VLLM_QUEUE_TIME, 0.99, "vLLM {{replica}}", by="replica"),
+                        quantile(eng.SGLANG_QUEUE_TIME, 0.99, "SGLang {{replica}}", by="replica"),
+                    ),
+                ),
+                Panel(
+                    "vLLM prefill / decode p99",
+                    (
+                        quantile(eng.VLLM_PREFILL_TIME, 0.99, "prefill {{replica}}", by="replica"),
+                        quantile(eng.VLLM_DECODE_TIME, 0.99, "decode {{replica}}", by="replica"),
+                    ),
+                ),
+                Panel(
+                    "Engine preemptions (SGLang: retractions)",
+                    (
+                        increase(eng.VLLM_PREEMPTIONS, "vLLM {{replica}}", by="replica"),
+                        increase(eng.SGLANG_RETRACTIONS, "SGLang {{replica}}", by="replica"),
+                    ),
+                ),
+                Panel(
+                    "KV cache usage",
+                    (
+                        value(
+                            eng.VLLM_KV_CACHE_USAGE,
+                            "vLLM {{replica}}",
+                            wrap="max by (replica) ({})",
+                        ),
+                        value(
+                            eng.SGLANG_TOKEN_USAGE,
+                            "SGLang {{replica}}",
+                            wrap="max by (replica) ({})",
+                        ),
+                    ),
+                ),
+                Panel(
+                    "vLLM requests waiting",
+                    (
+                        value(
+                            eng.VLLM_REQUESTS_WAITING, "{{replica}}", wrap="sum by (replica) ({})"
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+    replica_variable=True,
+)
+
+BOARDS = (STEP_BREAKDOWN, ROLLOUT_TAIL)
+
+
+# --- rendering with grafana-foundation-sdk -----------------------------------------------
+
+
+def dataquery(target: Target, ref: str) -> prometheus.Dataquery:
+    query = (
+        prometheus.Dataquery()
+        .expr(target.expr)
+        .legend_format(target.legend or "__auto")
+        .ref_id(ref)
+        .datasource(PROMETHEUS)
+    )
+    if target.exemplar:
+        query = query.exemplar(True)
+    if target.format == "heatmap":
+        query = query.format(PromQueryFormat.HEATMAP)
+    if target.format == "table":
+        query = query.format(PromQueryFormat.TABLE).instant()
+    return query
+
+
+PANEL_BUILDERS = {
+    "timeseries": timeseries.Panel,
+    "stat": stat.Panel,
+    "heatmap": heatmap.Panel,
+    "table": table.Panel,
+}
+
+
+def grafana_panel(panel: Panel | TraceTable):
+    if isinstance(panel, TraceTable):
+        return (
+            table.Panel()
+            .title(panel.title)
+            .datasource(TEMPO)
+            .with_target(
+                tempo_query.TempoQuery()
+                .ref_id("A")
+                .query_type("traceql")
+                .query(panel.traceql)
+                .limit(panel.limit)
+                .datasource(TEMPO)
+            )
+        )
+    built = PANEL_BUILDERS[panel.kind]().title(panel.title).datasource(PROMETHEUS)
+    if panel.kind != "heatmap":
+        built = built.unit(panel.grafana_unit)
+    if panel.description:
+        built = built.description(panel.description)
+    for index, target in enumerate(panel.targets):
+        built = built.with_target(dataquery(target, chr(ord("A") + index)))
+    if panel.stacked:
+        built = built.stacking(StackingConfig().mode(StackingMode.NORMAL))
+    if panel.trace_links:
+        built = built.links(trace_links())
+    if panel.matrix:
+        rows, columns = panel.matrix
+        built = built.with_transformation(
+            DataTransformerConfig(
+                id_val="groupingToMatrix",
+                options={"rowField": rows, "columnField": columns, "valueField": "Value"},
+            )
+        )
+    return built
 
 
 def label_variable(name: str, query_text: str) -> QueryVariable:
@@ -117,11 +568,15 @@ def label_variable(name: str, query_text: str) -> QueryVariable:
     )
 
 
-def variables(dashboard: Dashboard) -> Dashboard:
-    return (
-        dashboard.with_variable(
-            DatasourceVariable("datasource").label("Prometheus").type("prometheus")
-        )
+def dashboard(board: Board) -> Dashboard:
+    built = (
+        Dashboard(board.title)
+        .uid(board.uid)
+        .tags(["rlotel", "rl"])
+        .refresh("30s")
+        .time("now-6h", "now")
+        .link(DashboardLink(board.linked).type(DashboardLinkType.DASHBOARDS).tags(["rlotel"]))
+        .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
         .with_variable(label_variable("run", "label_values(rlotel_steps_total, run)"))
         .with_variable(label_variable("job", 'label_values(rlotel_steps_total{run=~"$run"}, job)'))
         .with_variable(
@@ -130,245 +585,83 @@ def variables(dashboard: Dashboard) -> Dashboard:
             )
         )
     )
+    if board.replica_variable:
+        built = built.with_variable(
+            label_variable("replica", 'label_values({run=~"$run", replica!=""}, replica)')
+        )
+    for section in board.sections:
+        built = built.with_row(Row(section.title))
+        for panel in section.panels:
+            built = built.with_panel(grafana_panel(panel))
+    return built
 
 
-def step_breakdown() -> Dashboard:
-    s = SELECTOR
-    dashboard = (
-        Dashboard("RL step breakdown")
-        .uid(STEP_UID)
-        .tags(["rlotel", "rl"])
-        .refresh("30s")
-        .time("now-6h", "now")
-        .link(DashboardLink("Rollout tail").type(DashboardLinkType.DASHBOARDS).tags(["rlotel"]))
-    )
-    dashboard = variables(dashboard)
-    return (
-        dashboard.with_row(Row("Where the step goes"))
-        .with_panel(
-            series(
-                "Step time and phases (last step)",
-                "s",
-                query(f"rlotel_step_phase_seconds{{{s}}}", "{{phase}}"),
-                query(f"rlotel_step_time_seconds{{{s}}}", "step", "B"),
-            )
-            .stacking(StackingConfig().mode(StackingMode.NORMAL))
-            .links(trace_links())
-        )
-        .with_panel(
-            series(
-                "Phase share of step",
-                "percentunit",
-                query(
-                    f"rlotel_step_phase_seconds{{{s}}} / ignoring(phase) group_left "
-                    f"rlotel_step_time_seconds{{{s}}}",
-                    "{{phase}}",
-                ),
-            )
-        )
-        .with_panel(
-            series(
-                "Unaccounted time (between windows)",
-                "s",
-                query(f"rlotel_step_unaccounted_seconds{{{s}}}", "{{run}}"),
-            )
-        )
-        .with_panel(
-            series(
-                "Phase p90 over 30m (histogram)",
-                "s",
-                query(
-                    "histogram_quantile(0.9, sum by (le, phase) "
-                    f"(rate(rlotel_phase_duration_seconds_bucket{{{s}}}[30m])))",
-                    "{{phase}}",
-                ),
-            )
-        )
-        .with_row(Row("Throughput and efficiency"))
-        .with_panel(
-            series(
-                "Throughput (tokens/s/GPU)",
-                "short",
-                query(f"rlotel_throughput_tokens_per_second_per_gpu{{{s}}}", "{{run}}"),
-            )
-        )
-        .with_panel(
-            series("MFU by role", "percentunit", query(f"rlotel_mfu_ratio{{{s}}}", "{{role}}"))
-        )
-        .with_panel(
-            series(
-                "Time per token by phase",
-                "s",
-                query(f"rlotel_phase_time_per_token_seconds{{{s}}}", "{{phase}}"),
-            )
-        )
-        .with_panel(
-            series("Tokens per step", "short", query(f"rlotel_step_tokens{{{s}}}", "{{kind}}"))
-        )
-        .with_row(Row("Diagnosis"))
-        .with_panel(
-            single(
-                "Bottleneck (last step)",
-                "none",
-                query(f"rlotel_step_bottleneck{{{s}}} == 1", "{{verdict}} {{detail}}"),
-            )
-        )
-        .with_panel(
-            single("Global step", "none", query(f"max by (run) (rlotel_step{{{s}}})", "{{run}}"))
-        )
-        .with_panel(
-            single(
-                "Seconds since last step",
-                "s",
-                query(
-                    f"time() - max by (run) (rlotel_last_step_timestamp_seconds{{{s}}})", "{{run}}"
-                ),
-            )
-        )
-        .with_panel(
-            series(
-                "Telemetry drops",
-                "short",
-                query(  # `or vector(0)`: a healthy run shows 0, not "No data"
-                    "sum by (signal, reason) "
-                    f"({over('increase', 'rlotel_telemetry_dropped_total', s)}) or vector(0)",
-                    "{{signal}}/{{reason}}",
-                ),
-            )
-        )
-        .with_row(Row("Profiler captures"))
-        .with_panel(
-            single(
-                "Profile captures",
-                "none",
-                query(f"sum by (tool) (rlotel_profile_captures_total{{{s}}})", "{{tool}}"),
-            )
-        )
-        .with_panel(
-            table.Panel()
-            .title("profile.capture spans (Tempo)")
-            .datasource(TEMPO)
-            .with_target(
-                tempo_query.TempoQuery()
-                .ref_id("A")
-                .query_type("traceql")
-                .query('{ name = "profile.capture" && resource.rl.run =~ "$run" }')
-                .limit(20)
-                .datasource(TEMPO)
-            )
-        )
+# --- the Grafana alert, from the Prometheus rules ----------------------------------------
+
+
+@dataclass(frozen=True)
+class ThresholdAlert:
+    """A Prometheus alert `<recorded> <op> on() group_left() <threshold>`, resolved: the
+    recorded series' expression, the comparison, the threshold's number, `for`, severity."""
+
+    name: str
+    query: str
+    op: str
+    threshold: float
+    for_: str
+    severity: str
+
+
+def threshold_alert(name: str, rules: dict[str, Any]) -> ThresholdAlert:
+    """Resolve alert `name` of a parsed rule file through its recording and threshold rules."""
+    by_name = {
+        rule.get("record") or rule["alert"]: rule
+        for group in rules["groups"]
+        for rule in group["rules"]
+    }
+    alert = by_name[name]
+    comparison = promql_names.parse(alert["expr"])
+    if not (
+        isinstance(comparison, promql_parser.BinaryExpr)
+        and isinstance(comparison.lhs, promql_parser.VectorSelector)
+        and isinstance(comparison.rhs, promql_parser.VectorSelector)
+    ):
+        raise ValueError(f"{name}: not `<recorded series> <op> <threshold series>`")
+    constant = promql_names.parse(by_name[comparison.rhs.name]["expr"])
+    if not (
+        isinstance(constant, promql_parser.Call)
+        and constant.func.name == "vector"
+        and isinstance(constant.args[0], promql_parser.NumberLiteral)
+    ):
+        raise ValueError(f"{comparison.rhs.name}: a threshold is `vector(<number>)`")
+    return ThresholdAlert(
+        name=name,
+        query=by_name[comparison.lhs.name]["expr"],
+        op=str(comparison.op),
+        threshold=constant.args[0].val,
+        for_=alert["for"],
+        severity=alert["labels"]["severity"],
     )
 
 
-def rollout_tail() -> Dashboard:
-    s = SELECTOR
-    gen = f'stage="generate_sequences", {s}'
-    duration = "rlotel_agent_loop_duration_seconds_bucket"
-    quantiles = [
-        query(quantile(q, duration, gen), f"p{int(q * 100)}", ref).exemplar(True)
-        for q, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))
-    ]
-    dashboard = (
-        Dashboard("RL rollout tail")
-        .uid(TAIL_UID)
-        .tags(["rlotel", "rl"])
-        .refresh("30s")
-        .time("now-6h", "now")
-        .link(DashboardLink("Step breakdown").type(DashboardLinkType.DASHBOARDS).tags(["rlotel"]))
-    )
-    dashboard = variables(dashboard)
-    return (
-        dashboard.with_row(Row("Generation latency per sample"))
-        .with_panel(
-            series("generate_sequences p50 / p90 / p99 (exemplars → traces)", "s", *quantiles)
-            .with_target(
-                query(f"max by (run) (rlotel_agent_loop_slowest_seconds{{{gen}}})", "slowest", "D")
-            )
-            .links(trace_links())
-        )
-        .with_panel(
-            heatmap.Panel()
-            .title("Per-sample generation time")
-            .datasource(PROMETHEUS)
-            .with_target(
-                query(f"sum by (le) ({over('increase', duration, gen)})", "{{le}}").format(
-                    PromQueryFormat.HEATMAP
-                )
-            )
-        )
-        .with_row(Row("Tools and scoring"))
-        .with_panel(
-            series(
-                "tool_calls and compute_score p99",
-                "s",
-                *(
-                    query(quantile(0.99, duration, f'stage="{stage}", {s}'), stage, ref).exemplar(
-                        True
-                    )
-                    for stage, ref in (("tool_calls", "A"), ("compute_score", "B"))
-                ),
-            )
-        )
-        .with_panel(
-            series(
-                "Slowest sample's lengths",
-                "short",
-                query(f"rlotel_agent_loop_slowest_length_tokens{{{s}}}", "{{kind}}"),
-            )
-        )
-        .with_panel(
-            series(
-                "Response length p50 / p99",
-                "short",
-                *(
-                    query(
-                        quantile(
-                            q, "rlotel_agent_loop_length_tokens_bucket", f'kind="response", {s}'
-                        ),
-                        f"p{int(q * 100)}",
-                        ref,
-                    )
-                    for q, ref in ((0.5, "A"), (0.99, "B"))
-                ),
-            )
-        )
-        .with_panel(
-            series(
-                "Preemptions",
-                "short",
-                query(
-                    f"sum by (run) ({over('increase', 'rlotel_agent_loop_preemptions_total', s)})",
-                    "{{run}}",
-                ),
-            )
-        )
-    )
-
-
-def gen_tail_alert() -> alerting.RuleGroup:
-    """The gen-tail alert as Grafana alerting provisioning (same rule as Prometheus')."""
-    p99 = (
-        prometheus.Dataquery()
-        .expr(
-            "histogram_quantile(0.99, sum by (run, le) "
-            '(rate(rlotel_agent_loop_duration_seconds_bucket{stage="generate_sequences"}[5m])))'
-        )
-        .ref_id("A")
-        .range()
-    )
+def gen_tail_alert(rules: dict[str, Any]) -> alerting.RuleGroup:
+    """RLGenTailLatencyHigh as Grafana alerting provisioning, from the Prometheus rules."""
+    alert = threshold_alert("RLGenTailLatencyHigh", rules)
+    p99 = prometheus.Dataquery().expr(alert.query).ref_id("A").range()
     return (
         alerting.RuleGroup("rlotel")
         .folder_uid("rlotel")
         .interval("1m")
         .with_rule(
-            alerting.Rule("RLGenTailLatencyHigh")
+            alerting.Rule(alert.name)
             .uid("rlotel-gen-tail-latency-high")
             .condition("C")
-            .for_val("10m")
-            .labels({"severity": "warning"})
+            .for_val(alert.for_)
+            .labels({"severity": alert.severity})
             .annotations(
                 {
-                    "summary": "Generation p99 latency above 120 s for {{ $labels.run }}",
+                    "summary": f"Generation p99 latency above {alert.threshold:g} s for "
+                    "{{ $labels.run }}",
                     "description": "The slowest 1% of rollout samples take longer than the "
                     "threshold; open the Rollout tail dashboard and follow an exemplar.",
                 }
@@ -376,7 +669,7 @@ def gen_tail_alert() -> alerting.RuleGroup:
             .with_query(
                 alerting.Query("A")
                 .datasource_uid("prometheus")
-                .relative_time_range(alerting_range(600))
+                .relative_time_range(RelativeTimeRange(from_val=600, to=0))
                 .model(p99)
             )
             .with_query(
@@ -387,7 +680,7 @@ def gen_tail_alert() -> alerting.RuleGroup:
             .with_query(
                 alerting.Query("C")
                 .datasource_uid("__expr__")
-                .model(expr.TypeMath().ref_id("C").expression("$B > 120"))
+                .model(expr.TypeMath().ref_id("C").expression(f"$B {alert.op} {alert.threshold:g}"))
             )
             .no_data_state("OK")
             .exec_err_state("Error")
@@ -411,12 +704,6 @@ def file_provisioning(group: dict) -> dict:
     }
 
 
-def alerting_range(seconds: int):
-    from grafana_foundation_sdk.models.alerting import RelativeTimeRange
-
-    return RelativeTimeRange(from_val=seconds, to=0)
-
-
 def render(builder) -> str:
     return (
         json.dumps(
@@ -428,69 +715,82 @@ def render(builder) -> str:
     )
 
 
-def outputs() -> dict[Path, str]:
+def outputs(rules_path: Path = RULES) -> dict[Path, str]:
+    rules = yaml.safe_load(rules_path.read_text())
+    alert_group = file_provisioning(json.loads(render(gen_tail_alert(rules))))
     return {
-        OUTPUTS[STEP_UID]: render(step_breakdown()),
-        OUTPUTS[TAIL_UID]: render(rollout_tail()),
-        ALERTS: json.dumps(
-            {"apiVersion": 1, "groups": [file_provisioning(json.loads(render(gen_tail_alert())))]},
-            indent=2,
-            sort_keys=True,
-        )
+        OUTPUTS[STEP_UID]: render(dashboard(STEP_BREAKDOWN)),
+        OUTPUTS[TAIL_UID]: render(dashboard(ROLLOUT_TAIL)),
+        ALERTS: json.dumps({"apiVersion": 1, "groups": [alert_group]}, indent=2, sort_keys=True)
         + "\n",
     }
 
 
 # --- checks ------------------------------------------------------------------------------
 
-METRIC = re.compile(r"\b(rlotel[a-z_:]*[a-z_])\b")
 
-
-def expressions(node) -> Iterator[str]:
+def expressions(node) -> list[str]:
     """Every PromQL expression in a dashboard or alert JSON (keys `expr`, variable queries)."""
     if isinstance(node, dict):
-        for key, value in node.items():
-            if (key == "expr" and isinstance(value, str)) or (
-                key == "query" and isinstance(value, str) and value.startswith("label_values(")
+        found = []
+        for key, item in node.items():
+            if (key == "expr" and isinstance(item, str)) or (
+                key == "query" and isinstance(item, str) and item.startswith("label_values(")
             ):
-                yield value
+                found.append(item)
             else:
-                yield from expressions(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from expressions(item)
+                found += expressions(item)
+        return found
+    if isinstance(node, list):
+        return [found for item in node for found in expressions(item)]
+    return []
 
 
-def recording_rules(rules_dir: Path = RULES_DIR) -> set[str]:
-    names: set[str] = set()
-    for path in sorted(rules_dir.glob("*.rules.yml")):
-        for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
-            names.update(rule["record"] for rule in group.get("rules", []) if "record" in rule)
-    return names
+def undeclared_queries(boards: tuple[Board, ...] = BOARDS) -> list[str]:
+    """Targets that query a series other than the metrics they name."""
+    problems = []
+    for board in boards:
+        for section in board.sections:
+            for panel in section.panels:
+                if isinstance(panel, TraceTable):
+                    continue
+                for target in panel.targets:
+                    declared = {name for m in target.metrics for name in m.sample_names}
+                    try:
+                        queried = promql_names.selected_names(target.expr)
+                    except promql_names.PromQLError as error:
+                        problems.append(f"{board.title} / {panel.title}: {error}")
+                        continue
+                    problems += [
+                        f"{board.title} / {panel.title}: {name!r} is not among the target's metrics"
+                        for name in queried
+                        if name not in declared
+                    ]
+    return problems
 
 
-def unknown_metrics(exprs: Iterable[str], known: set[str]) -> list[tuple[str, str]]:
-    """(metric, expression) pairs naming something neither exported nor recorded."""
-    return [
-        (name, expression)
-        for expression in exprs
-        for name in METRIC.findall(expression)
-        if name not in known and not name.startswith("rlotel.")
-    ]
-
-
-def known_metrics() -> set[str]:
-    return catalogue.series_names() | recording_rules()
+def problems_in(text: str, known: set[str]) -> list[str]:
+    """Unknown names and unparseable PromQL in one generated file."""
+    problems = []
+    for expression in expressions(json.loads(text)):
+        try:
+            problems += [
+                f"unknown metric {name!r} in {expression!r}"
+                for name, _ in promql_names.unknown_names([expression], known)
+            ]
+        except promql_names.PromQLError as error:
+            problems.append(str(error))
+    return problems
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="verify instead of writing")
     args = parser.parse_args()
-    problems: list[str] = []
+    known = promql_names.known_names()
+    problems = undeclared_queries()
     for path, text in outputs().items():
-        bad = unknown_metrics(expressions(json.loads(text)), known_metrics())
-        problems += [f"{path.name}: unknown metric {name!r} in {expr_!r}" for name, expr_ in bad]
+        problems += [f"{path.name}: {problem}" for problem in problems_in(text, known)]
         if args.check:
             if not path.exists() or path.read_text() != text:
                 problems.append(

@@ -1,19 +1,25 @@
-"""Read a run back: rlotel's OTLP/JSON traces file or verl's FileLogger JSONL.
+"""Read a run back: rlotel's OTLP/JSON traces, a run directory, or verl's FileLogger JSONL.
 
-Both become per-step (timing_raw, metrics) records, so `rlotel analyze` prints the same
-ledger table as the demo. Sample spans and phases outside steps are ignored.
+Every source becomes per-step (timing_raw, metrics) records, so `rlotel analyze` prints the
+same ledger table as the demo and `rlotel report` draws the same numbers. Spans are decoded
+by `rlotel.otlp_json`; lines that are neither OTLP requests nor verl log lines are counted
+as skipped, never raised.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from rlotel import formulas
+from rlotel import formulas, otlp_json
 from rlotel.diagnose import StepFacts
+from rlotel.otlp_json import SpanRecord
+
+SUMMARY_FILE = "summary.json"  # the demo's per-step timing_raw and metrics
+CAPTURE_SPAN = "profile.capture"  # a profiler output, linked from the steps it covers
 
 
 @dataclass
@@ -22,117 +28,199 @@ class StepRecord:
     timing_raw: dict[str, float]
     metrics: dict[str, float]
     facts: StepFacts
+    span: SpanRecord | None = None  # the `step` root span, when read from traces
+
+
+@dataclass
+class Run:
+    """Everything read from a path: steps (sorted), all spans, and what could not be read."""
+
+    source: Path
+    steps: list[StepRecord] = field(default_factory=list)
+    spans: list[SpanRecord] = field(default_factory=list)
+    skipped_lines: int = 0
+    files: list[Path] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
 
 
 def load_steps(path: Path) -> list[StepRecord]:
     """Steps from a file, or from every `*.jsonl` file of a directory; sorted by step."""
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    spans: list[dict] = []
+    return load_run(path).steps
+
+
+def load_run(path: Path) -> Run:
+    """A traces file, a directory of them (plus the demo's summary.json), or a verl log."""
+    path = Path(path)
+    run = Run(source=path, files=list(otlp_json.iter_files(path)))
     logged: dict[int, dict[str, float]] = {}
-    for file in files:
-        for line in file.read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if "resourceSpans" in record:
-                spans.extend(_spans(record))
-            elif "step" in record and isinstance(record.get("data"), dict):
-                logged.setdefault(int(record["step"]), {}).update(record["data"])
-    steps = _steps_from_spans(spans) + _steps_from_verl_log(logged)
-    return sorted(steps, key=lambda s: s.number)
+    for file in run.files:
+        with file.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if line.strip():
+                    _read_line(line, run, logged)
+    summary_path = path / SUMMARY_FILE if path.is_dir() else None
+    if summary_path is not None and summary_path.is_file():
+        run.summary = _read_summary(summary_path)
+    steps = _steps_from_spans(run.spans)
+    traced = {s.number for s in steps}
+    steps += [s for s in _steps_from_verl_log(logged) if s.number not in traced]
+    if not steps and run.summary is not None:
+        steps = _steps_from_summary(run.summary)
+    elif run.summary is not None:
+        _merge_summary_metrics(steps, run.summary)
+    run.steps = sorted(steps, key=lambda s: s.number)
+    return run
 
 
-def _spans(request: dict) -> Iterator[dict]:
-    for resource_spans in request["resourceSpans"]:
-        for scope_spans in resource_spans.get("scopeSpans", []):
-            for span in scope_spans.get("spans", []):
-                attributes = {}
-                for attribute in span.get("attributes", []):
-                    ((kind, value),) = attribute["value"].items()
-                    attributes[attribute["key"]] = (
-                        int(value)
-                        if kind == "intValue"
-                        else float(value)
-                        if kind == "doubleValue"
-                        else value
-                    )
-                yield {
-                    "name": span["name"],
-                    "trace": span["traceId"],
-                    "id": span["spanId"],
-                    "parent": span.get("parentSpanId", ""),
-                    "start": int(span["startTimeUnixNano"]),
-                    "seconds": (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"]))
-                    / 1e9,
-                    "attributes": attributes,
-                }
+def _read_line(line: str, run: Run, logged: dict[int, dict[str, float]]) -> None:
+    record = otlp_json.parse_line(line)
+    if record is None:
+        run.skipped_lines += 1
+        return
+    spans = otlp_json.decode_or_none(record)
+    if spans is not None:
+        run.spans.extend(spans)
+    elif _is_verl_log_line(record):
+        logged.setdefault(int(record["step"]), {}).update(record["data"])
+    else:
+        run.skipped_lines += 1
 
 
-def _steps_from_spans(spans: list[dict]) -> list[StepRecord]:
-    by_trace: dict[str, list[dict]] = defaultdict(list)
+def _is_verl_log_line(record: dict[str, Any]) -> bool:
+    step = record.get("step")
+    return (
+        isinstance(step, int)
+        and not isinstance(step, bool)
+        and isinstance(record.get("data"), dict)
+    )
+
+
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except ValueError:
+        return None
+    return summary if isinstance(summary, dict) and isinstance(summary.get("steps"), list) else None
+
+
+def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
+    by_trace: dict[str, list[SpanRecord]] = defaultdict(list)
     for span in spans:
-        by_trace[span["trace"]].append(span)
+        by_trace[span.trace_id].append(span)
     steps = []
     for trace in by_trace.values():
-        root = next((s for s in trace if s["name"] == "step" and not s["parent"]), None)
+        root = next((s for s in trace if s.name == "step" and not s.parent_span_id), None)
         if root is None:
             continue
         timing: dict[str, float] = {}
-        for span in sorted(trace, key=lambda s: s["start"]):  # phases in the order they ran
-            if span is not root and "rl.phase" in span["attributes"]:
-                timing[span["name"]] = timing.get(span["name"], 0) + span["seconds"]
-        timing["step"] = root["seconds"]
-        attributes = root["attributes"]
+        for span in sorted(trace, key=lambda s: s.start_ns):  # phases in the order they ran
+            if span is not root and "rl.phase" in span.attributes:
+                timing[span.name] = timing.get(span.name, 0) + span.seconds
+        timing["step"] = root.seconds
+        attributes = root.attributes
         prompt = attributes.get("rl.tokens.prompt")
         response = attributes.get("rl.tokens.response")
         metrics = formulas.timing_metrics(timing, prompt, response)
         number = int(attributes.get("rl.step", -1))
+        mfu = {k[len("rl.mfu.") :]: v for k, v in attributes.items() if k.startswith("rl.mfu.")}
+        metrics.update({f"perf/mfu/{role}": value for role, value in mfu.items()})
+        if "rl.throughput" in attributes:
+            metrics["perf/throughput"] = attributes["rl.throughput"]
         facts = StepFacts(
             number,
             timing,
             unaccounted=attributes.get("rl.unaccounted_s"),
             response_tokens=response,
             sequences=attributes.get("rl.sequences"),
-            mfu={k[len("rl.mfu.") :]: v for k, v in attributes.items() if k.startswith("rl.mfu.")},
+            mfu=mfu,
             agent_loop=_slowest_from_samples(trace),
         )
-        steps.append(StepRecord(number, timing, metrics, facts))
+        steps.append(StepRecord(number, timing, metrics, facts, root))
     return steps
 
 
-def _slowest_from_samples(trace: list[dict]) -> dict[str, float]:
+def _slowest_from_samples(trace: list[SpanRecord]) -> dict[str, float]:
     """The slowest exported sample's stages, as verl's agent_loop/slowest/* keys."""
-    samples = [s for s in trace if s["name"] == "sample"]
+    samples = [s for s in trace if s.name == "sample"]
     if not samples:
         return {}
     stages = ("generate_sequences", "tool_calls", "compute_score")
 
-    def total(span: dict) -> float:
-        return sum(span["attributes"].get(f"rl.sample.{stage}_s", 0.0) for stage in stages)
+    def total(span: SpanRecord) -> float:
+        return sum(span.attributes.get(f"rl.sample.{stage}_s", 0.0) for stage in stages)
 
     slowest = max(samples, key=total)
     keys = {
-        f"agent_loop/slowest/{stage}": slowest["attributes"].get(f"rl.sample.{stage}_s", 0.0)
+        f"agent_loop/slowest/{stage}": slowest.attributes.get(f"rl.sample.{stage}_s", 0.0)
         for stage in stages
     }
-    if "gen_ai.usage.output_tokens" in slowest["attributes"]:
-        keys["agent_loop/slowest/response_length"] = slowest["attributes"][
+    if "gen_ai.usage.output_tokens" in slowest.attributes:
+        keys["agent_loop/slowest/response_length"] = slowest.attributes[
             "gen_ai.usage.output_tokens"
         ]
     return keys
 
 
-def _steps_from_verl_log(logged: dict[int, dict[str, float]]) -> list[StepRecord]:
+def _numeric(data: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in data.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def _steps_from_verl_log(logged: dict[int, dict[str, Any]]) -> list[StepRecord]:
     steps = []
     for number, data in logged.items():
         timing = {
             key[len("timing_s/") :]: float(value)
-            for key, value in data.items()
+            for key, value in _numeric(data).items()
             if key.startswith("timing_s/") and "/" not in key[len("timing_s/") :]
         }
         if "step" not in timing:
             continue
-        metrics = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
+        metrics = _numeric(data)
         facts = StepFacts.from_metrics(number, timing, metrics)
         steps.append(StepRecord(number, timing, metrics, facts))
     return steps
+
+
+def _steps_from_summary(summary: dict[str, Any]) -> list[StepRecord]:
+    """The demo's summary.json alone (its traces missing): timing_raw and metrics per step."""
+    logged = {}
+    for step in summary["steps"]:
+        if isinstance(step, dict) and isinstance(step.get("number"), int):
+            timing = step.get("timing_raw") or {}
+            metrics = step.get("metrics") or {}
+            logged[step["number"]] = {
+                **{f"timing_s/{k}": v for k, v in timing.items()},
+                **metrics,
+            }
+    return _steps_from_verl_log(logged)
+
+
+def _merge_summary_metrics(steps: list[StepRecord], summary: dict[str, Any]) -> None:
+    """Keys only the summary has (goodput, idle ratios, staleness, ...) join the span steps."""
+    by_number = {s.get("number"): s for s in summary["steps"] if isinstance(s, dict)}
+    for step in steps:
+        logged = by_number.get(step.number)
+        if logged and isinstance(logged.get("metrics"), dict):
+            for key, value in _numeric(logged["metrics"]).items():
+                step.metrics.setdefault(key, value)
+            logged_loop = StepFacts.from_metrics(step.number, {}, step.metrics).agent_loop
+            step.facts = replace(step.facts, agent_loop={**logged_loop, **step.facts.agent_loop})
+
+
+def resolve_capture_path(recorded: str, source: Path) -> Path | None:
+    """A capture file as recorded (absolute or relative to where the run ran), else found
+    by name under the run directory (a run copied elsewhere keeps working)."""
+    if not recorded:
+        return None
+    path = Path(recorded)
+    if path.is_file():
+        return path.resolve()
+    base = source if source.is_dir() else source.parent
+    for candidate in (base / path, base / "profile" / path.name):
+        if candidate.is_file():
+            return candidate.resolve()
+    return next(base.rglob(path.name), None)

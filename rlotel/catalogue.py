@@ -196,6 +196,64 @@ DROPPED = MetricSpec(
     ("signal", "reason"),
 )
 
+# Weight versions a sample lags or spans: integers, fine where small, coarser further out.
+STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(
+    float(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+)
+
+PHASE_RANK_SPREAD = MetricSpec(
+    "rlotel_phase_rank_spread_ratio",
+    "gauge",
+    "ratio",
+    "Slowest rank's seconds divided by the median rank's, for each phase of the last step that "
+    "ran on several ranks (1 = balanced).",
+    ("phase",),
+)
+GOODPUT = MetricSpec(
+    "rlotel_goodput_ratio",
+    "gauge",
+    "ratio",
+    "Productive seconds of the last step divided by its wall time.",
+)
+BUCKET_SECONDS = MetricSpec(
+    "rlotel_bucket_seconds",
+    "counter",
+    "seconds",
+    "Phase seconds by goodput bucket (productive, overhead, idle, wasted).",
+    ("bucket",),
+)
+ROLE_IDLE = MetricSpec(
+    "rlotel_role_idle_ratio",
+    "gauge",
+    "ratio",
+    "Fraction of the last step's wall time a role (trainer, rollout) spent idle, 0 to 1.",
+    ("role",),
+)
+SAMPLE_STALENESS = MetricSpec(
+    "rlotel_sample_staleness_steps",
+    "histogram",
+    "steps",
+    "Per-sample staleness at consumption: (step - 1) - the newest weight version it used.",
+    (),
+    STEP_COUNT_BUCKETS,
+)
+SAMPLE_WEIGHT_SPAN = MetricSpec(
+    "rlotel_sample_weight_span_steps",
+    "histogram",
+    "steps",
+    "Weight versions a trajectory spans: newest - oldest + 1.",
+    (),
+    STEP_COUNT_BUCKETS,
+)
+REPLAY_EVICTED = MetricSpec(
+    "rlotel_replay_evicted_samples",
+    "counter",
+    "",
+    "Samples evicted from the replay buffer, by reason (staleness, filter_groups, "
+    "rollout_failure, ...).",
+    ("reason",),
+)
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     STEP_PHASE_SECONDS,
     PHASE_DURATION,
@@ -219,6 +277,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     BOTTLENECK,
     PROFILE_CAPTURES,
     DROPPED,
+    PHASE_RANK_SPREAD,
+    GOODPUT,
+    BUCKET_SECONDS,
+    ROLE_IDLE,
+    SAMPLE_STALENESS,
+    SAMPLE_WEIGHT_SPAN,
+    REPLAY_EVICTED,
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

@@ -1,5 +1,7 @@
 """`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run,
-`replay` turns verl's FileLogger output into backfillable metrics and traces."""
+`replay` turns verl's FileLogger output into backfillable metrics and traces, `report`
+draws a run as one offline HTML page, `perfetto` lays it (and its profiler captures) on one
+timeline."""
 
 from __future__ import annotations
 
@@ -97,33 +99,106 @@ def _demo(args: argparse.Namespace) -> int:
             indent=1,
         )
     )
-    console.print(f"traces: {traces}\nsummary: {summary}\nmetrics: {tel.metrics_url}")
+    console.print(f"traces: {traces}\nsummary: {summary}")
     captures = sorted({str(c.path) for step in outcome.steps for c in step.captures})
     if captures:
         console.print("profiler captures:\n  " + "\n  ".join(captures))
+    tel.flush()  # every span in the traces file before the report reads it
+    reported = _demo_report(traces.parent)
     if args.serve_seconds > 0 and tel.metrics_url:
-        console.print(f"serving /metrics for {args.serve_seconds:.0f}s (Ctrl-C to stop)")
+        console.print(
+            f"metrics: {tel.metrics_url} — serving for {args.serve_seconds:.0f}s (Ctrl-C to stop)"
+        )
         with contextlib.suppress(KeyboardInterrupt):
             time.sleep(args.serve_seconds)
     tel.shutdown()
+    return reported
+
+
+def _demo_report(run_dir: Path) -> int:
+    """The run's report.html, printed by path; a failure is one line, the demo still ran."""
+    from rlotel.report import ReportError, write_report
+
+    try:
+        result = write_report(run_dir, run_dir / "report.html")
+    except (ReportError, OSError) as error:
+        errors.print(f"[red]rlotel: no report: {error}[/red]")
+        return 1
+    console.print(f"report: {result.path}")
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from rlotel.report import ReportError, write_report
+
+    source = Path(args.path)
+    out = Path(args.out) if args.out else _default_output(source, "report.html")
+    try:
+        result = write_report(source, out)
+    except ReportError as error:
+        errors.print(f"[red]rlotel: {error}[/red]")
+        return 1
+    except OSError as error:
+        errors.print(f"[red]rlotel: cannot read {source} or write {out}: {error}[/red]")
+        return 2
+    skipped = f", {result.skipped_lines} unreadable line(s) skipped" if result.skipped_lines else ""
+    console.print(
+        f"report: {result.path} ({result.steps} steps, {result.size_bytes / 1e6:.1f} MB{skipped})"
+    )
+    return 0
+
+
+def _perfetto(args: argparse.Namespace) -> int:
+    from rlotel.perfetto import PerfettoError, write_perfetto
+
+    source = Path(args.path)
+    out = Path(args.out) if args.out else _default_output(source, "trace.json.gz")
+    try:
+        result = write_perfetto(source, out)
+    except PerfettoError as error:
+        errors.print(f"[red]rlotel: {error}[/red]")
+        return 1
+    except OSError as error:
+        errors.print(f"[red]rlotel: cannot read {source} or write {out}: {error}[/red]")
+        return 2
+    notes = [f"{result.events} events from {result.spans} spans"]
+    notes.append(f"{result.captures_merged} profiler capture(s) merged")
+    if result.captures_missing:
+        notes.append(f"{result.captures_missing} capture file(s) not found")
+    if result.skipped_lines:
+        notes.append(f"{result.skipped_lines} unreadable line(s) skipped")
+    console.print(f"timeline: {result.path} ({', '.join(notes)}); open it in ui.perfetto.dev")
+    return 0
+
+
+def _default_output(source: Path, name: str) -> Path:
+    """Beside the input: inside a run directory, or next to a file."""
+    return source / name if source.is_dir() else source.with_name(name)
+
+
 def _analyze(args: argparse.Namespace) -> int:
-    from rlotel.analyze import load_steps
+    from rlotel.analyze import load_run
 
     path = Path(args.path)
     if not path.exists():
         errors.print(f"[red]rlotel: {path} does not exist[/red]")
         return 2
     try:
-        steps = load_steps(path)
-    except (OSError, ValueError, KeyError) as error:
-        errors.print(f"[red]rlotel: cannot read {path}: {error!r}[/red]")
+        run = load_run(path)
+    except OSError as error:
+        errors.print(f"[red]rlotel: cannot read {path}: {error}[/red]")
+        return 2
+    steps = run.steps
+    if not steps and run.skipped_lines:
+        errors.print(
+            f"[red]rlotel: no readable lines in {path} ({run.skipped_lines} skipped)[/red]"
+        )
         return 2
     if not steps:
         errors.print(f"[red]rlotel: no steps found in {path}[/red]")
         return 1
+    if run.skipped_lines:
+        errors.print(f"rlotel: {run.skipped_lines} unreadable line(s) in {path} skipped")
     every = args.every or len(steps)
     diagnoser = Diagnoser()
     verdicts = [diagnoser.observe(step.facts) for step in steps]
@@ -251,8 +326,28 @@ def main(argv: list[str] | None = None) -> int:
         "--step-seconds", type=float, default=None, help="duration of steps without timing_s/step"
     )
     replay.set_defaults(handler=_replay)
+    report = commands.add_parser(
+        "report", help="a self-contained HTML report of a run (works offline)"
+    )
+    report.add_argument("path", help="run directory, traces.jsonl, or verl's <experiment>.jsonl")
+    report.add_argument("-o", "--out", help="output file (default: report.html beside the input)")
+    report.set_defaults(handler=_report)
+    perfetto = commands.add_parser(
+        "perfetto", help="spans + torch.profiler captures as one Chrome trace-event timeline"
+    )
+    perfetto.add_argument("path", help="run directory or traces.jsonl")
+    perfetto.add_argument("-o", "--out", help="trace.json or trace.json.gz (default: beside)")
+    perfetto.set_defaults(handler=_perfetto)
     args = parser.parse_args(argv)
-    return args.handler(args)
+    return _checked_path(args) or args.handler(args)
+
+
+def _checked_path(args: argparse.Namespace) -> int:
+    """Non-zero (after one line) when a report/perfetto input does not exist."""
+    if args.command in ("report", "perfetto") and not Path(args.path).exists():
+        errors.print(f"[red]rlotel: {args.path} does not exist[/red]")
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

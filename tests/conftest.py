@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import rlotel
 from rlotel import nvtx
+from tests.fuzzing import RUN
 
 # parse_exposition and scrape are re-exported only for tests/test_dashboards.py, which still
 # imports them from here (its owner moves that import to tests.helpers; then drop them).
@@ -54,6 +55,12 @@ def make_tel(span_exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatc
 @pytest.fixture
 def tel(make_tel) -> rlotel.Telemetry:
     return make_tel()
+
+
+@pytest.fixture
+def fuzz_tel(make_tel) -> rlotel.Telemetry:
+    """One telemetry per test function, reused by every example; the key cap out of reach."""
+    return make_tel(run=RUN, max_metric_keys=100_000)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import numpy as np
 import pytest
@@ -122,62 +121,6 @@ def test_phase_label_explosion_is_capped(make_tel):
     phases = {dict(lab)["phase"] for n, lab in samples if n == "rlotel_step_phase_seconds"}
     assert len(phases) == 8
     assert drops[("metrics", "label_cap")] > 0
-
-
-PHASES = "rlotel_phase_duration_seconds"
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"prometheus_port": 70000}, "prometheus_port must be 0..65535"),
-        ({"prometheus_port": "9464"}, "prometheus_port must be"),
-        ({"n_gpus": 0}, "n_gpus must be a positive integer"),
-        ({"run": ""}, "run must be a non-empty"),
-        ({"profile_steps": [1, -2]}, "profile_steps must be non-negative"),
-        ({"max_metric_keys": 0}, "max_metric_keys must be an integer ≥ 1"),
-        ({"max_sample_spans": -1}, "max_sample_spans must be an integer ≥ 0"),
-        ({"histogram_buckets": [1, 2]}, "must map histogram names to upper bounds, e.g."),
-        ({"histogram_buckets": {"rlotel_step": [1]}}, "not an rlotel histogram; choose from"),
-        ({"histogram_buckets": {PHASES: [5, 1]}}, r"strictly increasing, but 1 follows 5"),
-        ({"histogram_buckets": {PHASES: [1, 1]}}, r"strictly increasing, but 1 follows 1"),
-        ({"histogram_buckets": {PHASES: [1, float("nan")]}}, "must be finite"),
-        ({"histogram_buckets": {PHASES: [1, float("inf")]}}, r"\+Inf is always added"),
-        ({"histogram_buckets": {PHASES: [-1, 1]}}, "must be ≥ 0"),
-        ({"histogram_buckets": {PHASES: ["1"]}}, "bounds must be numbers, got '1'"),
-        ({"histogram_buckets": {PHASES: []}}, "must have 1 to 100 bounds"),
-        ({"histogram_buckets": {PHASES: range(1, 200)}}, "must have 1 to 100 bounds"),
-        ({"histogram_buckets": {PHASES: "1,2"}}, "must be a list of upper bounds"),
-    ],
-)
-def test_config_errors_raise_at_init(kwargs, message):
-    with pytest.raises(rlotel.ConfigError, match=message):
-        rlotel.init(**{"prometheus_port": 0, **kwargs})
-
-
-def test_busy_port_raises_with_fix(monkeypatch):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        port = sock.getsockname()[1]
-        with pytest.raises(rlotel.ConfigError, match="choose a free prometheus_port"):
-            rlotel.init(prometheus_port=port)
-
-
-def test_unwritable_traces_file_raises(tmp_path):
-    with pytest.raises(rlotel.ConfigError, match="is a directory"):
-        rlotel.init(prometheus_port=None, traces_file=tmp_path)
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(rlotel.ConfigError, match="cannot be created"):
-        rlotel.init(prometheus_port=None, traces_file=blocker / "sub" / "t.jsonl")
-
-
-def test_bad_otlp_protocol_raises(monkeypatch):
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-    with pytest.raises(rlotel.ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
-        rlotel.init(prometheus_port=0)
 
 
 def test_default_endpoint_binds_loopback(monkeypatch):

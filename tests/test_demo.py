@@ -34,6 +34,7 @@ def wait_for_url(process: subprocess.Popen, timeout_s: float = 60.0) -> str:
     pytest.fail("the demo never printed its metrics URL")
 
 
+@pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
     command = [
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "3", "--port", "0",
@@ -103,6 +104,7 @@ def test_demo_reports_busy_port(tmp_path, capsys):
     assert "Address already in use; choose a free prometheus_port" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_with_ray_parents_worker_samples_under_gen(tmp_path):
     pytest.importorskip("ray")
     command = [

@@ -176,6 +176,7 @@ def test_verdict_reaches_span_metric_and_step(make_tel, span_exporter):
     assert rlotel.diagnose(step).kind == "update-bound"
 
 
+@pytest.mark.slow
 def test_demo_knob_flips_the_verdict():
     """A heavier update (more PPO epochs, real extra work) turns rollout- into update-bound."""
     pytest.importorskip("torch")

@@ -166,6 +166,7 @@ def test_shutdown_is_bounded_against_a_blackhole(monkeypatch):
     assert elapsed < 3.5, f"shutdown took {elapsed:.1f}s with a 2s budget"
 
 
+@pytest.mark.slow
 def test_exit_without_shutdown_still_flushes(tmp_path):
     """A script that forgets tel.shutdown() still gets its spans written at exit."""
     import subprocess

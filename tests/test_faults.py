@@ -12,6 +12,8 @@ import rlotel
 from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import FaultyReceiver
 
+pytestmark = pytest.mark.slow  # real receivers that fail, time out or stall
+
 PHASES = ("gen", "reward", "update_actor")
 
 

@@ -65,10 +65,3 @@ def test_histograms_reach_otlp_with_matching_bounds(protocol, configured, monkey
     assert steps.sum.is_monotonic and steps.sum.data_points[0].as_double == 1.0
     phase = metrics["rlotel_step_phase_seconds"].gauge.data_points[0]
     assert phase.as_double == step.timing_raw["gen"]
-
-
-def test_bad_export_interval_raises(monkeypatch):
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "soon")
-    with pytest.raises(rlotel.ConfigError, match="OTEL_METRIC_EXPORT_INTERVAL"):
-        rlotel.init(prometheus_port=None)

@@ -92,6 +92,7 @@ def run(script: str, path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_fork_after_init_neither_deadlocks_nor_duplicates(tmp_path):
     path = tmp_path / "fork.jsonl"
     run(FORK, path)
@@ -99,12 +100,14 @@ def test_fork_after_init_neither_deadlocks_nor_duplicates(tmp_path):
     assert steps == [1, 2]  # each parent step once; nothing from the child
 
 
+@pytest.mark.slow
 def test_forked_child_does_not_keep_the_metrics_port(tmp_path):
     """The child closes its copy of the listening socket: a lingering worker must not
     hold the port the next run binds (nor queue scrapes nobody answers)."""
     run(PORT_AFTER_FORK, tmp_path)
 
 
+@pytest.mark.slow
 def test_exit_mid_step_exports_what_closed_marked_incomplete(tmp_path):
     path = tmp_path / "crash.jsonl"
     run(CRASH, path)
@@ -135,6 +138,7 @@ SIGTERM = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigterm_flushes_then_terminates(tmp_path):
     import signal
 
@@ -193,8 +197,3 @@ def test_busy_port_falls_back_to_the_next_when_configured(caplog):
             )
         finally:
             tel.shutdown()
-
-
-def test_port_retries_must_be_a_count():
-    with pytest.raises(rlotel.ConfigError, match="prometheus_port_retries must be an integer"):
-        rlotel.init(prometheus_port=0, prometheus_port_retries=-1)

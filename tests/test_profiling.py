@@ -136,22 +136,6 @@ def test_token_window_rejects_bad_values(start, end, message):
         token_window(start, end)
 
 
-def test_bad_configs_raise_at_init(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(rlotel.ConfigError, match="profile_dir"):
-        rlotel.init(prometheus_port=None, profile_steps=[1], profile_dir=blocker / "sub")
-    with pytest.raises(rlotel.ConfigError, match="needs profile_dir"):
-        rlotel.init(prometheus_port=None, profile_steps=[1])
-    with pytest.raises(rlotel.ConfigError, match="schedule"):
-        rlotel.init(
-            prometheus_port=None,
-            profile=ProfileConfig(steps=(1,), save_dir=tmp_path, schedule=(1, 1, 0, 1)),
-        )
-    with pytest.raises(rlotel.ConfigError, match="both profile_token_start"):
-        rlotel.init(prometheus_port=None, profile=ProfileConfig(token_start=5))
-
-
 def test_a_profiler_that_raises_does_not_stop_training(make_tel, tmp_path, monkeypatch):
     def broken(self):
         raise RuntimeError("kineto unavailable")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import pytest
 import torch
 
 from tests.helpers import parse_exposition, scrape
@@ -17,6 +18,7 @@ def work(size: int) -> None:
     (a @ a).sum().item()
 
 
+@pytest.mark.slow
 def test_promql_equals_step_numbers(make_tel, prometheus_for):
     tel = make_tel(run="promql", n_gpus=2)
     prometheus = prometheus_for(tel.metrics_url)
@@ -55,6 +57,7 @@ def test_promql_equals_step_numbers(make_tel, prometheus_for):
     assert unlabelled == []
 
 
+@pytest.mark.slow
 def test_promtool_check_metrics_is_clean(make_tel):
     promtool = shutil.which("promtool")
     assert promtool, "promtool is not installed: run `make test`"

@@ -11,6 +11,8 @@ from tests.helpers import finished_spans
 from tests.otlp_receiver import HttpReceiver
 from tests.promserver import Prometheus
 
+pytestmark = pytest.mark.slow  # Ray workers, a real Prometheus
+
 ray = pytest.importorskip("ray")
 
 

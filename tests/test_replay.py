@@ -121,6 +121,7 @@ def _at(server: Prometheus, promql: str, seconds: float) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+@pytest.mark.slow
 def test_prometheus_reads_back_the_file_values(replayed: ReplayResult, tmp_path: Path) -> None:
     workdir = tmp_path / "prom"
     workdir.mkdir()

@@ -7,9 +7,12 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 
 from rlotel import catalogue
 from tests.helpers import file_spans, parse_exposition, scrape
+
+pytestmark = pytest.mark.slow  # a real Prometheus and promtool
 
 
 def test_p99_and_exemplars_through_prometheus(make_tel, prometheus_for, tmp_path):

@@ -11,9 +11,12 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import scrape
+
+pytestmark = pytest.mark.slow  # scrape load from a subprocess
 
 
 def scraper(url: str, stop: threading.Event, bodies: list[str], rate_hz: float = 50.0) -> None:

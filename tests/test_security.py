@@ -50,6 +50,7 @@ def fetch(url: str, cafile, credentials: tuple[str, str] | None = None) -> int:
         return error.code
 
 
+@pytest.mark.slow
 def test_tls_and_basic_auth_scraped_by_prometheus(make_tel, certificate, tmp_path):
     cert, key = certificate
     tel = make_tel(
@@ -83,20 +84,7 @@ def test_tls_and_basic_auth_scraped_by_prometheus(make_tel, certificate, tmp_pat
         prometheus.stop()
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"prometheus_tls": ("/nonexistent/cert.pem", "/nonexistent/key.pem")},
-        {"prometheus_tls": "cert.pem"},
-        {"prometheus_basic_auth": ("user", "")},
-        {"prometheus_basic_auth": ("us:er", "x")},
-    ],
-)
-def test_bad_security_settings_raise_at_init(kwargs):
-    with pytest.raises(rlotel.ConfigError):
-        rlotel.init(prometheus_port=0, **kwargs)
-
-
+@pytest.mark.slow
 def test_no_token_and_no_text_leaves_the_process(tmp_path, monkeypatch, caplog, capfd):
     """Tokens in OTLP headers and text passed by mistake appear in no log, file or series."""
     caplog.set_level(logging.DEBUG)

@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a long soak in a subprocess
+
 SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 
 

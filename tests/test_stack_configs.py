@@ -116,6 +116,7 @@ def host_port(address: str) -> tuple[str, int]:
     return parsed.hostname, parsed.port
 
 
+@pytest.mark.slow
 def test_compose_file_matches_the_compose_spec():
     checker = tool("check-jsonschema")
     assert checker, "check-jsonschema is not installed in the venv"
@@ -180,6 +181,7 @@ def test_spanmetrics_buckets_cover_rl_phases():
     assert {d["name"] for d in spanmetrics["dimensions"]} >= {"rl.phase", "rl.run"}
 
 
+@pytest.mark.slow
 def test_promtool_accepts_the_prometheus_config():
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -223,9 +225,22 @@ def test_exemplars_link_to_the_tempo_datasource():
     assert destinations[0]["name"] == "trace_id"  # the exemplar label the collector writes
 
 
+@pytest.mark.slow
 def test_amtool_accepts_the_alertmanager_config():
     amtool = shutil.which("amtool")
     if amtool is None:
         pytest.skip("amtool is not installed (Debian: prometheus-alertmanager)")
     result = run([amtool, "check-config", "collector/alertmanager.yml"])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_discovery_jobs_read_directories_the_stack_mounts():
+    """Workers and engines are found by file discovery in collector/ (mounted at
+    /etc/prometheus); an engine target must carry `replica`."""
+    jobs = {job["job_name"]: job for job in load(COLLECTOR / "prometheus.yml")["scrape_configs"]}
+    for name, directory in (("rlotel-workers", "workers"), ("rollout-engines", "engines")):
+        (files,) = [files for sd in jobs[name]["file_sd_configs"] for files in sd["files"]]
+        assert files == f"{directory}/*.json"
+        assert (COLLECTOR / directory).is_dir(), f"collector/{directory}/ is missing"
+    keep = jobs["rollout-engines"]["relabel_configs"][0]
+    assert keep == {"source_labels": ["replica"], "regex": ".+", "action": "keep"}

@@ -76,6 +76,7 @@ def run_script(tmp_path, enable: str | None) -> dict:
     return json.loads(line[len("REPORT") :])
 
 
+@pytest.mark.slow
 def test_enabled_plugin_turns_verl_timers_into_spans(tmp_path):
     report = run_script(tmp_path, "1")
     assert report["patched"] and report["timer_module"] == "rlotel.integrations.verl"
@@ -112,6 +113,7 @@ def test_enabled_plugin_turns_verl_timers_into_spans(tmp_path):
     assert series[key] == timing_raw["gen"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("enable", [None, "0"])
 def test_without_the_variable_importing_verl_changes_nothing(tmp_path, enable):
     report = run_script(tmp_path, enable)
@@ -174,6 +176,7 @@ def test_agent_loop_manager_samples_reach_histograms(make_tel):
     assert agent_loop.AgentLoopManager._performance_metrics.__module__ != "rlotel.integrations.verl"
 
 
+@pytest.mark.slow
 def test_opentelemetry_instrument_switches_rlotel_on(tmp_path):
     """The standard auto-instrumentation command enables the plugin without RLOTEL_ENABLE."""
     command = os.path.join(os.path.dirname(sys.executable), "opentelemetry-instrument")

@@ -1,0 +1,96 @@
+"""A 10,000-step run's report: render time, HTML size, time to interactive in Chromium.
+
+The run is real: rlotel writes the traces file (seven phases, samples every step, tokens,
+MFU), then `rlotel.report.write_report` renders it. The page is opened from `file://` in
+headless Chromium (every host resolving to nowhere) twice: a fresh browser (cold, no code
+cache) and the same page again (warm); "interactive" is the page's own ready mark
+(`window.rlotelReadyMs`, every chart drawn), measured from navigation start.
+Goals: render ≤ 10 s, HTML ≤ 8 MB with plotly.js, interactive ≤ 2 s.
+
+    python benchmarks/report_size.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chromium, the driver
+
+import rlotel
+from rlotel.report import write_report
+from tests.chromium import Chromium, file_url
+
+PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
+RENDER_BUDGET_S = 10.0
+SIZE_BUDGET_BYTES = 8_000_000
+INTERACTIVE_BUDGET_S = 2.0
+
+
+def write_run(path: Path, steps: int, samples: int) -> None:
+    """A real traces file: phases around a little work, `samples` per-sample timings a step."""
+    rng = random.Random(0)
+    tel = rlotel.init(run="bench", prometheus_port=None, traces_file=path)
+    for number in range(1, steps + 1):
+        with tel.step(number) as step:
+            for phase in PHASES:
+                with tel.phase(phase):
+                    sum(range(200))
+                    if phase == "gen":
+                        tel.record_samples(
+                            generate_sequences=[rng.lognormvariate(0, 0.6) for _ in range(samples)],
+                            tool_calls=[rng.random() * 0.1 for _ in range(samples)],
+                            compute_score=[0.001] * samples,
+                            prompt_length=[64] * samples,
+                            response_length=[rng.randint(16, 512) for _ in range(samples)],
+                        )
+            step.set_tokens(prompt=[64] * samples, response=[256] * samples)
+            step.set_mfu(actor=0.3 + 0.05 * rng.random())
+    tel.shutdown(120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=32, help="per-sample timings a step")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        traces = Path(tmp) / "traces.jsonl"
+        started = time.perf_counter()
+        write_run(traces, args.steps, args.samples)
+        print(
+            f"run: {args.steps} steps, {args.samples} samples a step, traces "
+            f"{traces.stat().st_size / 1e6:.1f} MB, written in {time.perf_counter() - started:.1f}s"
+        )
+        started = time.perf_counter()
+        result = write_report(traces, Path(tmp) / "report.html")
+        render_s = time.perf_counter() - started
+        with Chromium() as browser:
+            ready = "document.body.dataset.ready === '1'"
+            cold = browser.open(file_url(result.path), ready)
+            cold_s = browser.evaluate("window.rlotelReadyMs") / 1000
+            warm = browser.open(file_url(result.path), ready)
+            warm_s = browser.evaluate("window.rlotelReadyMs") / 1000
+            points = browser.evaluate("document.querySelectorAll('.js-plotly-plot').length")
+        clean = not (cold.console_errors or cold.requests or warm.console_errors)
+    checks = [
+        ("render", render_s, RENDER_BUDGET_S, "s"),
+        ("HTML size", result.size_bytes / 1e6, SIZE_BUDGET_BYTES / 1e6, "MB"),
+        ("interactive, cold browser", cold_s, INTERACTIVE_BUDGET_S, "s"),
+        ("interactive, warm", warm_s, INTERACTIVE_BUDGET_S, "s"),
+    ]
+    for name, value, budget, unit in checks:
+        verdict = "ok" if value <= budget else "OVER"
+        print(f"{name:27s} {value:7.2f} {unit}  (goal ≤ {budget:g} {unit}) {verdict}")
+    print(
+        f"charts drawn: {points}; console errors or network requests: {'none' if clean else 'SOME'}"
+    )
+    return 0 if clean and all(value <= budget for _, value, budget, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""`rlotel report`: the HTML's data and offline-ness here; the page itself in real Chromium."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlotel
+from rlotel import cli
+from rlotel.report import MAX_POINTS, write_report
+
+PHASES = ["gen", "reward", "old_log_prob", "update_actor", "update_weights"]
+WORKER = """
+import json, sys, rlotel
+carrier = json.loads(sys.argv[2])
+tel = rlotel.init(run="mp", service_name="rollout-worker", prometheus_port=None,
+                  traces_file=sys.argv[1])
+with tel.phase("generate_remote", context=carrier):
+    sum(range(200_000))
+    tel.record_samples(generate_sequences=[0.2, 0.5], response_length=[7, 30], context=carrier)
+tel.shutdown()
+"""
+
+
+def page_data(path: Path) -> dict:
+    """The JSON blob the page draws from (as the browser's JSON.parse would read it)."""
+    text = path.read_text()
+    match = re.search(
+        r'<script type="application/json" id="rlotel-data">(.*?)</script>', text, re.S
+    )
+    assert match, "no data blob in the page"
+    return json.loads(match.group(1).replace("<\\/", "</"))
+
+
+def traced_run(path: Path, steps: int = 4, slow_step: int = 3) -> None:
+    """A real rlotel traces file: phases, samples, tokens and MFU; one step slower."""
+    tel = rlotel.init(run="rep", prometheus_port=None, traces_file=path)
+    for number in range(1, steps + 1):
+        with tel.step(number) as step:
+            for phase in PHASES:
+                with tel.phase(phase):
+                    work = 3 if phase == "gen" and number == slow_step else 1
+                    sum(range(60_000 * work))
+                    if phase == "gen":
+                        tel.record_samples(
+                            generate_sequences=[0.01 * number, 0.02, 0.5 * number],
+                            tool_calls=[0.0, 0.01, 0.1],
+                            compute_score=[0.001, 0.001, 0.002],
+                            prompt_length=[4, 4, 4],
+                            response_length=[10, 20, 90],
+                        )
+            step.set_tokens(prompt=[4, 4, 4], response=[10, 20, 90])
+            step.set_mfu(actor=0.2 + 0.01 * number)
+        tel.flush()  # one export batch per step: a truncated line costs one step
+    tel.shutdown()
+
+
+def test_report_from_traces_file(tmp_path) -> None:
+    traces = tmp_path / "traces.jsonl"
+    traced_run(traces)
+    result = write_report(traces, tmp_path / "out" / "report.html")
+    html = result.path.read_text()
+    assert result.steps == 4 and result.skipped_lines == 0
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html)  # all inline
+    from plotly.offline import get_plotlyjs
+
+    own = html.replace(get_plotlyjs(), "")  # plotly.js names CDNs it never fetches unasked
+    assert get_plotlyjs() in html and "http://" not in own and "https://" not in own
+    data = page_data(result.path)
+    assert data["x"] == [1, 2, 3, 4]
+    assert data["phases"] == PHASES
+    assert set(data["share"]) == {*PHASES, "unaccounted"}
+    assert sum(data["share"].values()) == pytest.approx(1.0, abs=0.02)
+    assert data["default_step"] == 3  # the slowest step's tree is shown first
+    rows = data["trees"]["3"]["rows"]
+    assert [r[0] for r in rows[:2]] == ["step", "gen"] and rows[0][1] == 0
+    assert {r[0] for r in rows} >= {*PHASES, "sample"}
+    assert data["mfu"]["actor"] == pytest.approx([0.21, 0.22, 0.23, 0.24])
+    assert all(v > 0 for v in data["throughput"])
+    # the tail from the sample spans: total = generate + tools + score of each sample
+    totals = [0.04 + 0.0 + 0.001, 0.02 + 0.01 + 0.001, 2.0 + 0.1 + 0.002]  # step 4
+    assert data["tail"]["p99"][3] == pytest.approx(np.percentile(totals, 99), rel=1e-4)
+    assert data["tail"]["p50"][3] == pytest.approx(np.percentile(totals, 50), rel=1e-4)
+    slowest = data["slowest_samples"][0]
+    assert slowest["step"] == 4 and slowest["response_length"] == 90
+    assert re.fullmatch(r"[0-9a-f]{16}", slowest["span_id"])
+    assert data["verdicts"]["points"][0]["next_read"]
+
+
+def test_truncated_file_renders_what_is_valid(tmp_path, capsys) -> None:
+    traces = tmp_path / "traces.jsonl"
+    traced_run(traces)
+    lines = traces.read_text().splitlines(keepends=True)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("".join(lines[:-1]) + "{garbage\n" + lines[-1][: len(lines[-1]) // 3])
+    out = tmp_path / "report.html"
+    assert cli.main(["report", str(damaged), "-o", str(out)]) == 0
+    assert "2 unreadable line(s) skipped" in capsys.readouterr().out
+    data = page_data(out)
+    assert data["skipped_lines"] == 2 and data["x"] == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.slow  # a subprocess interpreter: what the user sees, traceback or not
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("", "is empty"), ('{"hello": 1}\n[1]\n', "no steps found"), ("\x00\x01\n", "no steps")],
+)
+def test_empty_or_unknown_input_is_one_line_and_non_zero(
+    tmp_path, content: str, message: str
+) -> None:
+    source = tmp_path / "input.jsonl"
+    source.write_text(content)
+    process = subprocess.run(
+        [sys.executable, "-m", "rlotel.cli", "report", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert process.returncode != 0
+    assert "Traceback" not in process.stderr
+    assert message in process.stderr and len(process.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_missing_input(tmp_path, capsys) -> None:
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_verl_file_logger_with_goodput_and_staleness(tmp_path) -> None:
+    """verl's FileLogger lines; keys of the goodput/async issues are drawn when present."""
+    log = tmp_path / "exp.jsonl"
+    with log.open("w") as out:
+        for number in range(1, 4):
+            data = {
+                "timing_s/gen": 2.0 + number,
+                "timing_s/update_actor": 1.5,
+                "timing_s/step": 4.0 + number,
+                "perf/mfu/actor": 0.3,
+                "agent_loop/generate_sequences/mean": 1.0,
+                "agent_loop/generate_sequences/max": 3.0,
+                "rlotel/goodput": 0.6,
+                "rlotel/idle_ratio/trainer": 0.2,
+                "training/off_policy/trajectory_staleness/mean": 1.5,
+            }
+            out.write(json.dumps({"step": number, "data": data}) + "\n")
+    result = write_report(log, tmp_path / "report.html")
+    data = page_data(result.path)
+    assert data["phases"] == ["gen", "update_actor"]
+    assert data["unaccounted"] == pytest.approx([0.5, 0.5, 0.5])
+    assert data["efficiency"] == {
+        "rlotel/goodput": [0.6] * 3,
+        "rlotel/idle_ratio/trainer": [0.2] * 3,
+    }
+    assert data["staleness"] == {"training/off_policy/trajectory_staleness/mean": [1.5] * 3}
+    assert data["tail"]["verl_max"] == [3.0] * 3
+    assert data["trees"]["3"]["rows"] == []  # a log has no spans: details only
+
+
+def test_long_run_is_downsampled(tmp_path) -> None:
+    log = tmp_path / "long.jsonl"
+    steps = 2 * MAX_POINTS
+    with log.open("w") as out:
+        for number in range(1, steps + 1):
+            gen = 10.0 if number == 777 else 1.0
+            out.write(
+                json.dumps(
+                    {"step": number, "data": {"timing_s/gen": gen, "timing_s/step": gen + 1}}
+                )
+                + "\n"
+            )
+    data = page_data(write_report(log, tmp_path / "report.html").path)
+    assert len(data["x"]) == MAX_POINTS and data["steps_per_point"] == 2
+    assert data["step_count"] == steps and data["default_step"] == 777
+    assert max(data["seconds"]["gen"]) == pytest.approx((10.0 + 1.0) / 2)  # bucket means
+    assert len(data["trees"]) <= 200 + 3 and "777" in data["trees"]
+
+
+@pytest.mark.slow
+@pytest.mark.slow  # a worker process of its own
+def test_processes_across_files(tmp_path) -> None:
+    """A directory of per-process traces: a worker's spans join the driver's step tree."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tel = rlotel.init(run="mp", prometheus_port=None, traces_file=run_dir / "driver.jsonl")
+    with tel.step(1):
+        with tel.phase("gen"):
+            carrier = json.dumps(tel.current_context())
+            subprocess.run(
+                [sys.executable, "-c", WORKER, str(run_dir / "worker.jsonl"), carrier],
+                check=True,
+                timeout=120,
+            )
+        with tel.phase("update_actor"):
+            sum(range(10_000))
+    tel.shutdown()
+    data = page_data(write_report(run_dir, run_dir / "report.html").path)
+    assert sorted(data["processes"]) == ["rlotel", "rollout-worker"]
+    rows = data["trees"]["1"]["rows"]
+    worker = data["processes"].index("rollout-worker")
+    remote = [r for r in rows if r[4] == worker]
+    assert {r[0] for r in remote} == {"generate_remote", "sample"}
+    gen_depth = next(r[1] for r in rows if r[0] == "gen")
+    assert next(r[1] for r in remote if r[0] == "generate_remote") == gen_depth + 1
+    assert data["slowest_samples"][0]["process"] == "rollout-worker"
+
+
+# --- in a real browser ---------------------------------------------------------------------
+
+
+def _pixels_are_not_blank(png: bytes) -> tuple[int, float]:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    colors = image.getcolors(maxcolors=1 << 20) or []
+    background = max(colors)[1] if colors else (255, 255, 255)
+    differing = sum(count for count, color in colors if color != background)
+    return len(colors), differing / (image.width * image.height)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    """The demo, run for real with a profiled step: it writes runs/<run>/report.html."""
+    pytest.importorskip("torch")
+    runs = tmp_path_factory.mktemp("runs")
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlotel.cli",
+            "demo",
+            "--steps",
+            "4",
+            "--port",
+            "0",
+            "--runs-dir",
+            str(runs),
+            "--run",
+            "rep",
+            "--profile-steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert process.returncode == 0, process.stderr
+    report = runs / "rep" / "report.html"
+    assert f"report: {report}" in process.stdout
+    assert "metrics: http" not in process.stdout  # not served after training: not printed
+    return runs / "rep"
+
+
+@pytest.mark.slow
+def test_demo_report_in_headless_chromium(demo_run: Path, tmp_path) -> None:
+    from tests.chromium import Chromium, chromium_binary, file_url
+
+    if chromium_binary() is None:
+        pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
+    report = demo_run / "report.html"
+    data = page_data(report)
+    with Chromium() as browser:
+        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        assert load.console_errors == []
+        assert load.requests == []  # and every host resolves to nowhere: it rendered anyway
+        dom = browser.evaluate(
+            """JSON.stringify({
+              charts: document.querySelectorAll('.js-plotly-plot .main-svg').length,
+              plots: [...document.querySelectorAll('.js-plotly-plot')].map(e => e.id),
+              legend: [...document.querySelectorAll('#chart-phases .legendtext')]
+                        .map(e => e.textContent),
+              options: [...document.querySelectorAll('#step-select option')].map(e => e.value),
+              selected: document.getElementById('step-select').value,
+              bars: document.querySelectorAll('#chart-waterfall .bars .point').length,
+              verdict: document.getElementById('step-verdict').textContent,
+              captures: [...document.querySelectorAll('#capture-table a')]
+                          .map(a => a.getAttribute('href')),
+              samples: document.querySelectorAll('#slowest-samples tr').length,
+              skipped: !!document.getElementById('skipped-lines'),
+            })"""
+        )
+        dom = json.loads(dom)
+        png = browser.screenshot()
+        # another step from the selector redraws the waterfall
+        other = next(n for n in dom["options"] if n != dom["selected"])
+        browser.evaluate(
+            f"(() => {{ const s = document.getElementById('step-select'); s.value = '{other}';"
+            "s.dispatchEvent(new Event('change')); })()"
+        )
+        redrawn = browser.evaluate("document.getElementById('step-verdict').textContent")
+    assert set(dom["plots"]) >= {
+        "chart-phases", "chart-share", "chart-throughput", "chart-tail", "chart-verdicts",
+        "chart-waterfall",
+    }  # fmt: skip
+    assert dom["charts"] >= 6
+    phases = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
+    assert sorted(dom["legend"]) == sorted([*phases, "unaccounted"])
+    assert dom["options"] == ["1", "2", "3", "4"]
+    assert dom["selected"] == str(data["default_step"])
+    assert dom["bars"] == len(data["trees"][dom["selected"]]["rows"]) >= 8
+    assert dom["verdict"].startswith(data["trees"][dom["selected"]]["verdict"]["label"])
+    assert redrawn.startswith(data["trees"][other]["verdict"]["label"])
+    assert len(dom["captures"]) == 1 and (demo_run / dom["captures"][0]).is_file()
+    assert dom["samples"] > 1 and not dom["skipped"]
+    colors, coverage = _pixels_are_not_blank(png)
+    assert colors > 50 and coverage > 0.05, (colors, coverage)
