@@ -50,6 +50,8 @@ def write_run(path: Path, steps: int, samples: int) -> None:
                         )
             step.set_tokens(prompt=[64] * samples, response=[256] * samples)
             step.set_mfu(actor=0.3 + 0.05 * rng.random())
+        if number % 100 == 0:
+            tel.flush(60)  # untimed: keeps the export queues from dropping spans
     tel.shutdown(120)
 
 
@@ -69,6 +71,7 @@ def main() -> int:
         started = time.perf_counter()
         result = write_report(traces, Path(tmp) / "report.html")
         render_s = time.perf_counter() - started
+        print(f"report: {result.steps} steps read, {result.skipped_lines} lines skipped")
         with Chromium() as browser:
             ready = "document.body.dataset.ready === '1'"
             cold = browser.open(file_url(result.path), ready)

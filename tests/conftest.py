@@ -13,10 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import rlotel
 from rlotel import nvtx
 from tests.fuzzing import RUN
-
-# parse_exposition and scrape are re-exported only for tests/test_dashboards.py, which still
-# imports them from here (its owner moves that import to tests.helpers; then drop them).
-from tests.helpers import RecordingNvtx, parse_exposition, scrape  # noqa: F401
+from tests.helpers import RecordingNvtx
 
 
 @pytest.fixture

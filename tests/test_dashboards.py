@@ -106,6 +106,7 @@ def engine_panels() -> list[build.Panel]:
 # --- the check ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_committed_json_matches_the_code():
     result = subprocess.run(
         [sys.executable, str(ROOT / "dashboards" / "build.py"), "--check"],

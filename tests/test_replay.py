@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from rlotel import otlp_json
 from rlotel.replay import MAX_SERIES, STAGE_ORDER, ReplayResult, _timestamp, replay
 from rlotel.vocabulary import VERL_STEP_STAGES
 from tests.helpers import file_spans
@@ -175,9 +176,9 @@ def test_prometheus_reads_back_the_file_values(replayed: ReplayResult, tmp_path:
 
 
 def test_traces_one_reconstructed_tree_per_step(replayed: ReplayResult) -> None:
-    resource = json.loads(replayed.traces_path.read_text().splitlines()[0])["resourceSpans"][0]
-    attributes = {a["key"]: a["value"] for a in resource["resource"]["attributes"]}
-    assert attributes["service.name"] == {"stringValue": "rlotel-replay"}
+    read = otlp_json.read_file(replayed.traces_path)
+    assert read.skipped_lines == 0
+    assert {span.resource["service.name"] for span in read.spans} == {"rlotel-replay"}
 
     spans = file_spans(replayed.traces_path, run=RUN)
     roots = sorted(

@@ -92,7 +92,9 @@ def test_report_from_traces_file(tmp_path) -> None:
     slowest = data["slowest_samples"][0]
     assert slowest["step"] == 4 and slowest["response_length"] == 90
     assert re.fullmatch(r"[0-9a-f]{16}", slowest["span_id"])
-    assert data["verdicts"]["points"][0]["next_read"]
+    label, confidence, share = data["verdicts"]["points"][0]
+    assert data["verdicts"]["next_reads"][data["verdicts"]["labels"][label]]
+    assert confidence in ("low", "medium", "high") and 0 < share <= 1
 
 
 def test_truncated_file_renders_what_is_valid(tmp_path, capsys) -> None:

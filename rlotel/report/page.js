@@ -1,7 +1,6 @@
 // Draws the report from the JSON blob in #rlotel-data. Offline: plotly.js is inlined above.
 "use strict";
 (function () {
-  window.rlotelScriptMs = performance.now();
   const data = JSON.parse(document.getElementById("rlotel-data").textContent);
   const config = { displaylogo: false, responsive: true };
   const pending = [];
@@ -68,7 +67,8 @@
 
   // --- generation tail -------------------------------------------------------------------
   const tail = data.tail;
-  const tailTraces = ["p50", "p90", "p99"].map((q) => ({ name: `${q} (sample spans)`, x: data.x, y: tail[q], type: "scatter", mode: "lines+markers", connectgaps: false }));
+  const tailMode = data.x.length > 300 ? "lines" : "lines+markers"; // thousands of markers cost seconds
+  const tailTraces = ["p50", "p90", "p99"].map((q) => ({ name: `${q} (sample spans)`, x: data.x, y: tail[q], type: "scatter", mode: tailMode, connectgaps: false }));
   if (tail.verl_mean) tailTraces.push({ name: "mean generate_sequences (all samples)", x: data.x, y: tail.verl_mean, type: "scatter", mode: "lines", line: { dash: "dash" } });
   if (tail.verl_max) tailTraces.push({ name: "max generate_sequences (all samples)", x: data.x, y: tail.verl_max, type: "scatter", mode: "lines", line: { dash: "dot" } });
   const perStep = tail.samples_per_step.filter((v) => v !== null);
@@ -84,9 +84,9 @@
   // --- verdicts --------------------------------------------------------------------------
   const v = data.verdicts;
   plot("chart-verdicts", [{
-    type: "scatter", mode: "markers", x: data.x, y: v.points.map((p) => p.label),
-    marker: { size: 9, symbol: "square", color: v.points.map((p) => ({ high: "#c0392b", medium: "#e67e22", low: "#95a5a6" })[p.confidence]) },
-    customdata: v.points.map((p) => [p.confidence, (p.share * 100).toFixed(1), p.next_read]),
+    type: "scatter", mode: "markers", x: data.x, y: v.points.map(([label]) => v.labels[label]),
+    marker: { size: data.x.length > 300 ? 5 : 9, symbol: "square", color: v.points.map(([, confidence]) => ({ high: "#c0392b", medium: "#e67e22", low: "#95a5a6" })[confidence]) },
+    customdata: v.points.map(([label, confidence, share]) => [confidence, (share * 100).toFixed(1), v.next_reads[v.labels[label]]]),
     hovertemplate: "step %{x}: %{y}<br>%{customdata[0]} confidence, %{customdata[1]}% of the step<br>read next: %{customdata[2]}<extra></extra>",
   }], { xaxis: stepAxis, yaxis: { type: "category", categoryarray: v.labels, automargin: true }, height: 110 + 28 * v.labels.length });
   const evidence = (e) => Object.entries(e).map(([k, x]) => `${escape(k)}=${escape(fmt(x))}`).join(", ");
