@@ -1,18 +1,23 @@
-"""rlotel: OpenTelemetry spans, NVTX ranges and Prometheus series for RL training steps."""
+"""rlotel: OpenTelemetry spans, NVTX ranges and Prometheus series for RL training steps.
+
+Importing the package is cheap (the verl plugin imports it in every verl process, also
+when rlotel is off): the exporters, numpy and the OTel SDK load on first use of `init`
+or of a class below (PEP 562).
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlotel import diagnose as _diagnose
-from rlotel.config import INIT_SIGNATURE, Config
-from rlotel.diagnose import Diagnoser, StepFacts, Thresholds, Verdict
+from rlotel.diagnose import StepFacts, Thresholds, Verdict
 from rlotel.errors import ConfigError
-from rlotel.ledger import Phase, Step
-from rlotel.profile.config import ProfileConfig, sglang_profiler_args, vllm_profiler_args
-from rlotel.sinks.base import Sink
-from rlotel.telemetry import Telemetry, build
+
+if TYPE_CHECKING:
+    from rlotel.ledger import Phase
+    from rlotel.telemetry import Telemetry
 
 __all__ = [
     "Config",
@@ -34,21 +39,49 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Config": "rlotel.config",
+    "Diagnoser": "rlotel.diagnose",
+    "ProfileConfig": "rlotel.profile.config",
+    "Sink": "rlotel.sinks.base",
+    "Step": "rlotel.ledger",
+    "Telemetry": "rlotel.telemetry",
+    "sglang_profiler_args": "rlotel.profile.config",
+    "vllm_profiler_args": "rlotel.profile.config",
+}
+
 _current: Telemetry | None = None
+_phase_class: type[Phase] | None = None
 
 
-def init(*args: Any, **kwargs: Any) -> Telemetry:
-    """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
+def __getattr__(name: str) -> Any:
+    if name == "init":
+        value: Any = _make_init()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'rlotel' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-    The options are `rlotel.Config`'s fields (see its docstring for each one's meaning
-    and default); `OTEL_EXPORTER_OTLP_*` variables switch on OTLP export.
-    """
-    global _current
-    _current = build(*args, **kwargs)
-    return _current
 
+def _make_init() -> Any:
+    from rlotel.config import INIT_SIGNATURE
+    from rlotel.telemetry import Telemetry, build
 
-init.__signature__ = INIT_SIGNATURE.replace(return_annotation=Telemetry)  # type: ignore[attr-defined]
+    def init(*args: Any, **kwargs: Any) -> Telemetry:
+        """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
+
+        The options are `rlotel.Config`'s fields (see its docstring for each one's meaning
+        and default); `OTEL_EXPORTER_OTLP_*` variables switch on OTLP export.
+        """
+        global _current
+        _current = build(*args, **kwargs)
+        return _current
+
+    init.__signature__ = INIT_SIGNATURE.replace(return_annotation=Telemetry)  # type: ignore[attr-defined]
+    init.__module__ = __name__
+    return init
 
 
 def current() -> Telemetry | None:
@@ -66,17 +99,28 @@ def marked_timer(
     """Drop-in for verl's `marked_timer`: sums seconds into `timing_raw[name]` like verl,
     mirrors an NVTX range, and records the phase in the current step when rlotel is on.
     `domain` and `category` are accepted for signature compatibility."""
+    phase = _phase_class or _load_phase_class()
     tel = _current
-    if tel is not None and name == "step" and tel.current_step is not None:
+    if tel is None:
+        return phase(None, name, color, timing_raw)
+    if name == "step" and tel.current_step is not None:
         # `step` is the step's own entry in timing_raw; a phase of that name would vanish
         # into it. It is still summed into the caller's dict, as verl does.
         tel.drops.add("spans", "bad_name", "a phase named 'step' inside a step; not a span")
-        return Phase(None, name, color, timing_raw)
-    return Phase(tel.ledger if tel is not None else None, name, color, timing_raw)
+        return phase(None, name, color, timing_raw)
+    return phase(tel.ledger, name, color, timing_raw)
 
 
-def diagnose(step: Step | StepFacts, thresholds: Thresholds | None = None) -> Verdict:
+def _load_phase_class() -> type[Phase]:
+    global _phase_class
+    from rlotel.ledger import Phase
+
+    _phase_class = Phase
+    return Phase
+
+
+def diagnose(step: Any, thresholds: Thresholds | None = None) -> Verdict:
     """Bottleneck verdict of one closed step (or of facts built from a logged verl dict),
     from that step's own evidence; `step.verdict` adds trends over the run."""
-    facts = step.facts() if isinstance(step, Step) else step
+    facts = step if isinstance(step, StepFacts) else step.facts()
     return _diagnose.diagnose(facts, thresholds)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, MutableMapping
+from contextvars import ContextVar
 from random import getrandbits
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlotel import formulas, nvtx, samples, vocabulary
+from rlotel import formulas, goodput, nvtx, samples, staleness, vocabulary
 from rlotel.diagnose import StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.samples import SampleBatch
@@ -44,14 +45,19 @@ class StepHooks(Protocol):
 class Phase:
     """One timed window: the context manager the user holds is also the ledger's record.
 
-    `parent` is the enclosing phase (None at the top of a step). `span_id` is 0 until
-    someone needs it before export (context propagation); the span sink draws it otherwise.
+    `parent` is the enclosing phase in the caller's own context (None at the top of a
+    trace): nesting follows a context variable, so phases opened from other threads or
+    asyncio tasks nest under what *they* have open, never under another thread's phase.
+    `span_id` is 0 until someone needs it before export (context propagation); the span
+    builder draws it otherwise.
     """
 
     __slots__ = (
         "_ledger",
         "_range",
+        "_records",
         "_sink",
+        "_token",
         "color",
         "end_ns",
         "error",
@@ -70,9 +76,9 @@ class Phase:
     ) -> None:
         self._ledger = ledger
         self._sink = sink
-        self._range: Any = None  # torch.profiler.record_function while a capture runs
         self.name = name
         self.color = color
+        self._range: Any = None  # torch.profiler.record_function while a capture runs
         self.parent: Phase | None = None
         self.span_id = 0
         self.start_ns = 0
@@ -86,15 +92,17 @@ class Phase:
     def __enter__(self) -> Phase:
         ledger = self._ledger
         if ledger is not None:
-            stack = ledger.stack
-            if stack:
-                self.parent = stack[-1]
             records = ledger.records
+            parent = _innermost_get()
+            if parent is not None and (parent.end_ns or parent._records is not records):
+                parent = _open_ancestor(parent, records)
+            self.parent = parent
             if records is None:
-                ledger.open_loose(self)
+                records = ledger.open_loose(self)
             else:
                 records.append(self)
-            stack.append(self)
+            self._records = records
+            self._token = _innermost_set(self)
             if ledger.phase_range is not None:
                 self._enter_range(ledger.phase_range)
         backend = nvtx._backend
@@ -121,11 +129,10 @@ class Phase:
                 _drop(self._ledger, "timing_raw", "bad_dict", sink_error)
         ledger = self._ledger
         if ledger is not None:
-            stack = ledger.stack
-            if stack and stack[-1] is self:
-                stack.pop()
-            else:
-                ledger.unwind(self)
+            try:
+                _innermost_reset(self._token)
+            except ValueError:  # closed in another context (a generator, a callback):
+                pass  # that context keeps a closed phase, which the next enter skips
             if ledger.loose_root is self:
                 ledger.close_loose()
         return False
@@ -138,6 +145,24 @@ class Phase:
         except Exception as error:
             self._range = None
             _drop(self._ledger, "profile", "profiler_error", error)
+
+
+# The innermost open phase of the running context (thread, asyncio task, copied context).
+_innermost: ContextVar[Phase | None] = ContextVar("rlotel_innermost_phase", default=None)
+_innermost_get, _innermost_set, _innermost_reset = _innermost.get, _innermost.set, _innermost.reset
+
+
+def _open_ancestor(phase: Phase | None, records: list[Phase] | None) -> Phase | None:
+    """The nearest enclosing phase still open in `records`' trace (a closed phase can be
+    left in a context whose reset ran elsewhere; a phase of an earlier trace is no parent)."""
+    while phase is not None and (phase.end_ns or phase._records is not records):
+        phase = phase.parent
+    return phase
+
+
+def innermost_open(records: list[Phase] | None) -> Phase | None:
+    """The caller's innermost open phase in the trace of `records`, if any."""
+    return _open_ancestor(_innermost.get(), records)
 
 
 class IncompleteStep(Exception):
@@ -321,6 +346,8 @@ class Step:
         metrics.update(formulas.mfu_metrics(self.mfu))
         if self.trace.samples:
             metrics.update(samples.verl_aggregates(self.trace.samples))
+            metrics.update(staleness.off_policy_metrics(self.number, self.trace.samples))
+        metrics.update(goodput.trace_metrics(self.trace, self._ledger.phase_buckets))
         covered = vocabulary.covered_by_intervals(
             (r.start_ns, r.end_ns) for r in self.trace.records if r.parent is None and r.end_ns
         )
@@ -335,10 +362,10 @@ def _length(values: Any) -> int:
 
 
 class Ledger:
-    """Open step, open phases and the hand-off of closed traces to the publisher.
+    """Open step, the open trace's records and the hand-off of closed traces.
 
-    `records` is the open trace's list (None when no trace is open) and `stack` the open
-    phases, so entering a phase is two appends with no method call.
+    `records` is the open trace's list (None when no trace is open), so entering a phase
+    is one append and one context-variable set, with no method call.
     """
 
     def __init__(
@@ -356,7 +383,7 @@ class Ledger:
         self.phase_range: Callable[[str], Any] | None = None  # a context manager per phase
         self.n_gpus = n_gpus
         self.verdict_wait_s = verdict_wait_s
-        self.stack: list[Phase] = []
+        self.phase_buckets = goodput.PhaseBuckets()  # goodput buckets and training mode
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None
         self._loose: Trace | None = None
@@ -379,7 +406,7 @@ class Ledger:
         trace = self.current_trace
         if trace is None:
             return None
-        phase = self.stack[-1] if self.stack else trace.root
+        phase = innermost_open(trace.records) or trace.root
         if not phase.span_id:
             phase.span_id = getrandbits(64) or 1
         return trace.trace_id, phase.span_id
@@ -394,7 +421,7 @@ class Ledger:
         if trace is None:
             return False
         batch.trace_id = trace.trace_id
-        batch.parent = self.stack[-1] if self.stack else trace.root
+        batch.parent = innermost_open(trace.records) or trace.root
         samples.pick_sample_spans(batch, max_spans - trace.sample_spans)
         trace.samples.append(batch)
         return True
@@ -411,7 +438,6 @@ class Ledger:
         if self._loose is not None:  # a step inside a loose phase: publish what came before
             self.close_loose()
         self._step = step
-        self.stack.clear()
         self.records = step.trace.records
         for hook in self.hooks:
             try:  # before the clock: a capture's start-up is not the step's time
@@ -434,7 +460,6 @@ class Ledger:
         step.record.error = exc
         self._step = None
         self.records = None
-        self.stack.clear()
         self.last_step_number = step.number
         step.closed = True
         for hook in self.hooks:
@@ -457,31 +482,26 @@ class Ledger:
         if step is None:
             return
         now = perf_counter_ns()
-        for phase in self.stack:
+        for phase in step.trace.records:
             if not phase.end_ns:
                 phase.end_ns = now
                 phase.error = IncompleteStep(f"phase {phase.name!r} still open at exit")
         self.close_step(step, IncompleteStep(f"step {step.number} did not complete"))
 
-    def open_loose(self, root: Phase) -> None:
+    def open_loose(self, root: Phase) -> list[Phase]:
         """A phase with no step open becomes the root of a trace of its own, or, given a
-        propagated context, a child of a phase in another process."""
+        propagated context, a child of a phase in another process. Returns its records."""
         self._loose = Trace(root, self.last_step_number)
         if isinstance(root, RemotePhase):
             self._loose.trace_id, self._loose.remote_parent = root.remote
         self.loose_root = root
         self.records = self._loose.records
+        return self.records
 
     def close_loose(self) -> None:
         loose = self._loose
         self._loose = None
         self.loose_root = None
         self.records = None
-        self.stack.clear()
         if loose is not None:
             self._publish_trace(loose)
-
-    def unwind(self, phase: Phase) -> None:
-        """A phase closed out of order (threads, generators): forget it wherever it is."""
-        if phase in self.stack:
-            self.stack.remove(phase)

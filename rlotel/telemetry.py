@@ -31,6 +31,8 @@ from rlotel.sinks.export_queue import SpanBatchExporter
 
 log = logging.getLogger("rlotel")
 
+MAX_CACHED_NAMES = 4096  # validated phase names remembered (verl uses a few dozen)
+
 
 class Telemetry:
     """One run's telemetry. Create with `rlotel.init`; nothing here raises after that."""
@@ -44,6 +46,7 @@ class Telemetry:
         self._endpoint = None
         self._traced = False
         self._profiler = None
+        self._usable_names: set[str] = set()  # phase names already validated
         sinks: list[Sink] = []
         if config.environment.sdk_disabled:
             log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
@@ -169,6 +172,8 @@ class Telemetry:
         `context` (a carrier from `current_context()` in another process, e.g. a Ray
         driver) makes a phase opened outside any local step a child of that remote phase.
         """
+        if context is None and type(name) is str and name in self._usable_names:  # known name
+            return Phase(self.ledger, name, color)
         if not isinstance(name, str) or not name or not encodable(name) or name == "step":
             self.drops.add(
                 "spans",
@@ -182,6 +187,8 @@ class Telemetry:
             if ids is not None:
                 return RemotePhase(self.ledger, name, color, ids)
             self.drops.add("spans", "bad_context", f"no valid traceparent in {context!r}")
+        if len(self._usable_names) < MAX_CACHED_NAMES:
+            self._usable_names.add(name)
         return Phase(self.ledger, name, color)
 
     @property
