@@ -129,7 +129,7 @@ class Phase:
                 _drop(self._ledger, "timing_raw", "bad_dict", sink_error)
         ledger = self._ledger
         if ledger is not None:
-            try:
+            try:  # noqa: SIM105 (contextlib.suppress costs a context manager per phase)
                 _innermost_reset(self._token)
             except ValueError:  # closed in another context (a generator, a callback):
                 pass  # that context keeps a closed phase, which the next enter skips
