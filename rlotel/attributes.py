@@ -9,6 +9,7 @@ from __future__ import annotations
 RUN = "rl.run"
 STEP = "rl.step"
 PHASE = "rl.phase"
+BUCKET = "rl.bucket"  # goodput bucket of a phase: productive, overhead, idle, wasted
 INCOMPLETE = "rl.incomplete"  # the step ended by an exception or at exit
 RECONSTRUCTED = "rl.reconstructed"  # replayed from a verl log, not measured
 UNACCOUNTED_S = "rl.unaccounted_s"

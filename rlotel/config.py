@@ -21,6 +21,7 @@ from rlotel import catalogue as cat
 from rlotel.diagnose import Thresholds
 from rlotel.env import Environment
 from rlotel.errors import ConfigError
+from rlotel.goodput import BUCKETS
 from rlotel.profile.config import ProfileConfig
 from rlotel.sinks.base import Sink
 
@@ -55,6 +56,8 @@ class Config:
     sinks: `rlotel.Sink`s of your own: closed steps, traces, samples, logs, captures.
     bottleneck_thresholds: tunes the per-step verdict (`rlotel.Thresholds`).
     profile: every profiling option (`rlotel.ProfileConfig`); overrides profile_steps.
+    phase_buckets: `{"my_wait": "idle"}` puts phase names in goodput buckets (productive,
+        overhead, idle, wasted), over rlotel's table for verl's names (rlotel.goodput).
     """
 
     run: str = "default"
@@ -78,6 +81,7 @@ class Config:
     sinks: Sequence[Sink] = ()
     bottleneck_thresholds: Thresholds | None = None
     profile: ProfileConfig | None = None
+    phase_buckets: Mapping[str, str] | None = None
     environment: Environment = field(default_factory=Environment.read, repr=False)
 
     def validated(self) -> Config:
@@ -151,6 +155,7 @@ class Config:
             profile_dir=profile_dir,
             shutdown_timeout_s=float(timeout),
             histogram_buckets=_histogram_buckets(self.histogram_buckets),
+            phase_buckets=_phase_buckets(self.phase_buckets),
             span_exporters=tuple(self.span_exporters),
             sinks=tuple(self.sinks),
             bottleneck_thresholds=thresholds or Thresholds(),
@@ -212,6 +217,29 @@ def _histogram_buckets(given: Any) -> dict[str, tuple[float, ...]]:
                     f"{where} must be strictly increasing, but {upper!r} follows {lower!r}"
                 )
         checked[name] = tuple(float(value) + 0.0 for value in values)  # -0.0 → 0.0
+    return checked
+
+
+def _phase_buckets(given: Any) -> dict[str, str]:
+    """Phase name → goodput bucket; a bucket that is not one of the four is a typo."""
+    if given is None:
+        return {}
+    example = "{'my_wait': 'idle', 'gen': 'productive'}"
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"phase_buckets must map phase names to buckets, e.g. {example}; "
+            f"got {type(given).__name__}"
+        )
+    checked = {}
+    for name, bucket in given.items():
+        if not isinstance(name, str) or not name or not _utf8(name):
+            raise ConfigError(f"phase_buckets: phase names must be non-empty strings, got {name!r}")
+        if bucket not in BUCKETS:
+            raise ConfigError(
+                f"phase_buckets[{name!r}]: {bucket!r} is not a bucket; choose from "
+                f"{', '.join(BUCKETS)}"
+            )
+        checked[name] = bucket
     return checked
 
 

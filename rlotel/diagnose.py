@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlotel import vocabulary as voc
+
 # Top-level windows by the verdict they point to (verl names).
 GROUPS: dict[str, tuple[str, ...]] = {
     "rollout-bound": ("gen",),
@@ -25,11 +27,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "sync-bound": ("update_weights",),
     "reward-bound": ("reward",),
     "checkpoint": ("save_checkpoint",),
+    "switch-bound": (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT),
 }
-TOP_LEVEL = frozenset(name for names in GROUPS.values() for name in names) | {
-    "adv",
-    "dump_rollout_generations",
-}
+TOP_LEVEL = (
+    frozenset(name for names in GROUPS.values() for name in names)
+    | {"adv", "dump_rollout_generations"}
+    | frozenset(voc.VERL_ASYNC_STAGES)
+)
 STAGES = ("generate_sequences", "tool_calls", "compute_score")
 
 NEXT_READ = {
@@ -45,6 +49,14 @@ NEXT_READ = {
     "overhead-bound": "time between windows: Python/Ray scheduling, data movement, batch "
     "balancing, logging",
     "checkpoint": "checkpoint frequency and storage bandwidth (save_freq, async save)",
+    "data-starved": "the trainer waits for samples: rollout throughput (per-sample tail, "
+    "engine queue time), more rollout replicas, or allow more staleness",
+    "rollout-idle": "the rollout waits (for new weights or a full buffer): a larger buffer "
+    "or staleness bound, faster weight sync, or fewer rollout replicas",
+    "switch-bound": "hybrid replicas switching sides: switch threshold "
+    "(separate_async/switch/*), fewer switches per step, cheaper KV-cache release/resume",
+    "staleness-limited": "samples are too stale and evicted: staleness threshold, "
+    "parameter_sync_step, rollout vs trainer speed (rlotel_sample_staleness_steps)",
     "balanced": "no single window dominates: look at trends across steps instead",
 }
 SUB_NEXT_READ = {
@@ -72,6 +84,8 @@ class Thresholds:
     low_mfu: float = 0.15
     growth: float = 1.5  # a window grew when ≥ this x its trailing median
     window: int = 10  # trailing steps for trends
+    idle_share: float = 0.40  # async: a role idle this share of the step is the story
+    stale_steps: float = 4.0  # async: max staleness at which eviction is the likely limit
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,9 @@ class StepFacts:
     sequences: int | None = None
     mfu: Mapping[str, float] = field(default_factory=dict)
     agent_loop: Mapping[str, float] = field(default_factory=dict)  # verl agent_loop/* keys
+    idle: Mapping[str, float] = field(default_factory=dict)  # async: idle ratio by role
+    evicted: float = 0.0  # replay-buffer samples evicted as stale this step
+    staleness_max: float | None = None  # verl trajectory_staleness/max
 
     @classmethod
     def from_metrics(
@@ -93,12 +110,26 @@ class StepFacts:
         mfu = {
             k[len("perf/mfu/") :]: float(v) for k, v in metrics.items() if k.startswith("perf/mfu/")
         }
-        agent_loop = {}
+        agent_loop, idle, evicted = {}, {}, 0.0
         for key, value in metrics.items():
             name = key.removeprefix("timing_s/")
             if name.startswith("agent_loop/"):
                 agent_loop[name] = float(value)
-        return cls(number, dict(timing_raw), mfu=mfu, agent_loop=agent_loop, **extra)
+            elif key.startswith(voc.IDLE_RATIO):
+                idle[key[len(voc.IDLE_RATIO) :]] = float(value)
+            elif voc.eviction_reason(key) == "staleness":
+                evicted += float(value)
+        stale = metrics.get(f"{voc.OFF_POLICY}trajectory_staleness/max")
+        return cls(
+            number,
+            dict(timing_raw),
+            mfu=mfu,
+            agent_loop=agent_loop,
+            idle=idle,
+            evicted=evicted,
+            staleness_max=None if stale is None else float(stale),
+            **extra,
+        )
 
 
 @dataclass(frozen=True)
@@ -152,7 +183,13 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         return Verdict(
             "balanced", "", "low", 0.0, {"reason": "no step time"}, NEXT_READ["balanced"]
         )
+    if facts.idle:
+        verdict = _async(facts, step, limits)
+        if verdict is not None:
+            return verdict
     grouped = windows(facts)
+    if facts.idle:  # async: V1's gen is the trainer waiting, judged above, not generation
+        grouped.pop("rollout-bound")
     ranked = sorted(grouped.items(), key=lambda item: item[1], reverse=True)
     (kind, seconds), runner_up = ranked[0], ranked[1][1]
     share = seconds / step
@@ -181,6 +218,47 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
     next_read = SUB_NEXT_READ.get(detail) or NEXT_READ[kind]
     return Verdict(kind, detail, confidence, share, evidence, next_read)
+
+
+def _async(facts: StepFacts, step: float, limits: Thresholds) -> Verdict | None:
+    """Async modes: who waits for whom. Starved trainer (stale samples evicted: limited by
+    staleness), idle rollout, or switching hybrid replicas; None when nobody is stuck."""
+    trainer, rollout = facts.idle.get("trainer", 0.0), facts.idle.get("rollout", 0.0)
+    timing = facts.timing_raw
+    switching = sum(
+        timing.get(name, 0.0) for name in (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT)
+    )
+    evidence: dict[str, float | str] = {
+        "idle_trainer": round(trainer, 4),
+        "idle_rollout": round(rollout, 4),
+        "switch_share": round(switching / step, 4),
+    }
+    if facts.staleness_max is not None:
+        evidence["staleness_max"] = facts.staleness_max
+    if facts.evicted:
+        evidence["evicted_stale"] = facts.evicted
+    if switching / step >= limits.dominant_share and switching / step >= max(trainer, rollout):
+        return Verdict(
+            "switch-bound", "", "medium", switching / step, evidence, NEXT_READ["switch-bound"]
+        )
+    if trainer >= limits.idle_share and trainer >= limits.margin * rollout:
+        stale = facts.evicted > 0 or (
+            facts.staleness_max is not None and facts.staleness_max >= limits.stale_steps
+        )
+        kind = "staleness-limited" if stale else "data-starved"
+        confidence = "high" if rollout < limits.idle_share / 2 else "medium"
+        return Verdict(kind, "", confidence, trainer, evidence, NEXT_READ[kind])
+    if rollout >= limits.idle_share and rollout >= limits.margin * trainer:
+        waits = {
+            "waiting-for-weights": timing.get(voc.ROLLOUT_WAIT_WEIGHTS, 0.0),
+            "buffer-full": timing.get(voc.ROLLOUT_WAIT_BUFFER, 0.0),
+        }
+        detail = max(waits, key=waits.get) if any(waits.values()) else ""
+        confidence = "high" if trainer < limits.idle_share / 2 else "medium"
+        return Verdict(
+            "rollout-idle", detail, confidence, rollout, evidence, NEXT_READ["rollout-idle"]
+        )
+    return None
 
 
 def _rollout(

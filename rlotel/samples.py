@@ -19,7 +19,10 @@ from rlotel.drops import Drops, as_finite_float
 DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
 PREEMPTED = "num_preempted"
 LENGTH_KINDS = {"prompt_length": "prompt", "response_length": "response"}
-FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS)
+MIN_VERSION, MAX_VERSION = "min_weight_version", "max_weight_version"
+VERSION_FIELDS = (MIN_VERSION, MAX_VERSION)  # verl's min/max_global_steps per trajectory
+FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS)
+INTEGER_FIELDS = frozenset({PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS})
 UNKNOWN_PREEMPTIONS = -1.0  # verl's AgentLoopMetrics default: "not available"
 
 
@@ -90,6 +93,9 @@ def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> Sample
             raw[name] = values
     columns = {name: _column(name, values, drops) for name, values in raw.items()}
     columns = {name: column for name, column in columns.items() if column.size}
+    if not columns:
+        return None
+    _check_versions(columns, drops)
     if not columns:
         return None
     batch = SampleBatch(columns)
@@ -167,9 +173,14 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
             column = np.array([np.nan if v is None else v for v, _ in parsed], dtype=np.float64)
             reason = next((r for _, r in parsed if r), "")
     finite = np.isfinite(column)
-    if name == PREEMPTED:
-        valid = finite & ((column >= 0) | (column == UNKNOWN_PREEMPTIONS))
-        valid &= np.floor(np.where(finite, column, 0)) == np.where(finite, column, 0)
+    if name in INTEGER_FIELDS and name not in LENGTH_KINDS:
+        valid = finite & (column >= 0)
+        if name == PREEMPTED:
+            valid |= column == UNKNOWN_PREEMPTIONS
+        whole = np.floor(np.where(finite, column, 0)) == np.where(finite, column, 0)
+        if not reason and not whole.all():
+            reason = "non_integer"
+        valid &= whole
     else:
         valid = finite & (column >= 0)
     n_bad = column.size - int(np.count_nonzero(valid))
@@ -179,6 +190,35 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
         drops.add("samples", reason, f"{n_bad} invalid {name} value(s) of {column.size}", n_bad)
         column = np.where(valid, column, np.nan)
     return column
+
+
+def _check_versions(columns: dict[str, np.ndarray], drops: Drops) -> None:
+    """Weight versions come in pairs: both columns of one length (else both are dropped,
+    counted), and a sample whose oldest version is newer than its newest has neither."""
+    present = [name for name in VERSION_FIELDS if name in columns]
+    if not present:
+        return
+    sizes = {columns[name].size for name in present}
+    others = {c.size for n, c in columns.items() if n not in VERSION_FIELDS}
+    if len(present) == 1 or len(sizes) > 1 or (others and sizes != others):
+        count = max(columns[name].size for name in present)
+        drops.add(
+            "samples",
+            "length_mismatch" if len(present) == 2 else "missing_version",
+            f"weight versions {present} of {sorted(sizes)} sample(s) do not pair with the "
+            f"batch's {sorted(others)}: versions dropped",
+            count,
+        )
+        for name in present:
+            del columns[name]
+        return
+    low, high = columns[MIN_VERSION], columns[MAX_VERSION]
+    inverted = low > high  # NaN compares False: already counted
+    if inverted.any():
+        n_bad = int(np.count_nonzero(inverted))
+        drops.add("samples", "min_over_max", f"{n_bad} sample(s) with min > max version", n_bad)
+        columns[MIN_VERSION] = np.where(inverted, np.nan, low)
+        columns[MAX_VERSION] = np.where(inverted, np.nan, high)
 
 
 def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
@@ -192,11 +232,12 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
         candidates = np.arange(totals.size)
     candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
+    columns = {name: column.tolist() for name, column in batch.columns.items()}  # one C pass
     for index in order.tolist():
         values = {
-            name: float(column[index])
-            for name, column in batch.columns.items()
-            if index < column.size and not np.isnan(column[index])
+            name: column[index]
+            for name, column in columns.items()
+            if index < len(column) and column[index] == column[index]  # not NaN
         }
         batch.spans.append(SampleSpan(index, getrandbits(64) or 1, values))
 

@@ -19,6 +19,7 @@ from typing import Any
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.diagnose import Diagnoser
 from rlotel.drops import Drops, describe, encodable
+from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks
 from rlotel.metrics.recorder import Recorder
 from rlotel.metrics.store import SeriesStore
@@ -68,6 +69,7 @@ class Telemetry:
         )
         self._hooks = self._build_hooks()
         self.ledger.hooks = tuple(self._hooks)
+        self.ledger.phase_buckets = PhaseBuckets(overrides=config.phase_buckets or {})
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
         _flush_on_sigterm(self)
@@ -100,7 +102,9 @@ class Telemetry:
         )
         sinks: list[Sink] = [Recorder(store, self.drops)]
         if exporters:
-            sinks.append(SpanSink(config.run, exporters, self.drops))
+            sinks.append(
+                SpanSink(config.run, exporters, self.drops, phase_buckets=self._phase_buckets)
+            )
             self._traced = True
         if config.prometheus_port is not None:
             self._endpoint = PrometheusEndpoint(store)
@@ -125,6 +129,9 @@ class Telemetry:
             )
         sinks.extend(config.sinks)
         return sinks
+
+    def _phase_buckets(self) -> PhaseBuckets:
+        return self.ledger.phase_buckets  # read per trace: verl's integration sets the mode
 
     def _build_hooks(self) -> list[StepHooks]:
         """The profiler and verl capture discovery react to step start and end."""

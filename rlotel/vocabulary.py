@@ -25,7 +25,33 @@ VERL_STAGE_ORDER: tuple[str, ...] = (
     "update_weights",
     "dump_rollout_generations",
 )
-VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER)
+
+# Async windows. V1 `separate_async`: the trainer waiting for sampleable data, hybrid
+# replicas switching sides (possibly twice a step); the fully-async policy: weight sync and
+# the trainer waiting for enough samples. `update_weights` is in the V0 list above.
+SWITCH_WAIT = "switch_wait"
+SWITCH_TO_TRAINER = "switch_to_trainer"
+SWITCH_TO_ROLLOUT = "switch_to_rollout"
+PARAM_SYNC = "param_sync"
+WAIT_FOR_ENOUGH_SAMPLES = "wait_for_enough_samples"
+VERL_ASYNC_STAGES: tuple[str, ...] = (
+    SWITCH_WAIT,
+    SWITCH_TO_TRAINER,
+    SWITCH_TO_ROLLOUT,
+    "update_weights",
+    PARAM_SYNC,
+    WAIT_FOR_ENOUGH_SAMPLES,
+)
+VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER) | frozenset(VERL_ASYNC_STAGES)
+# Windows a concurrent rollout (thread, task) opens next to the trainer: rlotel's names,
+# role `rollout` (rlotel.goodput), e.g. the `rlotel demo --async` rollout thread.
+ROLLOUT_GENERATE = "rollout_generate"
+ROLLOUT_WAIT_BUFFER = "rollout_wait_buffer"  # the bounded buffer is full
+ROLLOUT_WAIT_WEIGHTS = "rollout_wait_weights"  # paused while new weights load
+ROLLOUT_DISCARDED = "rollout_discarded"  # generation whose samples were thrown away
+ROLLOUT_WINDOWS = frozenset(
+    {ROLLOUT_GENERATE, ROLLOUT_WAIT_BUFFER, ROLLOUT_WAIT_WEIGHTS, ROLLOUT_DISCARDED}
+)
 
 # Key prefixes of verl's metric dicts (metric_utils.py, agent_loop.py).
 TIMING_S = "timing_s/"
@@ -37,6 +63,18 @@ AGENT_LOOP_SLOWEST = "agent_loop/slowest/"
 TIME_PER_STEP = "perf/time_per_step"
 THROUGHPUT = "perf/throughput"
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+OFF_POLICY = "training/off_policy/"  # + trajectory_{spans,staleness,staleness_worst}/{mean,max,min}
+# rlotel's own per-step keys (rlotel.goodput): + bucket, + role
+GOODPUT = "rlotel/goodput"
+BUCKET_SECONDS = "rlotel/bucket_seconds/"
+IDLE_RATIO = "rlotel/idle_ratio/"
+# verl V1 replay-buffer counts, `{training|validation}/...`: → rlotel_replay_evicted_samples
+REPLAY_EVICTION_KEYS: dict[str, str] = {
+    "off_policy/evicted_samples": "staleness",
+    "filter_groups/evicted_samples": "filter_groups",
+    "filter_groups/discarded_surplus_samples": "filter_groups_surplus",
+    "rollout_failure/evicted_samples": "rollout_failure",
+}
 
 
 def phase_of_timing_key(key: str) -> str | None:
@@ -55,6 +93,14 @@ def timing_from_metrics(data: Mapping[str, object]) -> dict[str, float]:
         if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             timing[name] = float(value)
     return timing
+
+
+def eviction_reason(key: str) -> str | None:
+    """`training/off_policy/evicted_samples` → `staleness`; None for other keys."""
+    head, _, rest = key.partition("/")
+    if head not in ("training", "validation"):
+        return None
+    return REPLAY_EVICTION_KEYS.get(rest)
 
 
 def unaccounted(step_seconds: float, covered_seconds: float) -> float:

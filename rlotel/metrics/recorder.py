@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from rlotel import catalogue as cat
+from rlotel import staleness
+from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float, describe, encodable
 from rlotel.ledger import Step, Trace
 from rlotel.metrics.store import Exemplar, SeriesStore
@@ -36,6 +38,7 @@ class Recorder(Sink):
     def on_step(self, step: Step) -> None:
         self.observe_step(step)
         self.on_trace(step.trace)
+        self.observe_staleness(step.number, step.trace.samples)
 
     def on_trace(self, trace: Trace) -> None:
         for batch in trace.samples:
@@ -67,10 +70,13 @@ class Recorder(Sink):
         if verdict is not None:
             store.replace(cat.BOTTLENECK, 1.0, verdict.kind, verdict.detail)
         self._count_step(step.number)
+        self._observe_goodput(step.metrics)
         for key, value in step.metrics.items():
-            if key.startswith("agent_loop/") and not key.startswith("agent_loop/slowest/"):
+            if key.startswith(("agent_loop/", voc.OFF_POLICY)) and not key.startswith(
+                "agent_loop/slowest/"
+            ):
                 continue  # min/max/mean are verl's view; the histograms hold every sample
-            if not key.startswith("timing_s/"):
+            if not key.startswith(("timing_s/", "rlotel/")):
                 self._map_known(key, value)
         if step.prompt_tokens is not None:
             for kind, count in (
@@ -80,6 +86,26 @@ class Recorder(Sink):
             ):
                 store.set(cat.STEP_TOKENS, float(count), kind)
                 store.inc(cat.TOKENS, float(count), kind)
+
+    def _observe_goodput(self, metrics: Mapping[str, float]) -> None:
+        """rlotel.goodput's per-step keys: goodput, seconds by bucket, idle ratio by role."""
+        store = self.store
+        if voc.GOODPUT in metrics:
+            store.set(cat.GOODPUT, metrics[voc.GOODPUT])
+        for key, value in metrics.items():
+            if key.startswith(voc.BUCKET_SECONDS):
+                store.inc(cat.BUCKET_SECONDS, value, key[len(voc.BUCKET_SECONDS) :])
+            elif key.startswith(voc.IDLE_RATIO):
+                store.set(cat.ROLE_IDLE, value, key[len(voc.IDLE_RATIO) :])
+
+    def observe_staleness(self, number: int, batches: list[SampleBatch]) -> None:
+        """Every sample consumed in step `number` with weight versions: its staleness and
+        the versions it spans (verl V1's per-trajectory quantities)."""
+        low, high = staleness.versions(batches)
+        if low.size:
+            spans, stale, _ = staleness.per_sample(number, low, high)
+            self.store.observe(cat.SAMPLE_STALENESS, stale)
+            self.store.observe(cat.SAMPLE_WEIGHT_SPAN, spans)
 
     def _set_phase_seconds(self, phases: Mapping[str, float]) -> None:
         self._phases_seen.update(phases)
@@ -174,6 +200,13 @@ class Recorder(Sink):
         """Gauges of one verl metric key; unknown keys go to the capped generic gauge."""
         store = self.store
         target: tuple | None = None
+        reason = voc.eviction_reason(key)
+        if reason is not None:
+            if value < 0:
+                self._drops.add("metrics", "negative", f"{key}={value}")
+            else:
+                store.inc(cat.REPLAY_EVICTED, value, reason)
+            return
         if key.startswith("timing_per_token_ms/"):
             target = (cat.PHASE_TIME_PER_TOKEN, value / 1000, key[20:])
         elif key == "perf/throughput":

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from random import getrandbits
 from typing import Any, NamedTuple
 
 from rlotel import attributes as attr
 from rlotel import vocabulary
 from rlotel.drops import Drops
+from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Phase, Step, Trace
 from rlotel.profile.capture import Capture
-from rlotel.samples import DURATION_FIELDS, PREEMPTED, SampleBatch, SampleSpan
+from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBatch, SampleSpan
 from rlotel.sinks.base import Sink
 from rlotel.sinks.export_queue import ExportQueue, SpanBatchExporter
 
-_INTEGER_FIELDS = frozenset({PREEMPTED, "prompt_length", "response_length"})
 _SAMPLE_ATTRIBUTES = {
     name: attr.sample_attribute(name, name in DURATION_FIELDS)
     for name in (*DURATION_FIELDS, PREEMPTED, "prompt_length", "response_length")
@@ -81,8 +81,9 @@ def _capture_link(capture: Capture) -> LinkData:
 class SpanBuilder:
     """Span data of closed traces, samples and captures, with the run's common attributes."""
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets) -> None:
         self._run = run
+        self._phase_buckets = phase_buckets  # read per trace: an integration may set the mode
 
     def trace(
         self,
@@ -121,7 +122,7 @@ class SpanBuilder:
             )
         ]
         append = spans.append
-        phase_key = attr.PHASE
+        phase_key, bucket_key, bucket_of = attr.PHASE, attr.BUCKET, self._phase_buckets().bucket
         for record in trace.records:
             if not record.end_ns:
                 continue
@@ -135,7 +136,7 @@ class SpanBuilder:
                     record.name,
                     record.start_ns + offset,
                     record.end_ns + offset,
-                    {**common, phase_key: record.name},
+                    {**common, phase_key: record.name, bucket_key: bucket_of(record.name)},
                     links_by_phase.get(span_id, ()),
                     record.error,
                 )
@@ -214,7 +215,7 @@ def _sample_attributes(sample: SampleSpan, common: dict[str, Any]) -> dict[str, 
     attributes = {**common, attr.SAMPLE_INDEX: sample.index}
     for name, value in sample.values.items():
         key = _SAMPLE_ATTRIBUTES.get(name) or f"{attr.SAMPLE_PREFIX}{name}"
-        attributes[key] = int(value) if name in _INTEGER_FIELDS else value
+        attributes[key] = int(value) if name in INTEGER_FIELDS else value
     return attributes
 
 
@@ -253,8 +254,9 @@ class SpanSink(Sink):
         exporters: dict[str, SpanBatchExporter],
         drops: Drops,
         delays_s: dict[str, float] | None = None,
+        phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets,
     ) -> None:
-        self._build = SpanBuilder(run)
+        self._build = SpanBuilder(run, phase_buckets)
         self._queues = [
             ExportQueue(name, exporter, drops, (delays_s or {}).get(name, 1.0))
             for name, exporter in exporters.items()

@@ -1,0 +1,174 @@
+"""Goodput buckets and who is idle: every window classified, per step, per role.
+
+Each phase name maps to a bucket — `productive` (the work RL is for), `overhead` (work
+that enables it), `idle` (waiting) or `wasted` (work thrown away) — and to a role
+(`trainer`, or `rollout` for windows a concurrent rollout opens). The table is mode-aware:
+in verl's async modes the V1 trainer's `gen` is the trainer *waiting* for the replay
+buffer, so it is idle there and productive in sync mode.
+
+Per step, each role's wall time (the step's) is split once into buckets by a sweep over
+its top-level windows (where windows of one role overlap, the first of productive,
+overhead, wasted, idle wins). Trainer time covered by no window is overhead (the time
+between windows); rollout time covered by no rollout window is idle. So, per role,
+busy + idle = wall, every ratio is in [0, 1], and Σ bucket seconds = roles × step seconds.
+Computed when the step closes, off the training thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from rlotel import vocabulary as voc
+
+if TYPE_CHECKING:
+    from rlotel.ledger import Trace
+
+PRODUCTIVE, OVERHEAD, IDLE, WASTED = "productive", "overhead", "idle", "wasted"
+BUCKETS: tuple[str, ...] = (PRODUCTIVE, OVERHEAD, IDLE, WASTED)
+_PRIORITY = (PRODUCTIVE, OVERHEAD, WASTED, IDLE)  # who owns an instant two windows cover
+TRAINER, ROLLOUT = "trainer", "rollout"
+
+SYNC = "sync"
+ASYNC_MODES = frozenset({"colocate_async", "separate_async", "fully_async"})
+MODES = frozenset({SYNC, *ASYNC_MODES})
+
+DEFAULT_BUCKETS: dict[str, str] = {
+    **dict.fromkeys(("gen", "reward", "update_actor", "update_critic"), PRODUCTIVE),
+    **dict.fromkeys(
+        (
+            "old_log_prob",
+            "ref",
+            "values",
+            "adv",
+            "update_weights",
+            "save_checkpoint",
+            "dump_rollout_generations",
+            "testing",
+            "start_profile",
+            "stop_profile",
+            voc.SWITCH_TO_TRAINER,
+            voc.SWITCH_TO_ROLLOUT,
+            voc.PARAM_SYNC,
+        ),
+        OVERHEAD,
+    ),
+    **dict.fromkeys((voc.SWITCH_WAIT, voc.WAIT_FOR_ENOUGH_SAMPLES), IDLE),
+    voc.ROLLOUT_GENERATE: PRODUCTIVE,
+    voc.ROLLOUT_WAIT_BUFFER: IDLE,
+    voc.ROLLOUT_WAIT_WEIGHTS: IDLE,
+    voc.ROLLOUT_DISCARDED: WASTED,
+}
+# Names whose work differs by mode: V1's `gen` samples the replay buffer in async modes.
+ASYNC_BUCKETS: dict[str, str] = {"gen": IDLE}
+UNKNOWN_BUCKET = OVERHEAD  # a name of yours not in the table: say what it is in phase_buckets
+
+# Trainer windows during which an async rollout cannot generate, when the rollout's own
+# windows are not in this process (verl's trainer): weights are being swapped in.
+_ROLLOUT_BLOCKED_ASYNC = frozenset({"update_weights", voc.PARAM_SYNC})
+
+
+@dataclass(frozen=True)
+class PhaseBuckets:
+    """The bucket of every phase name for one training mode; overrides win over defaults."""
+
+    mode: str = SYNC
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def bucket(self, name: str) -> str:
+        if name in self.overrides:
+            return self.overrides[name]
+        if self.mode in ASYNC_MODES and name in ASYNC_BUCKETS:
+            return ASYNC_BUCKETS[name]
+        return DEFAULT_BUCKETS.get(name, UNKNOWN_BUCKET)
+
+    def for_mode(self, mode: str) -> PhaseBuckets:
+        """The same overrides under another mode (an integration that detects verl's)."""
+        return replace(self, mode=mode if mode in MODES else SYNC)
+
+    @property
+    def is_async(self) -> bool:
+        return self.mode in ASYNC_MODES
+
+
+def role_of(name: str) -> str:
+    return ROLLOUT if name in voc.ROLLOUT_WINDOWS else TRAINER
+
+
+Window = tuple[str, int, int]  # (phase name, start_ns, end_ns) of a top-level window
+
+
+def step_metrics(
+    windows: Iterable[Window], start_ns: int, end_ns: int, buckets: PhaseBuckets
+) -> dict[str, float]:
+    """`rlotel/goodput`, `rlotel/bucket_seconds/<bucket>` and, in async modes or when a
+    rollout recorded windows, `rlotel/idle_ratio/{trainer,rollout}` of one closed step."""
+    wall = end_ns - start_ns
+    if wall <= 0:
+        return {}
+    by_role: dict[str, list[tuple[str, int, int]]] = {TRAINER: []}
+    names_by_role: dict[str, list[Window]] = {TRAINER: []}
+    for name, start, end in windows:
+        start, end = max(start, start_ns), min(end, end_ns)
+        if end <= start:
+            continue
+        role = role_of(name)
+        by_role.setdefault(role, []).append((buckets.bucket(name), start, end))
+        names_by_role.setdefault(role, []).append((name, start, end))
+    totals = dict.fromkeys(BUCKETS, 0)
+    idle_ns: dict[str, int] = {}
+    for role, intervals in by_role.items():
+        uncovered = OVERHEAD if role == TRAINER else IDLE
+        split = _sweep(intervals, start_ns, end_ns, uncovered)
+        for bucket, ns in split.items():
+            totals[bucket] += ns
+        idle_ns[role] = split[IDLE]
+    roles = len(by_role)
+    metrics = {f"{voc.BUCKET_SECONDS}{bucket}": ns / 1e9 for bucket, ns in totals.items()}
+    metrics[voc.GOODPUT] = totals[PRODUCTIVE] / (roles * wall)
+    if buckets.is_async or ROLLOUT in by_role:
+        if ROLLOUT not in by_role:  # the rollout runs elsewhere: read it off the trainer's
+            blocked = [(IDLE, s, e) for n, s, e in names_by_role[TRAINER] if _blocks(n, buckets)]
+            idle_ns[ROLLOUT] = _sweep(blocked, start_ns, end_ns, PRODUCTIVE)[IDLE]
+        for role in (TRAINER, ROLLOUT):
+            metrics[f"{voc.IDLE_RATIO}{role}"] = min(1.0, idle_ns[role] / wall)
+    return metrics
+
+
+def _blocks(name: str, buckets: PhaseBuckets) -> bool:
+    """Does this trainer window stop an async rollout that runs in another process?
+    colocate_async sleeps the replicas from the end of sampling until `update_weights`
+    wakes them, so there every window but `gen` blocks; separate pools only pause for
+    weights."""
+    if buckets.mode == "colocate_async":
+        return name != "gen"
+    return name in _ROLLOUT_BLOCKED_ASYNC
+
+
+def _sweep(
+    intervals: list[tuple[str, int, int]], start_ns: int, end_ns: int, uncovered: str
+) -> dict[str, int]:
+    """Nanoseconds of [start_ns, end_ns) per bucket: each instant to the highest-priority
+    bucket covering it, `uncovered` where none does."""
+    events = sorted(
+        {start_ns, end_ns, *(s for _, s, _ in intervals), *(e for _, _, e in intervals)}
+    )
+    result = dict.fromkeys(BUCKETS, 0)
+    for left, right in itertools.pairwise(events):
+        covering = {bucket for bucket, s, e in intervals if s <= left and e >= right}
+        owner = next((b for b in _PRIORITY if b in covering), uncovered)
+        result[owner] += right - left
+    return result
+
+
+def trace_metrics(trace: Trace, buckets: PhaseBuckets) -> dict[str, float]:
+    """`step_metrics` of a closed step's trace: its top-level windows against its root."""
+    root = trace.root
+    windows = [
+        (record.name, record.start_ns, record.end_ns)
+        for record in trace.records
+        if record.parent is None and record.end_ns
+    ]
+    return step_metrics(windows, root.start_ns, root.end_ns, buckets)
