@@ -18,6 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import rlotel
+from rlotel import goodput
+from rlotel import vocabulary as voc
 from rlotel.diagnose import Diagnoser, Verdict
 
 console = Console()
@@ -68,17 +70,29 @@ def _demo(args: argparse.Namespace) -> int:
             )
 
         remote = None
-        if args.ray:
+        if args.async_mode:
+            from rlotel.demo.async_loop import AsyncConfig, train_async
+
+            progress.console.print(
+                "async: a rollout thread fills a 2-batch buffer "
+                f"(rollout ×{args.rollout_slowdown}, ppo epochs {args.ppo_epochs})"
+            )
+            outcome = train_async(
+                tel, AsyncConfig(config, rollout_slowdown=args.rollout_slowdown), on_step
+            )
+        elif args.ray:
             from rlotel.demo.ray_rollout import RayRollout
 
             progress.console.print("starting a local Ray cluster (2 CPUs) for generation")
             remote = RayRollout(args.run, traces.parent, args.seed)
-        try:
-            outcome = train(tel, config, on_step, remote)
-        finally:
-            if remote is not None:
-                remote.shutdown()
+        if not args.async_mode:
+            try:
+                outcome = train(tel, config, on_step, remote)
+            finally:
+                if remote is not None:
+                    remote.shutdown()
     console.print(_ledger_table(outcome.steps))
+    console.print(_goodput_table(outcome.steps))
     console.print(_verdict_summary(outcome.verdicts))
     first, last = outcome.reward_gain()
     last_step = outcome.steps[-1]
@@ -278,6 +292,25 @@ def _ledger_table(steps, title: str | None = None) -> Table:
     return table
 
 
+def _goodput_table(steps) -> Table:
+    """Per step kind of number: goodput, idle ratio per role, staleness (means over steps)."""
+    table = Table(title=f"Goodput, idle and staleness (means over {len(steps)} steps)")
+    for column in ("measure", "mean", "last step"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    keys = [
+        ("goodput (productive ÷ role-seconds)", voc.GOODPUT),
+        *((f"seconds {b}", f"{voc.BUCKET_SECONDS}{b}") for b in goodput.BUCKETS),
+        *((f"idle ratio {r}", f"{voc.IDLE_RATIO}{r}") for r in (goodput.TRAINER, goodput.ROLLOUT)),
+        ("staleness mean (steps)", f"{voc.OFF_POLICY}trajectory_staleness/mean"),
+        ("staleness max (steps)", f"{voc.OFF_POLICY}trajectory_staleness/max"),
+    ]
+    for label, key in keys:
+        values = [s.metrics[key] for s in steps if key in s.metrics]
+        if values:
+            table.add_row(label, f"{sum(values) / len(values):.3f}", f"{values[-1]:.3f}")
+    return table
+
+
 def _step_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
@@ -302,6 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument(
         "--ppo-epochs", type=int, default=1, help="passes over the batch in update_actor"
+    )
+    demo.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="rollout in a concurrent thread into a bounded buffer (weight versions, staleness)",
+    )
+    demo.add_argument(
+        "--rollout-slowdown",
+        type=float,
+        default=1.0,
+        help="with --async: F× the rollout's real work (a slow rollout starves the trainer)",
     )
     demo.add_argument(
         "--profile-steps",

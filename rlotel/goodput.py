@@ -17,8 +17,12 @@ Computed when the step closes, off the training thread.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 from rlotel import vocabulary as voc
@@ -30,6 +34,7 @@ PRODUCTIVE, OVERHEAD, IDLE, WASTED = "productive", "overhead", "idle", "wasted"
 BUCKETS: tuple[str, ...] = (PRODUCTIVE, OVERHEAD, IDLE, WASTED)
 _PRIORITY = (PRODUCTIVE, OVERHEAD, WASTED, IDLE)  # who owns an instant two windows cover
 TRAINER, ROLLOUT = "trainer", "rollout"
+Window = tuple[str, int, int]  # (phase name, start_ns, end_ns) of a top-level window
 
 SYNC = "sync"
 ASYNC_MODES = frozenset({"colocate_async", "separate_async", "fully_async"})
@@ -70,12 +75,50 @@ UNKNOWN_BUCKET = OVERHEAD  # a name of yours not in the table: say what it is in
 _ROLLOUT_BLOCKED_ASYNC = frozenset({"update_weights", voc.PARAM_SYNC})
 
 
+class Timeline:
+    """Windows of a role that runs beside the trainer (a rollout thread), thread-safe.
+
+    A rollout's windows outlive the trainer's steps (a generation started in one step ends
+    in the next), so they are not phases of a step: the rollout opens `window(name)` here,
+    and each closing step reads the part of every window (open ones too) inside it.
+    """
+
+    def __init__(self, keep: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._closed: deque[Window] = deque(maxlen=keep)
+        self._open: dict[int, tuple[str, int]] = {}
+
+    @contextmanager
+    def window(self, name: str) -> Iterator[None]:
+        key, start = threading.get_ident(), perf_counter_ns()
+        with self._lock:
+            self._open[key] = (name, start)
+        try:
+            yield
+        finally:
+            end = perf_counter_ns()
+            with self._lock:
+                self._open.pop(key, None)
+                self._closed.append((name, start, end))
+
+    def between(self, start_ns: int, end_ns: int) -> list[Window]:
+        """Windows overlapping [start_ns, end_ns); an open one ends at end_ns."""
+        with self._lock:
+            closed = [w for w in self._closed if w[2] > start_ns and w[1] < end_ns]
+            running = [(n, s, end_ns) for n, s in self._open.values() if s < end_ns]
+        return closed + running
+
+
 @dataclass(frozen=True)
 class PhaseBuckets:
-    """The bucket of every phase name for one training mode; overrides win over defaults."""
+    """The bucket of every phase name for one training mode; overrides win over defaults.
+
+    `timeline`: windows of a concurrent rollout in this process (None: it runs elsewhere).
+    """
 
     mode: str = SYNC
     overrides: Mapping[str, str] = field(default_factory=dict)
+    timeline: Timeline | None = field(default=None, compare=False)
 
     def bucket(self, name: str) -> str:
         if name in self.overrides:
@@ -95,9 +138,6 @@ class PhaseBuckets:
 
 def role_of(name: str) -> str:
     return ROLLOUT if name in voc.ROLLOUT_WINDOWS else TRAINER
-
-
-Window = tuple[str, int, int]  # (phase name, start_ns, end_ns) of a top-level window
 
 
 def step_metrics(
@@ -171,4 +211,6 @@ def trace_metrics(trace: Trace, buckets: PhaseBuckets) -> dict[str, float]:
         for record in trace.records
         if record.parent is None and record.end_ns
     ]
+    if buckets.timeline is not None:
+        windows.extend(buckets.timeline.between(root.start_ns, root.end_ns))
     return step_metrics(windows, root.start_ns, root.end_ns, buckets)
