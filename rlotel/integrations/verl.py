@@ -211,6 +211,9 @@ def install() -> None:
         log.info("rlotel: verl agent loop not available (%r); per-sample capture off", error)
     else:
         _patch_agent_loop(agent_loop)
+    from rlotel.integrations import verl_v1  # V1: replay-buffer batches → samples, mode
+
+    verl_v1.install()
 
 
 def uninstall() -> None:
@@ -226,6 +229,9 @@ def uninstall() -> None:
     if "agent_loop" in _installed:
         manager, original = _installed.pop("agent_loop")
         manager._performance_metrics = original
+    from rlotel.integrations import verl_v1
+
+    verl_v1.uninstall()
 
 
 def patched() -> bool:

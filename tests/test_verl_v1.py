@@ -1,0 +1,166 @@
+"""verl 0.9.1's V1 path on real TransferQueue and Ray (loopback): trajectories written the
+way `AgentLoopWorkerTQ._agent_loop_postprocess` writes them (real `AgentLoopOutput.as_dict`,
+`list_of_dict_to_tensordict`, the same tags), consumed by the real `ReplayBuffer.sample`
+inside a step. The agent-loop worker itself needs an LLM server, which does not run on this
+CPU box: the nearest real layer is its storage format and calls, used here unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlotel
+from tests.helpers import parse_exposition, scrape
+
+STEP = 5
+# (uid, session, min_global_steps, max_global_steps, generate, tools, score, preempted, resp)
+TRAJECTORIES = [
+    ("p0", 0, 4, 4, 0.50, 0.10, 0.01, 0, 3),
+    ("p0", 1, 2, 4, 2.00, 0.00, 0.02, 1, 5),
+    ("p1", 0, 1, 3, 0.25, 0.30, 0.03, -1, 2),
+    ("p1", 1, 3, 3, 0.75, 0.00, 0.04, 2, 4),
+]
+
+
+@pytest.fixture
+def transfer_queue(monkeypatch):
+    ray = pytest.importorskip("ray")
+    tq = pytest.importorskip("transfer_queue")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray.init(num_cpus=4, address="local", include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init()  # controller + 2 storage actors: needs ≥ 3 logical CPUs
+        yield tq
+    finally:
+        try:
+            tq.close()
+        finally:
+            ray.shutdown()
+
+
+def _write_trajectories(tq) -> None:
+    """What AgentLoopWorkerTQ does: prompt status tags, then each trajectory's as_dict()."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    for uid in ("p0", "p1"):
+        tag = {"is_prompt": True, "status": "finished", "global_steps": STEP - 1}
+        tq.kv_put(key=uid, partition_id="train", tag=tag)
+    keys, fields, tags = [], [], []
+    for uid, session, low, high, gen, tools, score, preempted, response in TRAJECTORIES:
+        output = AgentLoopOutput(
+            prompt_ids=[1, 2],
+            response_ids=list(range(3, 3 + response)),
+            response_mask=[1] * response,
+            num_turns=2,
+            metrics=AgentLoopMetrics(
+                generate_sequences=gen, tool_calls=tools, compute_score=score,
+                num_preempted=preempted,
+            ),
+            extra_fields={"min_global_steps": low, "max_global_steps": high},
+        )  # fmt: skip
+        field = output.as_dict()
+        keys.append(f"{uid}_{session}_0")
+        fields.append(field)
+        tags.append(
+            {
+                "status": "success",
+                "prompt_len": 2,
+                "response_len": response,
+                "seq_len": 2 + response,
+                "global_steps": STEP - 1,
+                "min_global_steps": field["extra_fields"]["min_global_steps"],
+                "max_global_steps": field["extra_fields"]["max_global_steps"],
+            }
+        )
+    tq.kv_batch_put(
+        keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags, partition_id="train"
+    )
+
+
+def _verl_off_policy(tags: list[dict], global_steps: int) -> dict[str, float]:
+    """PPOTrainer._compute_metrics, section 5, verbatim on the batch's tags."""
+    min_global_steps = np.array([tag["min_global_steps"] for tag in tags], dtype=int)
+    max_global_steps = np.array([tag["max_global_steps"] for tag in tags], dtype=int)
+    trajectory_spans = max_global_steps - min_global_steps + 1
+    trajectory_staleness = (global_steps - 1) - max_global_steps
+    trajectory_staleness_worst = (global_steps - 1) - min_global_steps
+    result = {}
+    for name, values in (
+        ("trajectory_spans", trajectory_spans),
+        ("trajectory_staleness", trajectory_staleness),
+        ("trajectory_staleness_worst", trajectory_staleness_worst),
+    ):
+        for stat in ("mean", "max", "min"):
+            result[f"training/off_policy/{name}/{stat}"] = getattr(values, stat)()
+    return result
+
+
+@pytest.mark.slow
+def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tmp_path):
+    pytest.importorskip("verl")
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from rlotel.integrations import verl_v1
+
+    _write_trajectories(transfer_queue)
+    buffer = ReplayBuffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        poll_interval=0.05,
+        train_batch_size=2,
+        gen_batch_size=2,
+    )
+    tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
+    verl_v1.install()
+    try:
+        with tel.step(STEP) as step:
+            with tel.phase("gen"):
+                batch, _ = buffer.sample(global_steps=STEP, partition_id="train", batch_size=2)
+        assert len(batch.keys) == 4
+        metrics = step.metrics
+        expected = _verl_off_policy(batch.tags, STEP)
+        assert {k: metrics[k] for k in expected} == expected
+        by_key = {f"{t[0]}_{t[1]}_0": t for t in TRAJECTORIES}
+        generate = [by_key[key][4] for key in batch.keys]
+        assert metrics["agent_loop/generate_sequences/max"] == max(generate)
+        assert metrics["agent_loop/num_preempted/min"] == -1
+        assert metrics["agent_loop/slowest/response_length"] == 5  # p0_1: 2.02 s in all
+        tel.flush()
+        series = parse_exposition(scrape(tel.metrics_url))
+        run = ("run", "v1")
+        stage = frozenset({run, ("stage", "generate_sequences")})
+        assert series[("rlotel_agent_loop_duration_seconds_count", stage)] == 4
+        # staleness (4 - max): 0, 0, 1, 1 → two at le=0, all four at le=1
+        stale = "rlotel_sample_staleness_steps_bucket"
+        assert series[(stale, frozenset({run, ("le", "0.0")}))] == 2
+        assert series[(stale, frozenset({run, ("le", "1.0")}))] == 4
+        assert series[("rlotel_sample_weight_span_steps_sum", frozenset({run}))] == 1 + 3 + 3 + 1
+    finally:
+        verl_v1.uninstall()
+        tel.shutdown()
+
+
+@pytest.mark.slow
+def test_v1_trainer_mode_switches_goodput_table():
+    pytest.importorskip("verl")
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from rlotel.integrations import verl_v1
+
+    tel = rlotel.init(run="mode", prometheus_port=None)
+    verl_v1.install()
+    try:
+        assert trainer_base.PPOTrainer.fit is not verl_v1._installed["PPOTrainer.fit"][2]
+        verl_v1.set_mode("separate_async")
+        with tel.step(1) as step, tel.phase("gen"):
+            pass
+        assert step.metrics["rlotel/bucket_seconds/idle"] > 0  # V1 async gen = waiting
+        assert "rlotel/idle_ratio/trainer" in step.metrics
+    finally:
+        verl_v1.uninstall()
+        tel.shutdown()
