@@ -27,11 +27,11 @@ UNKNOWN_PREEMPTIONS = -1.0  # verl's AgentLoopMetrics default: "not available"
 
 
 class SampleSpan(NamedTuple):
-    """One sample that gets its own span and serves as the exemplar of its buckets."""
+    """One sample that gets its own span and serves as the exemplar of its buckets; its
+    values stay in the batch's columns (read there, off the training thread)."""
 
     index: int
     span_id: int
-    values: dict[str, float]
 
 
 class SampleBatch:
@@ -232,14 +232,7 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
         candidates = np.arange(totals.size)
     candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
-    columns = {name: column.tolist() for name, column in batch.columns.items()}  # one C pass
-    for index in order.tolist():
-        values = {
-            name: column[index]
-            for name, column in columns.items()
-            if index < len(column) and column[index] == column[index]  # not NaN
-        }
-        batch.spans.append(SampleSpan(index, getrandbits(64) or 1, values))
+    batch.spans.extend(SampleSpan(index, getrandbits(64) or 1) for index in order.tolist())
 
 
 def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
@@ -297,13 +290,12 @@ def use_remote_spans(batch: SampleBatch, span_ids: Mapping[Any, Any]) -> int:
         except (TypeError, ValueError):
             bad += 1
             continue
-        values = {
-            name: float(column[position])
-            for name, column in batch.columns.items()
-            if 0 <= position < column.size and not np.isnan(column[position])
-        }
-        if not values or not value:
+        measured = any(
+            0 <= position < column.size and not np.isnan(column[position])
+            for column in batch.columns.values()
+        )
+        if not measured or not value:
             bad += 1
             continue
-        batch.spans.append(SampleSpan(position, value, values))
+        batch.spans.append(SampleSpan(position, value))
     return bad

@@ -118,6 +118,34 @@ class Recorder(Sink):
         self.store.set(cat.LAST_STEP_TIMESTAMP, time.time())
         self._last_counted = number
 
+    def _exemplars(
+        self, batch: SampleBatch, name: str, spec: cat.MetricSpec, timestamp: float
+    ) -> list[Exemplar]:
+        """The slowest sample span of each bucket (the one a bucket keeps), found with
+        numpy: a step with 10k traced samples builds ~20 exemplars, not 10k."""
+        column = batch.columns[name]
+        spans = [span for span in batch.spans if span.index < column.size]
+        if not spans:
+            return []
+        values = column[[span.index for span in spans]]
+        measured = ~np.isnan(values)
+        spans = [span for span, keep in zip(spans, measured.tolist(), strict=True) if keep]
+        values = values[measured]
+        if not spans:
+            return []
+        buckets = np.searchsorted(np.asarray(self.store.bounds(spec)), values, side="left")
+        order = np.lexsort((values, buckets))  # by bucket, then value: each bucket's max last
+        last = order[np.append(buckets[order][1:] != buckets[order][:-1], True)]
+        trace_id = f"{batch.trace_id:032x}"
+        return [
+            Exemplar(
+                {"trace_id": trace_id, "span_id": f"{spans[i].span_id:016x}"},
+                float(values[i]),
+                timestamp,
+            )
+            for i in last.tolist()
+        ]
+
     def observe_samples(self, batch: SampleBatch) -> None:
         """Every valid sample into the stage/length histograms; sample spans as exemplars."""
         age_s = (time.perf_counter_ns() - batch.end_ns) / 1e9 if batch.end_ns else 0.0
@@ -128,18 +156,7 @@ class Recorder(Sink):
         ):
             if name not in batch.columns:
                 continue
-            exemplars = [
-                Exemplar(
-                    {
-                        "trace_id": f"{batch.trace_id:032x}",
-                        "span_id": f"{span.span_id:016x}",
-                    },
-                    span.values[name],
-                    timestamp,
-                )
-                for span in batch.spans
-                if name in span.values
-            ]
+            exemplars = self._exemplars(batch, name, spec, timestamp)
             self.store.observe(spec, batch.valid(name), label, exemplars=exemplars)
         if PREEMPTED in batch.columns:
             reported = batch.valid(PREEMPTED)

@@ -113,6 +113,10 @@ class SeriesStore:
         self._histograms: dict[cat.MetricSpec, dict[Labels, _Histogram]] = {}
         self._writes = 0
 
+    def bounds(self, spec: cat.MetricSpec) -> tuple[float, ...]:
+        """A histogram family's upper bounds (the catalogue's, or as configured)."""
+        return self._bounds[spec]
+
     @property
     def version(self) -> tuple[int, int]:
         """Changes whenever a series or a drop count may have changed (cache key)."""

@@ -18,7 +18,7 @@ from rlotel.drops import Drops
 from rlotel.sinks import exporter_logs
 
 if TYPE_CHECKING:
-    from rlotel.sinks.spans import SpanData
+    from rlotel.sinks.spans import SpanItem
 
 MAX_QUEUED_SPANS = 65536
 MAX_EXPORT_BATCH = 2048
@@ -27,7 +27,7 @@ MAX_EXPORT_BATCH = 2048
 class SpanBatchExporter(Protocol):
     """Writes a batch of span data somewhere; returns False (or raises) on failure."""
 
-    def export(self, spans: Sequence[SpanData]) -> bool: ...
+    def export(self, spans: Sequence[SpanItem]) -> bool: ...
 
     def shutdown(self) -> None: ...
 
@@ -42,7 +42,7 @@ class ExportQueue:
         self._exporter = exporter
         self._drops = drops
         self._delay_s = delay_s
-        self._batches: deque[list[SpanData]] = deque()
+        self._batches: deque[list[SpanItem]] = deque()
         self._queued = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -52,58 +52,62 @@ class ExportQueue:
         self._thread = threading.Thread(target=self._run, name=f"rlotel-export-{name}", daemon=True)
         self._thread.start()
 
-    def put(self, spans: list[SpanData]) -> None:
+    def put(self, spans: list[SpanItem], count: int) -> None:
+        """`count`: spans in the batch (a sample block holds many)."""
         if not spans:
             return
         with self._lock:
-            self._batches.append(spans)
-            self._queued += len(spans)
+            self._batches.append((spans, count))
+            self._queued += count
             while self._queued > MAX_QUEUED_SPANS and len(self._batches) > 1:
-                dropped = self._batches.popleft()
-                self._queued -= len(dropped)
+                _, dropped_count = self._batches.popleft()
+                self._queued -= dropped_count
                 self._drops.add(
                     "spans",
                     "queue_full",
                     f"{self.name}: {MAX_QUEUED_SPANS} spans waiting to export",
-                    len(dropped),
+                    dropped_count,
                 )
         if self._delay_s <= 0 or self._queued >= MAX_EXPORT_BATCH:
             self._wake.set()
 
-    def _take(self) -> list[SpanData]:
+    def _take(self) -> tuple[list[SpanItem], int]:
         with self._lock:
-            spans: list[SpanData] = []
-            while self._batches and len(spans) < MAX_EXPORT_BATCH:
-                spans.extend(self._batches.popleft())
-            self._queued -= len(spans)
+            spans: list[SpanItem] = []
+            taken = 0
+            while self._batches and taken < MAX_EXPORT_BATCH:
+                batch, count = self._batches.popleft()
+                spans.extend(batch)
+                taken += count
+            self._queued -= taken
             self._busy = bool(spans)
-            return spans
+            return spans, taken
 
     def _run(self) -> None:
         while True:
             self._wake.wait(self._delay_s if self._delay_s > 0 else None)
             self._wake.clear()
             while True:
-                spans = self._take()
+                spans, count = self._take()
                 if not spans:
                     break
-                self._export(spans)
+                self._export(spans, count)
                 with self._lock:
                     self._busy = False
                     self._idle.notify_all()
             if self._stopping:
                 return
 
-    def _export(self, spans: list[SpanData]) -> None:
+    def _export(self, spans: list[SpanItem], count: int) -> None:
         with exporter_logs.captured() as first_log:
             try:
                 done = self._exporter.export(spans)
             except Exception as error:
-                self._drops.add("spans", "export_failed", f"{self.name}: {error!r}", len(spans))
+                self._drops.add("spans", "export_failed", f"{self.name}: {error!r}", count)
                 return
         if not done:
             why = first_log() or "no reason given"
-            self._drops.add("spans", "export_failed", f"{self.name}: {why}", len(spans))
+            self._drops.add("spans", "export_failed", f"{self.name}: {why}", count)
 
     def flush(self, deadline: float) -> bool:
         """Export everything queued so far; False if `deadline` (monotonic) passes first."""

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from rlotel.sinks.spans import SpanData, exception_attributes, status_message
+from rlotel.sinks.spans import SampleBlock, SpanData, SpanItem, exception_attributes, status_message
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SCOPE = InstrumentationScope("rlotel")
@@ -67,8 +67,11 @@ class SdkSpanExporter:
         self._exporter = exporter
         self._resource = Resource.create(dict(resource))
 
-    def export(self, spans: Sequence[SpanData]) -> bool:
-        readable = [readable_span(span, self._resource) for span in spans]
+    def export(self, spans: Sequence[SpanItem]) -> bool:
+        readable = []
+        for item in spans:
+            expanded = item.spans() if type(item) is SampleBlock else (item,)
+            readable.extend(readable_span(span, self._resource) for span in expanded)
         return self._exporter.export(readable) is SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -15,18 +15,21 @@ from collections.abc import Callable, Sequence
 from random import getrandbits
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from rlotel import attributes as attr
 from rlotel import vocabulary
 from rlotel.drops import Drops
 from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Phase, Step, Trace
 from rlotel.profile.capture import Capture
-from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBatch, SampleSpan
+from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBatch
 from rlotel.sinks.base import Sink
 from rlotel.sinks.export_queue import ExportQueue, SpanBatchExporter
 
-_SAMPLE_ATTRIBUTES = {
-    name: attr.sample_attribute(name, name in DURATION_FIELDS)
+# Per-sample column → (span attribute, written as an integer).
+_SAMPLE_KEYS = {
+    name: (attr.sample_attribute(name, name in DURATION_FIELDS), name in INTEGER_FIELDS)
     for name in (*DURATION_FIELDS, PREEMPTED, "prompt_length", "response_length")
 }
 
@@ -91,7 +94,7 @@ class SpanBuilder:
         root_attributes: dict[str, Any],
         captures: Sequence[Capture] = (),
         offset_ns: int | None = None,
-    ) -> list[SpanData]:
+    ) -> list[SpanItem]:
         """`offset_ns` maps the records' clock to Unix time: perf_counter's now (one
         offset per trace, so durations stay exact), or 0 for records already in Unix ns."""
         offset = time.time_ns() - time.perf_counter_ns() if offset_ns is None else offset_ns
@@ -151,13 +154,13 @@ class SpanBuilder:
                 )
         return spans
 
-    def step(self, step: Step) -> list[SpanData]:
+    def step(self, step: Step) -> list[SpanItem]:
         return self.trace(step.trace, step_attributes(step), step.captures)
 
-    def loose(self, trace: Trace) -> list[SpanData]:
+    def loose(self, trace: Trace) -> list[SpanItem]:
         return self.trace(trace, {attr.PHASE: trace.root.name})
 
-    def remote_samples(self, batch: SampleBatch) -> list[SpanData]:
+    def remote_samples(self, batch: SampleBatch) -> list[SampleBlock]:
         """Sample spans whose parent phase lives in another process (propagated context)."""
         offset = time.time_ns() - time.perf_counter_ns()
         return self._samples(
@@ -186,37 +189,101 @@ class SpanBuilder:
         offset: int,
         common: dict[str, Any],
         remote: bool = False,
-    ) -> list[SpanData]:
-        """The slowest samples as children of the phase they were recorded in.
+    ) -> list[SampleBlock]:
+        """The slowest samples as children of the phase they were recorded in, by column.
 
         A sample is placed to end when `record_samples` was called, lasting the sum of its
         stage seconds (clamped to start no earlier than its parent)."""
+        spans = batch.spans
+        if not spans:
+            return []
         end = batch.end_ns + offset
+        indices = np.fromiter((span.index for span in spans), dtype=np.int64, count=len(spans))
+        seconds = np.zeros(len(spans))
+        keys, integral, columns = [attr.SAMPLE_INDEX], [True], [indices.tolist()]
+        for field, column in batch.columns.items():
+            values = _at(column, indices)
+            if field in DURATION_FIELDS:  # verl's order: (generate + tools) + score
+                seconds = seconds + np.where(np.isnan(values), 0.0, values)
+            key, whole = _SAMPLE_KEYS.get(field) or _sample_key(field)
+            keys.append(key)
+            integral.append(whole)
+            columns.append(values.tolist())
+        starts = np.maximum(end - (seconds * 1e9).astype(np.int64), parent_start)
         return [
-            SpanData(
+            SampleBlock(
                 trace_id,
-                sample.span_id,
                 parent_id,
-                attr.SAMPLE_SPAN,
-                max(end - int(_sample_seconds(sample) * 1e9), parent_start),
+                remote,
                 end,
-                _sample_attributes(sample, common),
-                remote_parent=remote,
+                starts.tolist(),
+                [span.span_id for span in spans],
+                common,
+                tuple(keys),
+                tuple(integral),
+                list(zip(*columns, strict=True)),
             )
-            for sample in batch.spans
         ]
 
 
-def _sample_seconds(sample: SampleSpan) -> float:
-    return sum(sample.values.get(field, 0.0) for field in DURATION_FIELDS)
+def _at(column: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """column[indices], NaN where a ragged column is shorter than the sample index."""
+    if indices.size and int(indices.max()) < column.size:
+        return column[indices]
+    return np.array([column[i] if i < column.size else np.nan for i in indices.tolist()])
 
 
-def _sample_attributes(sample: SampleSpan, common: dict[str, Any]) -> dict[str, Any]:
-    attributes = {**common, attr.SAMPLE_INDEX: sample.index}
-    for name, value in sample.values.items():
-        key = _SAMPLE_ATTRIBUTES.get(name) or f"{attr.SAMPLE_PREFIX}{name}"
-        attributes[key] = int(value) if name in INTEGER_FIELDS else value
-    return attributes
+class SampleBlock(NamedTuple):
+    """The sample spans of one batch as columns: the traces file encodes them in one pass
+    (one template for the batch); SDK exporters get them expanded to `SpanData`."""
+
+    trace_id: int
+    parent_span_id: int
+    remote_parent: bool
+    end_ns: int
+    starts: list[int]
+    span_ids: list[int]
+    common: dict[str, Any]
+    keys: tuple[str, ...]  # attribute per column (the sample index first)
+    integral: tuple[bool, ...]
+    rows: list[tuple]  # per sample: its value in each column, NaN where invalid
+
+    @property
+    def count(self) -> int:
+        return len(self.span_ids)
+
+    def spans(self) -> list[SpanData]:
+        result = []
+        for span_id, start, row in zip(self.span_ids, self.starts, self.rows, strict=True):
+            attributes = dict(self.common)
+            for key, whole, value in zip(self.keys, self.integral, row, strict=True):
+                if value == value:  # not NaN: an invalid entry has no attribute
+                    attributes[key] = int(value) if whole else value
+            result.append(
+                SpanData(
+                    self.trace_id,
+                    span_id,
+                    self.parent_span_id,
+                    attr.SAMPLE_SPAN,
+                    start,
+                    self.end_ns,
+                    attributes,
+                    remote_parent=self.remote_parent,
+                )
+            )
+        return result
+
+
+SpanItem = SpanData | SampleBlock  # what an exporter receives in a batch
+
+
+def span_count(items: Sequence[SpanItem]) -> int:
+    return sum(item.count if type(item) is SampleBlock else 1 for item in items)
+
+
+def _sample_key(field: str) -> tuple[str, bool]:
+    """A per-sample column without a catalogued attribute: `rl.sample.<field>`."""
+    return f"{attr.SAMPLE_PREFIX}{field}", field in INTEGER_FIELDS
 
 
 def step_attributes(step: Step) -> dict[str, Any]:
@@ -262,9 +329,10 @@ class SpanSink(Sink):
             for name, exporter in exporters.items()
         ]
 
-    def _put(self, spans: list[SpanData]) -> None:
+    def _put(self, spans: list[SpanItem]) -> None:
+        count = span_count(spans)
         for queue in self._queues:
-            queue.put(spans)
+            queue.put(spans, count)
 
     def on_step(self, step: Step) -> None:
         self._put(self._build.step(step))
