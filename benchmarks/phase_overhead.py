@@ -20,20 +20,34 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from rich.console import Console
 from rich.table import Table
 
 import rlotel
 from rlotel import nvtx
-from rlotel.sinks.jsonl import OtlpJsonLinesExporter
 
 PHASE_NAMES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 BARE = "bare loop (no timer)"
 VERL_CPU = "verl marked_timer (CPU, codetiming)"
 OTEL = "OTel SDK eager span (BatchSpanProcessor)"
 RLOTEL = "rlotel tel.phase (training thread)"
+
+
+class OtlpFileExporter(SpanExporter):
+    """The SDK way to a traces file: encode each batch as an OTLP protobuf request."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("ab")
+
+    def export(self, spans) -> SpanExportResult:
+        self._file.write(encode_spans(spans).SerializeToString())
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._file.close()
 
 
 def build_cases(tel: rlotel.Telemetry, tracer, per_step: int) -> dict[str, Callable[[int], int]]:
@@ -126,7 +140,7 @@ def main() -> None:
     )
     provider = TracerProvider()
     provider.add_span_processor(
-        BatchSpanProcessor(OtlpJsonLinesExporter(workdir / "otel.jsonl"), max_queue_size=1 << 17)
+        BatchSpanProcessor(OtlpFileExporter(workdir / "otel.pb"), max_queue_size=1 << 17)
     )
     cases = build_cases(tel, provider.get_tracer("bench"), args.phases_per_step)
     best: dict[str, float] = {}
