@@ -41,12 +41,8 @@ ENGINES = "the rollout engines' own metrics: the demo runs no vLLM or SGLang"
 ASYNC = "async windows, goodput and staleness: nothing feeds them in the demo yet (issue 14)"
 RANKS = "per-rank series: the demo runs no Ray workers and no rank spread yet (issue 15)"
 NOT_IN_THE_DEMO = {
-    "RL step breakdown / Goodput (productive seconds ÷ step)": ASYNC,
-    "RL step breakdown / Seconds by bucket": ASYNC,
     "RL step breakdown / Idle ratio by role": ASYNC,
-    "RL step breakdown / Sample staleness and weight span (steps)": ASYNC,
     "RL step breakdown / Replay-buffer evictions by reason": ASYNC,
-    "rlotel:sample_staleness_steps:p99": ASYNC,
     "RL step breakdown / Rank spread by phase (slowest ÷ median)": RANKS,
     "RL step breakdown / Phase seconds by rank (last step)": RANKS,
     "RL rollout tail / Engine request latency p99": ENGINES,

@@ -115,6 +115,9 @@ def train(
                         num_preempted=[0] * batch,  # the toy engine never preempts
                         prompt_length=[P.PROMPT_LEN] * batch,
                         response_length=rollout.response_lengths.numpy(),
+                        # on-policy: generated with the weights synced after the last step
+                        min_weight_version=[number - 1] * batch,
+                        max_weight_version=[number - 1] * batch,
                     )
                 else:
                     rollout, scores, metrics, spans = remote.generate(
