@@ -38,7 +38,7 @@ VARIABLES = {
 # Panels and recording rules the demo cannot answer yet, and why. Each must still run on the
 # real Prometheus and come back empty: once the demo feeds one, the test asks to drop it here.
 ENGINES = "the rollout engines' own metrics: the demo runs no vLLM or SGLang"
-ASYNC = "async windows, goodput and staleness: nothing feeds them in the demo yet (issue 14)"
+ASYNC = "idle per role and evictions: async runs only, and this live demo is sync (no --async)"
 RANKS = "per-rank series: the demo runs no Ray workers and no rank spread yet (issue 15)"
 NOT_IN_THE_DEMO = {
     "RL step breakdown / Idle ratio by role": ASYNC,
