@@ -1,8 +1,9 @@
 """Cost of one instrumented phase: rlotel vs verl's own timers vs an eager OTel span.
 
 Everything is measured side by side in one run and printed as ratios (absolute times on
-these machines are noisy). Goal: rlotel's training-thread cost ≤ 0.5x verl's
-`marked_timer`.
+these machines are noisy). Goals: rlotel's training-thread cost ≤ 0.4x verl's
+`marked_timer`; the whole cost of a published phase (training thread plus publisher, traces
+file and /metrics on) ≤ 6x.
 
 rlotel rows time what the training thread pays: steps of `--phases-per-step` phases
 including step open and close (verl's formulas). The publisher's work (spans, series, the
@@ -34,6 +35,7 @@ BARE = "bare loop (no timer)"
 VERL_CPU = "verl marked_timer (CPU, codetiming)"
 OTEL = "OTel SDK eager span (BatchSpanProcessor)"
 RLOTEL = "rlotel tel.phase (training thread)"
+PUBLISHED = "rlotel incl. publishing spans+series+file"
 
 
 class OtlpFileExporter(SpanExporter):
@@ -123,7 +125,7 @@ def build_cases(tel: rlotel.Telemetry, tracer, per_step: int) -> dict[str, Calla
         OTEL: timed(otel_span),
         RLOTEL: in_steps(False),
         "rlotel.marked_timer (training thread)": in_steps(True),
-        "rlotel incl. publishing spans+series+file": published,
+        PUBLISHED: published,
     }
 
 
@@ -177,8 +179,13 @@ def main() -> None:
         f"NVTX backend: {type(backend).__name__ if backend else 'none (no tool attached)'}"
     )
     ratio = net[RLOTEL] / net[VERL_CPU]
-    verdict = "met" if ratio <= 0.5 else "NOT met"
-    console.print(f"goal: rlotel phase ≤ 0.5× verl marked_timer → {ratio:.2f}× ({verdict})")
+    verdict = "met" if ratio <= 0.4 else "NOT met"
+    console.print(f"goal: training-thread cost ≤ 0.4× verl marked_timer → {ratio:.2f}× ({verdict})")
+    whole = net[PUBLISHED] / net[VERL_CPU]
+    verdict = "met" if whole <= 6 else "NOT met"
+    console.print(
+        f"goal: whole cost of a published phase ≤ 6× marked_timer → {whole:.2f}× ({verdict})"
+    )
 
 
 if __name__ == "__main__":
