@@ -114,6 +114,8 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
             continue
         timing: dict[str, float] = {}
         for span in sorted(trace, key=lambda s: s.start_ns):  # phases in the order they ran
+            if span.resource != root.resource:
+                continue  # another process's spans (workers) are in the tree, not the ledger
             if span is not root and "rl.phase" in span.attributes:
                 timing[span.name] = timing.get(span.name, 0) + span.seconds
         timing["step"] = root.seconds

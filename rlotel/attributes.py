@@ -46,6 +46,18 @@ PROFILE_PHASES = "rl.profile.phases"
 
 SERVICE_NAME = "service.name"
 
+# Which process a span came from (resource attributes of worker processes).
+ROLE = "rl.role"  # actor, rollout, ref, critic, ... (or the worker class)
+RANK = "rl.rank"
+NODE = "rl.node"
+REPLICA = "rl.replica"  # rollout replica
+
+# A phase that ran on several ranks (the driver's span of a worker-group call).
+RANKS = "rl.ranks"  # how many ranks replied
+SLOWEST_RANK = "rl.rank.slowest"
+SLOWEST_RANK_S = "rl.rank.slowest_s"
+RANK_SPREAD = "rl.rank.spread"  # slowest ÷ median
+
 # Per-sample fields → attribute names (seconds get an `_s` suffix).
 DURATION_SUFFIX = "_s"
 

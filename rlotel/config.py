@@ -56,6 +56,8 @@ class Config:
     sinks: `rlotel.Sink`s of your own: closed steps, traces, samples, logs, captures.
     bottleneck_thresholds: tunes the per-step verdict (`rlotel.Thresholds`).
     profile: every profiling option (`rlotel.ProfileConfig`); overrides profile_steps.
+    resource_attributes: this process's own resource attributes (e.g. `rl.role`,
+        `rl.rank`, `rl.node`), next to `service.name` and `rl.run`.
     phase_buckets: `{"my_wait": "idle"}` puts phase names in goodput buckets (productive,
         overhead, idle, wasted), over rlotel's table for verl's names (rlotel.goodput).
     """
@@ -81,6 +83,7 @@ class Config:
     sinks: Sequence[Sink] = ()
     bottleneck_thresholds: Thresholds | None = None
     profile: ProfileConfig | None = None
+    resource_attributes: Mapping[str, str | int | float | bool] | None = None
     phase_buckets: Mapping[str, str] | None = None
     environment: Environment = field(default_factory=Environment.read, repr=False)
 
@@ -134,6 +137,7 @@ class Config:
             raise ConfigError(
                 f"bottleneck_thresholds must be rlotel.Thresholds, got {thresholds!r}"
             )
+        writable_dir(self.environment.traces_dir, "RLOTEL_TRACES_DIR")
         steps = _steps(self.profile_steps)
         profile_dir = writable_dir(self.profile_dir, "profile_dir")
         profile = self.profile
@@ -155,6 +159,7 @@ class Config:
             profile_dir=profile_dir,
             shutdown_timeout_s=float(timeout),
             histogram_buckets=_histogram_buckets(self.histogram_buckets),
+            resource_attributes=_resource_attributes(self.resource_attributes),
             phase_buckets=_phase_buckets(self.phase_buckets),
             span_exporters=tuple(self.span_exporters),
             sinks=tuple(self.sinks),
@@ -241,6 +246,20 @@ def _phase_buckets(given: Any) -> dict[str, str]:
             )
         checked[name] = bucket
     return checked
+
+
+def _resource_attributes(given: Any) -> dict[str, str | int | float | bool]:
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping) or not all(
+        isinstance(key, str) and key and isinstance(value, (str, int, float, bool))
+        for key, value in given.items()
+    ):
+        raise ConfigError(
+            "resource_attributes must map attribute names to strings, numbers or booleans, "
+            f"e.g. {{'rl.role': 'actor', 'rl.rank': 0}}; got {given!r}"
+        )
+    return dict(given)
 
 
 def _tls(pair: Any) -> tuple[str, str] | None:

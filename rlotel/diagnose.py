@@ -86,6 +86,7 @@ class Thresholds:
     window: int = 10  # trailing steps for trends
     idle_share: float = 0.40  # async: a role idle this share of the step is the story
     stale_steps: float = 4.0  # async: max staleness at which eviction is the likely limit
+    straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class StepFacts:
     idle: Mapping[str, float] = field(default_factory=dict)  # async: idle ratio by role
     evicted: float = 0.0  # replay-buffer samples evicted as stale this step
     staleness_max: float | None = None  # verl trajectory_staleness/max
+    # phase → (slowest rank, slowest ÷ median) of phases that ran on several ranks
+    stragglers: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
     @classmethod
     def from_metrics(
@@ -199,8 +202,10 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         "runner_up": ranked[1][0],
         "runner_up_share": round(runner_up / step, 4),
     }
+    straggler = _straggler(facts, limits, evidence)
     if share < limits.dominant_share or seconds < limits.margin * runner_up:
-        return Verdict("balanced", "", "medium", share, evidence, NEXT_READ["balanced"])
+        next_read = NEXT_READ["balanced"] + straggler
+        return Verdict("balanced", "", "medium", share, evidence, next_read)
     detail, confidence = "", "low"  # the share alone
     if kind == "rollout-bound":
         detail, confidence = _rollout(facts, seconds, limits, evidence)
@@ -216,8 +221,29 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         confidence = "medium"
     elif share >= limits.dominant_share and seconds >= 2 * runner_up:
         confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
-    next_read = SUB_NEXT_READ.get(detail) or NEXT_READ[kind]
+    next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + straggler
     return Verdict(kind, detail, confidence, share, evidence, next_read)
+
+
+def _straggler(facts: StepFacts, limits: Thresholds, evidence: dict[str, float | str]) -> str:
+    """Names the rank that held a multi-rank phase up most, when its spread passes the
+    threshold; returns what to add to `next_read` ("" when no rank stands out)."""
+    over = {
+        phase: (rank, spread)
+        for phase, (rank, spread) in facts.stragglers.items()
+        if spread >= limits.straggler_spread
+    }
+    if not over:
+        return ""
+    phase = max(over, key=lambda name: over[name][1])
+    rank, spread = over[phase]
+    evidence["straggler_rank"] = rank
+    evidence["straggler_phase"] = phase
+    evidence["straggler_spread"] = round(spread, 3)
+    return (
+        f"; rank {rank} took {spread:.1f}x the median rank in {phase}: its node and device, "
+        "or its share of the batch (sequence balancing)"
+    )
 
 
 def _async(facts: StepFacts, step: float, limits: Thresholds) -> Verdict | None:

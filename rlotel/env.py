@@ -34,6 +34,7 @@ from rlotel.errors import ConfigError
 RLOTEL_ENABLE = "RLOTEL_ENABLE"  # the verl plugin and the instrumentor switch on
 RLOTEL_RUN = "RLOTEL_RUN"
 RLOTEL_TRACES_FILE = "RLOTEL_TRACES_FILE"
+RLOTEL_TRACES_DIR = "RLOTEL_TRACES_DIR"  # each process writes <dir>/<role>-<rank>-<pid>.jsonl
 RLOTEL_ROLE = "RLOTEL_ROLE"
 RLOTEL_PROMETHEUS_SD_DIR = "RLOTEL_PROMETHEUS_SD_DIR"
 RANK = "RANK"  # torch.distributed's, as verl's workers set it
@@ -79,6 +80,7 @@ class Environment:
     prometheus_port: int | None
     run: str | None
     traces_file: str | None
+    traces_dir: Path | None
     role: str | None
     rank: int
     world_size: int
@@ -96,6 +98,7 @@ class Environment:
             prometheus_port=_port(environ.get(OTEL_EXPORTER_PROMETHEUS_PORT)),
             run=environ.get(RLOTEL_RUN) or None,
             traces_file=environ.get(RLOTEL_TRACES_FILE) or None,
+            traces_dir=Path(environ[RLOTEL_TRACES_DIR]) if environ.get(RLOTEL_TRACES_DIR) else None,
             role=environ.get(RLOTEL_ROLE) or None,
             rank=rank(environ),
             world_size=world_size(environ),

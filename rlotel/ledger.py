@@ -16,7 +16,7 @@ from random import getrandbits
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlotel import formulas, goodput, nvtx, samples, staleness, vocabulary
+from rlotel import formulas, goodput, nvtx, ranks, samples, staleness, vocabulary
 from rlotel.diagnose import StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.samples import SampleBatch
@@ -217,6 +217,7 @@ class Step:
         self.mfu: dict[str, float] = {}
         self.sequences: int | None = None
         self.captures: list[Capture] = []  # profiler outputs this step links to
+        self.rank_seconds: dict[int, ranks.RankSeconds] = {}  # phase span id → its ranks' seconds
         self.closed = False
         self.held = False  # a hook holds it until its captures are written
         self.published_verdict: Verdict | None = None  # set by the pipeline, before fan-out
@@ -319,6 +320,10 @@ class Step:
             unaccounted=self.unaccounted_seconds,
             response_tokens=self.response_tokens,
             sequences=self.sequences,
+            stragglers={
+                spread.phase: (spread.slowest_rank, spread.spread)
+                for spread in ranks.spreads(self.rank_seconds).values()
+            },
         )
 
     def _derive(self) -> tuple[dict[str, float], dict[str, float], float]:

@@ -16,16 +16,18 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlotel import attributes as attr
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.diagnose import Diagnoser
 from rlotel.drops import Drops, describe, encodable
 from rlotel.goodput import PhaseBuckets
-from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks
+from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks, innermost_open
 from rlotel.metrics.recorder import Recorder
 from rlotel.metrics.store import SeriesStore
 from rlotel.pipeline import LogRecord, Pipeline
 from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
+from rlotel.ranks import RankSeconds
 from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
 from rlotel.sinks.base import CompositeSink, Sink
 from rlotel.sinks.export_queue import SpanBatchExporter
@@ -78,14 +80,19 @@ class Telemetry:
     def _build_sinks(self) -> list[Sink]:
         from opentelemetry.sdk.resources import Resource
 
-        from rlotel.sinks.jsonl import JsonLinesExporter
+        from rlotel.sinks.jsonl import JsonLinesExporter, traces_dir_file
         from rlotel.sinks.otlp import SdkSpanExporter, otlp_span_exporter
         from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
         from rlotel.sinks.prometheus import PrometheusEndpoint
         from rlotel.sinks.spans import SpanSink
 
         config, environment = self.config, self.config.environment
-        resource = Resource.create({"service.name": config.service_name, "rl.run": config.run})
+        identity = {
+            "service.name": config.service_name,
+            attr.RUN: config.run,
+            "process.pid": os.getpid(),
+        }
+        resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanBatchExporter] = {}
         if environment.otlp_traces is not None:
             exporters["otlp"] = SdkSpanExporter(
@@ -93,6 +100,11 @@ class Telemetry:
             )
         if config.traces_file is not None:
             exporters["traces_file"] = JsonLinesExporter(config.traces_file, resource.attributes)
+        if environment.traces_dir is not None:  # one file per process
+            role = config.resource_attributes.get(attr.ROLE) or environment.role or "main"
+            rank = config.resource_attributes.get(attr.RANK, environment.rank)
+            path = traces_dir_file(environment.traces_dir, str(role), rank)
+            exporters["traces_dir"] = JsonLinesExporter(path, resource.attributes)
         for index, exporter in enumerate(config.span_exporters):
             exporters[f"{type(exporter).__name__}#{index}"] = SdkSpanExporter(
                 exporter, resource.attributes
@@ -257,6 +269,24 @@ class Telemetry:
             self.drops.add("spans", "internal_error", repr(error))
             return {}
         return traceparent(*ids) if ids else {}
+
+    def record_rank_seconds(self, seconds_by_rank: Mapping[int, float]) -> None:
+        """Seconds per rank of work the innermost open phase waited for (a worker-group
+        call on N ranks; calls in one phase add up): its span then names the slowest rank,
+        its seconds and the spread (slowest ÷ median)."""
+        try:
+            step = self.ledger.current_step
+            phase = innermost_open(step.trace.records) if step is not None else None
+            if phase is None:
+                return  # outside a step's phase there is no span to carry it
+            if not phase.span_id:
+                self.ledger.current_context()  # draws the span id
+            record = step.rank_seconds.get(phase.span_id)
+            if record is None:
+                record = step.rank_seconds[phase.span_id] = RankSeconds(phase.name)
+            record.add(seconds_by_rank)
+        except Exception as error:
+            self.drops.add("spans", "internal_error", f"rank seconds: {error!r}")
 
     def _attach_remote(self, batch: SampleBatch, carrier: Any, span_budget: int) -> None:
         ids = parse(carrier)

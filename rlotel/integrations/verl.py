@@ -24,11 +24,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import rlotel
-from rlotel.profile.config import ProfileConfig
+from rlotel import env
+
+if TYPE_CHECKING:  # with RLOTEL_ENABLE unset, importing this module loads nothing heavy
+    from rlotel.profile.config import ProfileConfig
+    from rlotel.telemetry import Telemetry
 
 log = logging.getLogger("rlotel")
 
@@ -37,14 +39,21 @@ _installed: dict[str, Any] = {}  # what was patched, with the originals (for uni
 
 
 def enabled() -> bool:
-    return os.environ.get("RLOTEL_ENABLE", "").strip().lower() in ("1", "true", "yes", "on")
+    return env.enabled()
 
 
-def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> rlotel.Telemetry:
-    """The process's telemetry, created on first use from the environment."""
+def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Telemetry:
+    """The process's telemetry, created on first use from the environment (in a Ray
+    worker, with the worker's role, rank and node: `verl_workers.worker_telemetry`)."""
+    import rlotel
+
     tel = rlotel.current()
     if tel is not None:
         return tel
+    from rlotel.integrations import verl_workers
+
+    if verl_workers.in_ray_actor():
+        return verl_workers.worker_telemetry()
     port: int | None = None
     if serve:
         port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
@@ -85,6 +94,8 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
         scope = tel.step(number)
         record = scope.record
     else:
+        import rlotel
+
         scope = rlotel.marked_timer(name, {})  # summed below, once, like verl
         record = scope
     try:
@@ -125,6 +136,10 @@ class RlotelBackend:
 
 def _profile_config(config: Any) -> ProfileConfig | None:
     """verl's `global_profiler.steps` and `save_path`: link the captures verl writes."""
+    from pathlib import Path
+
+    from rlotel.profile.config import ProfileConfig
+
     try:
         profiler = config.global_profiler
         steps = tuple(int(s) for s in (profiler.steps or ()))
@@ -205,6 +220,12 @@ def install() -> None:
     from verl.utils import tracking
 
     _patch_tracking(tracking)
+    from verl.single_controller.ray import base as ray_base
+
+    from rlotel.integrations import verl_workers
+
+    verl_workers.install(ray_base)
+    _installed["workers"] = verl_workers
     try:
         from verl.experimental.agent_loop import agent_loop
     except Exception as error:  # needs verl's optional serving dependencies
@@ -232,6 +253,8 @@ def uninstall() -> None:
     from rlotel.integrations import verl_v1
 
     verl_v1.uninstall()
+    if "workers" in _installed:
+        _installed.pop("workers").uninstall()
 
 
 def patched() -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rlotel import catalogue as cat
-from rlotel import staleness
+from rlotel import ranks, staleness
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float, describe, encodable
 from rlotel.ledger import Step, Trace
@@ -70,6 +70,8 @@ class Recorder(Sink):
         if verdict is not None:
             store.replace(cat.BOTTLENECK, 1.0, verdict.kind, verdict.detail)
         self._count_step(step.number)
+        for spread in ranks.spreads(step.rank_seconds).values():
+            store.set(cat.PHASE_RANK_SPREAD, spread.spread, spread.phase)
         self._observe_goodput(step.metrics)
         for key, value in step.metrics.items():
             if key.startswith(("agent_loop/", voc.OFF_POLICY)) and not key.startswith(

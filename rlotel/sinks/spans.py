@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlotel import attributes as attr
-from rlotel import vocabulary
+from rlotel import ranks, vocabulary
 from rlotel.drops import Drops
 from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Phase, Step, Trace
@@ -155,7 +155,14 @@ class SpanBuilder:
         return spans
 
     def step(self, step: Step) -> list[SpanItem]:
-        return self.trace(step.trace, step_attributes(step), step.captures)
+        spans = self.trace(step.trace, step_attributes(step), step.captures)
+        if step.rank_seconds:  # a phase that waited on several ranks names the slowest
+            spread_of = ranks.spreads(step.rank_seconds)
+            for span in spans:
+                spread = spread_of.get(span.span_id)
+                if spread is not None:
+                    span.attributes.update(spread.attributes())
+        return spans
 
     def loose(self, trace: Trace) -> list[SpanItem]:
         return self.trace(trace, {attr.PHASE: trace.root.name})

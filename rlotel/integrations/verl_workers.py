@@ -1,0 +1,355 @@
+"""verl worker groups across processes: one trace per step, no carrier in user code.
+
+Driver: a `RayWorkerGroup` method call (verl's dispatch → execute → collect) made inside an
+rlotel phase sends that phase's W3C trace context with every per-worker actor call, in
+Ray's own per-call trace-context slot: every Ray actor method accepts a `_ray_trace_ctx`
+keyword (Ray adds it to each method's signature) and Ray strips it before the method runs.
+Ray fills it only when its own tracing is on (then this module stays out of the way);
+otherwise rlotel submits the call with the slot filled. A blocking call also times each
+rank's reply, so the driver's phase span names the slowest rank and the spread.
+
+Worker: when Ray loads an actor class in a worker process it injects its tracing wrappers
+(`_inject_tracing_into_class`); rlotel wraps the wrapped methods once more, so a call that
+arrives with a context runs as a phase whose parent is the driver's phase, and verl's timers
+inside nest under it. The worker's telemetry starts on first use, with `rl.role`, `rl.rank`,
+`rl.node` (and `rl.replica` for rollout) as resource attributes; its `/metrics` is
+registered for Prometheus file discovery and `RLOTEL_TRACES_DIR` gives it a file of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import rlotel
+from rlotel import attributes as attr
+from rlotel import env
+
+log = logging.getLogger("rlotel")
+
+RAY_CONTEXT_KWARG = "_ray_trace_ctx"  # Ray's per-call trace-context slot
+FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
+_TRACED_MARK = "__rlotel_traced__"
+
+_installed: dict[str, Any] = {}
+_call = threading.local()  # the carrier of the worker-group call being submitted
+_init_lock = threading.Lock()
+_worker_class: list[str] = []  # the actor class this worker process loaded
+
+
+# --- driver ------------------------------------------------------------------------------
+
+
+def _ray_tracing_on() -> bool:
+    from ray.util.tracing import tracing_helper
+
+    return tracing_helper._is_tracing_enabled()
+
+
+def _carrier(tel: Any) -> dict[str, str] | None:
+    """The context to send: the driver's innermost open phase, if there is one."""
+    if tel is None or tel.ledger.current_trace is None:
+        return None
+    return tel.current_context() or None
+
+
+def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[..., Any]:
+    """verl's execute function (execute_all, execute_rank_zero) with the driver's context
+    attached to every actor call; blocking calls time each rank's reply."""
+
+    def execute(method_name: str, *args: Any, **kwargs: Any) -> Any:
+        tel = rlotel.current()
+        carrier = _carrier(tel)
+        if carrier is None:
+            return execute_fn(method_name, *args, **kwargs)
+        _call.carrier = carrier
+        started = time.perf_counter()
+        try:
+            output = execute_fn(method_name, *args, **kwargs)
+        finally:
+            _call.carrier = None
+        if blocking and isinstance(output, list) and len(output) > 1:
+            _time_replies(tel, output, started)
+        return output
+
+    return execute
+
+
+def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
+    """Seconds until each rank's reply, waited for here instead of in verl's `ray.get`
+    (which then returns at once): the driver is blocked on them either way."""
+    try:
+        import ray
+
+        seconds: dict[int, float] = {}
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            now = time.perf_counter()
+            for ref in ready:
+                seconds[rank_of[ref]] = now - started
+        tel.record_rank_seconds(seconds)
+    except Exception as error:  # timing is never worth failing the call for
+        tel.drops.add("spans", "internal_error", f"worker-group reply timing: {error!r}")
+
+
+class _ContextSubmitter:
+    """Stands in for a worker's actor handle inside verl's `_execute_remote_single_worker`:
+    the method verl picks (plain or fused) is submitted with the context slot filled."""
+
+    __slots__ = ("_carrier", "_handle")
+
+    def __init__(self, handle: Any, carrier: dict[str, str]) -> None:
+        self._handle = handle
+        self._carrier = carrier
+
+    def __getattr__(self, name: str) -> _ContextMethod:
+        return _ContextMethod(getattr(self._handle, name), self._carrier)
+
+
+class _ContextMethod:
+    __slots__ = ("_carrier", "_method")
+
+    def __init__(self, method: Any, carrier: dict[str, str]) -> None:
+        self._method = method
+        self._carrier = carrier
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs[RAY_CONTEXT_KWARG] = self._carrier
+        try:
+            return _submit(self._method, args, kwargs)
+        except TypeError as error:  # a handle whose signature lacks Ray's slot
+            _log_once("no_slot", "rlotel: worker call sent without trace context: %r", error)
+            del kwargs[RAY_CONTEXT_KWARG]
+            return self._method.remote(*args, **kwargs)
+
+
+def _submit(method: Any, args: tuple, kwargs: dict) -> Any:
+    """`ActorMethod._remote` without Ray's tracing wrapper, which rejects a filled slot
+    while Ray's own tracing is off."""
+    return _installed["raw_remote"](method, args, kwargs)
+
+
+_logged: set[str] = set()
+
+
+def _log_once(key: str, message: str, *args: Any) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        log.warning(message, *args)
+
+
+def install_driver(ray_base: Any) -> None:
+    """Patch `verl.single_controller.ray.base`: worker groups bound from now on send the
+    driver's context with their calls."""
+    from ray.actor import ActorMethod
+
+    _installed["raw_remote"] = inspect.unwrap(ActorMethod._remote)
+    original_generator = ray_base.func_generator
+    group = ray_base.RayWorkerGroup
+    original_single = group._execute_remote_single_worker
+
+    def func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
+        execute = traced_execute(execute_fn, blocking)
+        return original_generator(self, method_name, dispatch_fn, collect_fn, execute, blocking)
+
+    def _execute_remote_single_worker(self, worker, method_name, *args, **kwargs):
+        carrier = getattr(_call, "carrier", None)
+        if carrier is not None and not _ray_tracing_on():
+            worker = _ContextSubmitter(worker, carrier)
+        return original_single(self, worker, method_name, *args, **kwargs)
+
+    ray_base.func_generator = func_generator
+    group._execute_remote_single_worker = _execute_remote_single_worker
+    _installed["driver"] = (ray_base, original_generator, group, original_single)
+
+
+# --- worker ------------------------------------------------------------------------------
+
+
+def install_worker() -> None:
+    """Wrap the methods of every actor class Ray loads in this process from now on."""
+    from ray._private import function_manager
+
+    original = function_manager._inject_tracing_into_class
+
+    def _inject_tracing_into_class(cls):
+        result = original(cls)
+        try:
+            wrap_actor_methods(cls)
+        except Exception as error:  # the actor must start even if tracing cannot
+            _log_once("wrap", "rlotel: %s methods not traced: %r", cls, error)
+        return result
+
+    function_manager._inject_tracing_into_class = _inject_tracing_into_class
+    _installed["worker"] = (function_manager, original)
+
+
+def wrap_actor_methods(cls: type) -> None:
+    """Each public or verl-internal method of an actor class opens a phase when its call
+    carries a trace context (static and class methods, generators and dunders excepted,
+    as Ray's own tracing does)."""
+    _worker_class[:] = [cls.__name__]
+    for name, method in inspect.getmembers(cls, inspect.isfunction):
+        if name.startswith("__") or getattr(method, _TRACED_MARK, False):
+            continue
+        if isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod)):
+            continue
+        if inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method):
+            continue
+        setattr(cls, name, _traced(method, name))
+
+
+def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(method):
+
+        async def traced(self, *args, **kwargs):
+            carrier = kwargs.get(RAY_CONTEXT_KWARG)
+            if not carrier:
+                return await method(self, *args, **kwargs)
+            with _worker_phase(self, name, args, carrier):
+                return await method(self, *args, **kwargs)
+
+    else:
+
+        def traced(self, *args, **kwargs):
+            carrier = kwargs.get(RAY_CONTEXT_KWARG)
+            if not carrier:
+                return method(self, *args, **kwargs)
+            with _worker_phase(self, name, args, carrier):
+                return method(self, *args, **kwargs)
+
+    functools.update_wrapper(traced, method)
+    setattr(traced, _TRACED_MARK, True)
+    return traced
+
+
+@contextlib.contextmanager
+def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterator[None]:
+    """The worker method as a phase under the driver's; never raises on telemetry's behalf."""
+    try:
+        if args and isinstance(args[0], str) and FUSED_METHOD_SEPARATOR in args[0]:
+            name = args[0].split(FUSED_METHOD_SEPARATOR, 1)[1]  # verl's fused worker call
+        phase = worker_telemetry(instance).phase(name, context=carrier)
+    except Exception as error:
+        _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
+        phase = contextlib.nullcontext()
+    with phase:
+        yield
+
+
+def in_ray_actor() -> bool:
+    """This process is a Ray actor (a verl worker, a rollout server, an agent-loop worker)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return ray.get_runtime_context().get_actor_id() is not None
+    except Exception:
+        return False
+
+
+def process_identity(instance: Any = None) -> dict[str, str | int]:
+    """`rl.role`, `rl.rank`, `rl.node` and, for rollout, `rl.replica` of this worker."""
+    role = os.environ.get(env.RLOTEL_ROLE) or getattr(instance, "role", None)
+    if not isinstance(role, str) or not role:
+        role = _worker_class[0] if _worker_class else type(instance).__name__
+    identity: dict[str, str | int] = {attr.ROLE: role, attr.RANK: env.rank()}
+    try:
+        import ray
+
+        identity[attr.NODE] = ray.get_runtime_context().worker.node_ip_address  # Ray's node
+    except Exception:
+        import socket
+
+        identity[attr.NODE] = socket.gethostname()
+    replica = getattr(instance, "replica_rank", None)
+    if replica is None:
+        replica = getattr(getattr(instance, "rollout", None), "replica_rank", None)
+    if isinstance(replica, int) and not isinstance(replica, bool):
+        identity[attr.REPLICA] = replica
+    return identity
+
+
+def worker_telemetry(instance: Any = None) -> Any:
+    """This worker process's telemetry, started on first use: `/metrics` on an ephemeral
+    port registered for file discovery, spans over OTLP and/or to `RLOTEL_TRACES_DIR`."""
+    tel = rlotel.current()
+    if tel is not None:
+        return tel
+    with _init_lock:
+        tel = rlotel.current()
+        if tel is None:
+            tel = _start_worker(process_identity(instance))
+    return tel
+
+
+def _start_worker(identity: dict[str, str | int]) -> Any:
+    from rlotel.env import Environment
+    from rlotel.errors import ConfigError
+    from rlotel.integrations import ray as ray_integration
+
+    options: dict[str, Any] = {
+        "run": os.environ.get(env.RLOTEL_RUN) or "verl",
+        "prometheus_addr": os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"),
+        "prometheus_port": 0,
+        "resource_attributes": identity,
+    }
+    try:
+        tel = rlotel.init(**options)
+    except ConfigError as error:
+        environment = Environment.read()
+        if environment.traces_dir is None:
+            raise
+        # An unwritable traces directory must not stop a worker: it trains, and its spans
+        # are counted as dropped (logged once per interval) instead of written.
+        log.warning("rlotel: %s; this worker's spans are dropped and counted", error)
+        tel = rlotel.init(
+            **options,
+            environment=replace(environment, traces_dir=None),
+            span_exporters=[_unwritable_exporter(environment.traces_dir)],
+        )
+    labels = {key.removeprefix("rl."): str(value) for key, value in identity.items()}
+    ray_integration.register(tel.metrics_url, labels)
+    return tel
+
+
+def _unwritable_exporter(directory: os.PathLike) -> Any:
+    """An OTel span exporter that fails every batch: counted as `export_failed`."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class UnwritableTracesDir(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            log.debug("rlotel: %d spans not written: %s is not writable", len(spans), directory)
+            return SpanExportResult.FAILURE
+
+    return UnwritableTracesDir()
+
+
+# --- lifecycle ---------------------------------------------------------------------------
+
+
+def install(ray_base: Any) -> None:
+    install_driver(ray_base)
+    install_worker()
+
+
+def uninstall() -> None:
+    if "driver" in _installed:
+        ray_base, original_generator, group, original_single = _installed.pop("driver")
+        ray_base.func_generator = original_generator
+        group._execute_remote_single_worker = original_single
+    if "worker" in _installed:
+        function_manager, original = _installed.pop("worker")
+        function_manager._inject_tracing_into_class = original

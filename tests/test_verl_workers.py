@@ -1,0 +1,234 @@
+"""verl 0.9.1's real RayWorkerGroup on a local Ray cluster: one trace per step across
+processes with no carrier in user code, a file per process, straggler ranks, faults."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import rlotel
+from rlotel import analyze
+from rlotel.otlp_json import STATUS_ERROR, SpanRecord
+from tests.helpers import parse_exposition, scrape
+
+pytestmark = pytest.mark.slow  # a Ray cluster and verl worker processes
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("verl")
+
+from verl.single_controller.base import Worker  # noqa: E402
+from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
+from verl.single_controller.ray import (  # noqa: E402
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+)
+from verl.utils.profiler import marked_timer  # noqa: E402
+
+from rlotel.integrations import verl as plugin  # noqa: E402
+
+SLOW_RANK = 1
+
+
+class TimedWorker(Worker):
+    """A verl worker whose methods time themselves with verl's own `marked_timer`."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_policy(self, seconds: float) -> int:
+        timing_raw: dict[str, float] = {}
+        with marked_timer("forward_backward", timing_raw):
+            time.sleep(seconds * (8 if self.rank == SLOW_RANK else 1))
+        with marked_timer("optimizer_step", timing_raw):
+            sum(range(10000))
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def crash(self) -> None:
+        if self.rank == SLOW_RANK:
+            os._exit(1)
+        time.sleep(0.2)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hang(self) -> None:
+        time.sleep(3600)
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A local Ray cluster whose workers run rlotel (RLOTEL_ENABLE in their environment)."""
+    traces = tmp_path / "traces"
+    env_vars = {
+        "RLOTEL_ENABLE": "1",
+        "RLOTEL_RUN": "wg",
+        "RLOTEL_TRACES_DIR": str(traces),
+        "RLOTEL_PROMETHEUS_SD_DIR": str(tmp_path / "sd"),
+    }
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RLOTEL_TRACES_DIR", str(traces))
+    plugin.install()
+    ray.init(
+        address="local",
+        num_cpus=32,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env_vars},
+    )
+    try:
+        yield traces
+    finally:
+        ray.shutdown()
+        plugin.uninstall()
+        tel = rlotel.current()
+        if tel is not None:
+            tel.shutdown()
+
+
+def worker_group() -> RayWorkerGroup:
+    return RayWorkerGroup(
+        resource_pool=RayResourcePool([2], use_gpu=False),
+        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TimedWorker)),
+        device_name="cpu",
+    )
+
+
+def wait_for_spans(
+    directory: Path, counts: dict[str, int], timeout_s: float = 30
+) -> list[SpanRecord]:
+    """Spans the processes wrote so far, once at least `counts[name]` of each are there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = analyze.load_run(directory).spans if directory.is_dir() else []
+        found = {name: len(by_name(spans, name)) for name in counts}
+        if all(found[name] >= n for name, n in counts.items()) or time.monotonic() > deadline:
+            assert found == counts, f"spans in {directory} after {timeout_s}s: {found}"
+            return spans
+        time.sleep(0.2)
+
+
+def by_name(spans: list[SpanRecord], name: str) -> list[SpanRecord]:
+    return [span for span in spans if span.name == name]
+
+
+def test_worker_group_calls_join_the_driver_phase_across_processes(cluster):
+    tel = rlotel.init(run="wg", prometheus_port=0, resource_attributes={"rl.role": "driver"})
+    group = worker_group()
+    with tel.phase("init_model"):  # the workers start their telemetry (not timed below)
+        group.update_policy(0.0)
+    with tel.step(1) as step:
+        with tel.phase("update_actor"):
+            assert group.update_policy(0.2) == [0, 1]
+    assert tel.flush(10)
+
+    spans = wait_for_spans(cluster, {"update_actor": 1, "update_policy": 4, "optimizer_step": 4})
+    files = sorted(path.name for path in cluster.glob("*.jsonl"))
+    assert len(files) == 3, files  # the driver and each worker: a file per process
+    assert f"driver-0-{os.getpid()}.jsonl" in files
+    assert {name.rsplit("-", 1)[0] for name in files} == {
+        "driver-0",
+        "TimedWorker-0",
+        "TimedWorker-1",
+    }
+
+    (phase,) = by_name(spans, "update_actor")
+    methods = [s for s in by_name(spans, "update_policy") if s.trace_id == phase.trace_id]
+    assert len(methods) == 2
+    for method in methods:  # each rank's method: a child of the driver's phase
+        assert method.trace_id == phase.trace_id
+        assert method.parent_span_id == phase.span_id
+        assert method.resource["rl.role"] == "TimedWorker"
+        assert method.resource["rl.node"] == ray.get_runtime_context().worker.node_ip_address
+        assert method.resource["process.pid"] != phase.resource["process.pid"]
+    assert sorted(m.resource["rl.rank"] for m in methods) == [0, 1]
+    method_of_rank = {m.resource["rl.rank"]: m for m in methods}
+    for timer in ("forward_backward", "optimizer_step"):  # verl's timers in the worker
+        timed = [s for s in by_name(spans, timer) if s.trace_id == phase.trace_id]
+        assert sorted(t.parent_span_id for t in timed) == sorted(m.span_id for m in methods)
+    slow = next(
+        t
+        for t in by_name(spans, "forward_backward")
+        if t.parent_span_id == method_of_rank[SLOW_RANK].span_id
+    )
+    assert slow.seconds >= 1.6
+
+    # The driver's phase names the straggler: the slowest rank, its seconds, the spread.
+    assert phase.attributes["rl.ranks"] == 2
+    assert phase.attributes["rl.rank.slowest"] == SLOW_RANK
+    assert phase.attributes["rl.rank.slowest_s"] >= 1.6
+    assert phase.attributes["rl.rank.slowest_s"] <= phase.seconds
+    assert phase.attributes["rl.rank.spread"] > 1.5
+    series = parse_exposition(scrape(tel.metrics_url))
+    spread = series[
+        ("rlotel_phase_rank_spread_ratio", frozenset({("run", "wg"), ("phase", "update_actor")}))
+    ]
+    assert spread == pytest.approx(phase.attributes["rl.rank.spread"])
+    verdict = step.verdict
+    assert verdict is not None and verdict.evidence["straggler_rank"] == SLOW_RANK
+    assert verdict.evidence["straggler_phase"] == "update_actor"
+
+    # `rlotel analyze DIR` reassembles the step across files: worker spans sit in the tree
+    # but the step's timing_raw is the driver's own.
+    (record,) = analyze.load_run(cluster).steps
+    assert record.timing_raw.keys() == step.timing_raw.keys()
+    assert record.timing_raw["update_actor"] == pytest.approx(
+        step.timing_raw["update_actor"], abs=1e-3
+    )
+    tel.shutdown()
+
+
+def test_calls_outside_a_phase_carry_nothing(cluster):
+    tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
+    group = worker_group()
+    assert group.update_policy(0.0) == [0, 1]  # no phase open: nothing sent, nothing traced
+    with tel.step(1), tel.phase("update_actor"):
+        group.update_policy(0.0)
+    spans = wait_for_spans(cluster, {"update_actor": 1, "update_policy": 2, "forward_backward": 4})
+    loose = [s for s in spans if s.name == "forward_backward" and not s.parent_span_id]
+    assert len(loose) == 2  # the uncarried call's timers: root traces in each worker
+
+
+def test_a_worker_dying_mid_phase_closes_the_phase_with_the_error(cluster):
+    tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
+    group = worker_group()
+    started = time.monotonic()
+    with pytest.raises(ray.exceptions.RayActorError):
+        with tel.step(1), tel.phase("update_actor"):
+            group.crash()
+    assert time.monotonic() - started < 60
+    assert tel.flush(10)
+    spans = wait_for_spans(cluster, {"update_actor": 1, "crash": 1})
+    (phase,) = by_name(spans, "update_actor")
+    assert phase.status_code == STATUS_ERROR  # the worker-group call's own error
+    (step,) = by_name(spans, "step")
+    assert step.attributes.get("rl.incomplete") is True
+    survivors = by_name(spans, "crash")
+    assert [s.resource["rl.rank"] for s in survivors] == [0]  # the dead rank's span is absent
+    assert survivors[0].parent_span_id == phase.span_id
+
+
+def test_a_hung_worker_never_hangs_the_driver_telemetry(cluster):
+    tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
+    group = worker_group()
+    with tel.step(1), tel.phase("gen"):
+        pass
+
+    def train() -> None:
+        with tel.step(2), tel.phase("update_actor"):
+            group.hang()
+
+    threading.Thread(target=train, daemon=True).start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    tel.shutdown(timeout_s=2)  # exits mid-step: what closed is written, the rest marked
+    assert time.monotonic() - started < 4
+    spans = wait_for_spans(cluster, {"gen": 1, "update_actor": 1})
+    (phase,) = by_name(spans, "update_actor")
+    assert phase.status_code == STATUS_ERROR
+    assert [s.attributes["rl.step"] for s in by_name(spans, "step")] == [1, 2]
+    for worker in group.workers:
+        ray.kill(worker)
