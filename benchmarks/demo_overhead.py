@@ -3,9 +3,9 @@
 "On" is everything the demo ships: /metrics served, spans to the OTLP/JSON traces file,
 per-sample histograms and exemplar spans. "Off" runs the same loop with
 OTEL_SDK_DISABLED=true (the ledger still times phases, nothing is exported). Goal: on/off
-step-time ratio ≤ 1.01 with the demo's default of leaving one core to the exporters; the
-same comparison with torch on every core is printed too (there export competes with the
-math for CPU, so the ratio is the exporters' CPU share of a step).
+step-time ratio ≤ 1.02 (median of rounds) with the demo's default of leaving one core to
+the exporters, and with torch on every core (there export competes with the math for
+CPU, so the ratio is the exporters' CPU share of a step).
 
     python benchmarks/demo_overhead.py [--steps N] [--rounds R]
 """
@@ -72,11 +72,7 @@ def main() -> None:
         ratio = statistics.median(ratios)
         console.print(
             f"on/off ratio: median {ratio:.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
-            + (
-                f"; goal ≤ 1.01 → {'met' if ratio <= 1.01 else 'NOT met'}"
-                if threads < cores
-                else ""
-            )
+            + f"; goal ≤ 1.02 → {'met' if ratio <= 1.02 else 'NOT met'}"
         )
 
 
