@@ -23,6 +23,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -249,8 +250,6 @@ def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterat
 
 def in_ray_actor() -> bool:
     """This process is a Ray actor (a verl worker, a rollout server, an agent-loop worker)."""
-    import sys
-
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return False
@@ -266,11 +265,11 @@ def process_identity(instance: Any = None) -> dict[str, str | int]:
     if not isinstance(role, str) or not role:
         role = _worker_class[0] if _worker_class else type(instance).__name__
     identity: dict[str, str | int] = {attr.ROLE: role, attr.RANK: env.rank()}
-    try:
+    if in_ray_actor():
         import ray
 
         identity[attr.NODE] = ray.get_runtime_context().worker.node_ip_address  # Ray's node
-    except Exception:
+    else:
         import socket
 
         identity[attr.NODE] = socket.gethostname()
