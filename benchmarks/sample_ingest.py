@@ -3,7 +3,8 @@
 100k samples x 3 stages, measured side by side in one run, printed as ratios. rlotel's row
 is the whole path: `record_samples` on the training thread plus the publisher's numpy
 bucket counting (drained with `tel.flush`). Goals: ≥ 20x a prometheus_client
-`child.observe` loop, ≥ 200x an OTel SDK `histogram.record` loop.
+`child.observe` loop, ≥ 200x an OTel SDK `histogram.record` loop; weight-version columns
+(staleness) add ≤ 20 % to the arrays path.
 
     python benchmarks/sample_ingest.py [--samples N] [--rounds R]
 """
@@ -36,6 +37,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     columns = {stage: rng.lognormal(0, 1, args.samples) for stage in STAGES}
     as_lists = {stage: column.tolist() for stage, column in columns.items()}
+    newest = rng.integers(0, 8, args.samples)
+    versions = {"min_weight_version": newest - rng.integers(0, 2, args.samples)}
+    versions["max_weight_version"] = newest
+    versions["min_weight_version"] = np.maximum(versions["min_weight_version"], 0)
 
     tel = rlotel.init(run="bench", prometheus_port=None, max_sample_spans=4)
 
@@ -60,6 +65,11 @@ def main() -> None:
             tel.record_samples(**columns)
         tel.flush(60)
 
+    def rlotel_versions() -> None:
+        with tel.step(9):
+            tel.record_samples(**columns, **versions)
+        tel.flush(60)
+
     def rlotel_lists() -> None:
         with tel.step(0):
             tel.record_samples(**as_lists)
@@ -79,6 +89,7 @@ def main() -> None:
 
     cases = {
         "rlotel record_samples (numpy arrays)": rlotel_arrays,
+        "rlotel record_samples (arrays + weight versions)": rlotel_versions,
         "rlotel record_samples (Python lists)": rlotel_lists,
         "prometheus_client child.observe loop": prometheus_loop,
         "OTel SDK histogram.record loop": otel_loop,
@@ -111,6 +122,11 @@ def main() -> None:
         f"goals: ≥ 20x prometheus_client → {prom_ratio:.0f}x "
         f"({'met' if prom_ratio >= 20 else 'NOT met'}); ≥ 200x OTel SDK → {otel_ratio:.0f}x "
         f"({'met' if otel_ratio >= 200 else 'NOT met'})"
+    )
+    extra = best["rlotel record_samples (arrays + weight versions)"] / ours - 1
+    console.print(
+        f"weight versions (staleness histograms, verl's off_policy keys): +{extra:.0%} "
+        f"({'met' if extra <= 0.20 else 'NOT met'}: ≤ 20 %)"
     )
 
 

@@ -25,6 +25,7 @@ VERL_STAGE_ORDER: tuple[str, ...] = (
     "update_weights",
     "dump_rollout_generations",
 )
+VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER)
 
 # Async windows. V1 `separate_async`: the trainer waiting for sampleable data, hybrid
 # replicas switching sides (possibly twice a step); the fully-async policy: weight sync and
@@ -42,7 +43,6 @@ VERL_ASYNC_STAGES: tuple[str, ...] = (
     PARAM_SYNC,
     WAIT_FOR_ENOUGH_SAMPLES,
 )
-VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER) | frozenset(VERL_ASYNC_STAGES)
 # Windows a concurrent rollout (thread, task) opens next to the trainer: rlotel's names,
 # role `rollout` (rlotel.goodput), e.g. the `rlotel demo --async` rollout thread.
 ROLLOUT_GENERATE = "rollout_generate"
