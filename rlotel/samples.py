@@ -161,6 +161,7 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
     if hasattr(values, "detach") and hasattr(values, "numpy"):  # torch tensor
         values = values.detach().cpu().numpy()
     reason = ""
+    integral = isinstance(values, np.ndarray) and values.dtype.kind in "iub"  # whole already
     if isinstance(values, np.ndarray) and values.dtype.kind in "iufb":
         column = values.astype(np.float64).ravel()
     else:
@@ -177,10 +178,11 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
         valid = finite & (column >= 0)
         if name == PREEMPTED:
             valid |= column == UNKNOWN_PREEMPTIONS
-        whole = np.floor(np.where(finite, column, 0)) == np.where(finite, column, 0)
-        if not reason and not whole.all():
-            reason = "non_integer"
-        valid &= whole
+        if not integral:
+            whole = np.floor(np.where(finite, column, 0)) == np.where(finite, column, 0)
+            if not reason and not whole.all():
+                reason = "non_integer"
+            valid &= whole
     else:
         valid = finite & (column >= 0)
     n_bad = column.size - int(np.count_nonzero(valid))
