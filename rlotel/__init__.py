@@ -11,6 +11,7 @@ import importlib
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from rlotel import active
 from rlotel import diagnose as _diagnose
 from rlotel.diagnose import StepFacts, Thresholds, Verdict
 from rlotel.errors import ConfigError
@@ -50,7 +51,6 @@ _LAZY = {
     "vllm_profiler_args": "rlotel.profile.config",
 }
 
-_current: Telemetry | None = None
 _phase_class: type[Phase] | None = None
 
 
@@ -75,9 +75,8 @@ def _make_init() -> Any:
         The options are `rlotel.Config`'s fields (see its docstring for each one's meaning
         and default); `OTEL_EXPORTER_OTLP_*` variables switch on OTLP export.
         """
-        global _current
-        _current = build(*args, **kwargs)
-        return _current
+        active.current = build(*args, **kwargs)
+        return active.current
 
     init.__signature__ = INIT_SIGNATURE.replace(return_annotation=Telemetry)  # type: ignore[attr-defined]
     init.__module__ = __name__
@@ -86,7 +85,7 @@ def _make_init() -> Any:
 
 def current() -> Telemetry | None:
     """The telemetry `init` created last (None before init or after its shutdown)."""
-    return _current
+    return active.current
 
 
 def marked_timer(
@@ -100,7 +99,7 @@ def marked_timer(
     mirrors an NVTX range, and records the phase in the current step when rlotel is on.
     `domain` and `category` are accepted for signature compatibility."""
     phase = _phase_class or _load_phase_class()
-    tel = _current
+    tel = active.current
     if tel is None:
         return phase(None, name, color, timing_raw)
     if name == "step" and tel.current_step is not None:

@@ -117,13 +117,15 @@ def _demo(args: argparse.Namespace) -> int:
     captures = sorted({str(c.path) for step in outcome.steps for c in step.captures})
     if captures:
         console.print("profiler captures:\n  " + "\n  ".join(captures))
-    tel.flush()  # every span in the traces file before the report reads it
-    reported = _demo_report(traces.parent)
-    if args.serve_seconds > 0 and tel.metrics_url:
-        console.print(
-            f"metrics: {tel.metrics_url} — serving for {args.serve_seconds:.0f}s (Ctrl-C to stop)"
-        )
-        with contextlib.suppress(KeyboardInterrupt):
+    reported = 0
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C after training: stop serving
+        tel.flush()  # every span in the traces file before the report reads it
+        reported = _demo_report(traces.parent)
+        if args.serve_seconds > 0 and tel.metrics_url:
+            console.print(
+                f"metrics: {tel.metrics_url} — serving for {args.serve_seconds:.0f}s "
+                "(Ctrl-C to stop)"
+            )
             time.sleep(args.serve_seconds)
     tel.shutdown()
     return reported

@@ -22,12 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from time import perf_counter_ns
-from typing import TYPE_CHECKING
 
 from rlotel import vocabulary as voc
-
-if TYPE_CHECKING:
-    from rlotel.ledger import Trace
 
 PRODUCTIVE, OVERHEAD, IDLE, WASTED = "productive", "overhead", "idle", "wasted"
 BUCKETS: tuple[str, ...] = (PRODUCTIVE, OVERHEAD, IDLE, WASTED)
@@ -211,14 +207,12 @@ def _sweep(
     return result
 
 
-def trace_metrics(trace: Trace, buckets: PhaseBuckets) -> dict[str, float]:
-    """`step_metrics` of a closed step's trace: its top-level windows against its root."""
-    root = trace.root
-    windows = [
-        (record.name, record.start_ns, record.end_ns)
-        for record in trace.records
-        if record.parent is None and record.end_ns
-    ]
+def trace_metrics(
+    top_level: Iterable[Window], start_ns: int, end_ns: int, buckets: PhaseBuckets
+) -> dict[str, float]:
+    """`step_metrics` of a closed step: its top-level windows (plus a concurrent role's,
+    from the buckets' timeline) against the step's own window."""
+    windows = list(top_level)
     if buckets.timeline is not None:
-        windows.extend(buckets.timeline.between(root.start_ns, root.end_ns))
-    return step_metrics(windows, root.start_ns, root.end_ns, buckets)
+        windows.extend(buckets.timeline.between(start_ns, end_ns))
+    return step_metrics(windows, start_ns, end_ns, buckets)

@@ -352,7 +352,15 @@ class Step:
         if self.trace.samples:
             metrics.update(samples.verl_aggregates(self.trace.samples))
             metrics.update(staleness.off_policy_metrics(self.number, self.trace.samples))
-        metrics.update(goodput.trace_metrics(self.trace, self._ledger.phase_buckets))
+        root = self.trace.root
+        top_level = (
+            (r.name, r.start_ns, r.end_ns)
+            for r in self.trace.records
+            if r.parent is None and r.end_ns
+        )
+        metrics.update(
+            goodput.trace_metrics(top_level, root.start_ns, root.end_ns, self._ledger.phase_buckets)
+        )
         covered = vocabulary.covered_by_intervals(
             (r.start_ns, r.end_ns) for r in self.trace.records if r.parent is None and r.end_ns
         )

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlotel import active
 from rlotel import attributes as attr
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.diagnose import Diagnoser
@@ -340,10 +341,8 @@ class Telemetry:
         self._publisher.flush(timeout / 2)
         self._publisher.stop(0.5)
         self._sink.shutdown(time.monotonic() + timeout / 2)
-        import rlotel
-
-        if rlotel._current is self:
-            rlotel._current = None
+        if active.current is self:
+            active.current = None
 
     def _forked(self) -> None:
         """In a forked child (dataloader workers, multiprocessing): go quiet.

@@ -24,7 +24,8 @@ from rlotel import goodput
 from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
-from rlotel.demo.loop import DemoConfig, DemoResult, StepResult, _flat, _update_actor
+from rlotel.demo.loop import DemoConfig, DemoResult, StepResult, _update_actor
+from rlotel.demo.rollout import flat
 
 MODE = "fully_async"
 WAIT_S = 60.0  # the longest the trainer waits for one batch before it gives up
@@ -209,7 +210,7 @@ def _step(
                 grouped.std(-1, keepdim=True) + 1e-6
             )
             advantages = advantages.view(-1, 1)
-        before = _flat(actor)
+        before = flat(actor)
         with tel.phase("update_actor"):
             started = perf_counter()
             loss = _update_actor(
@@ -224,7 +225,7 @@ def _step(
                 tel,
             )
             actor_seconds = perf_counter() - started
-        actor_changed = not torch.equal(before, _flat(actor))
+        actor_changed = not torch.equal(before, flat(actor))
         with tel.phase(voc.PARAM_SYNC):
             synced = worker.publish_weights(number, actor)
         response_lengths = rollout.response_lengths.tolist()

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING
 
 import torch
 
 import rlotel
 from rlotel.demo import agent
 from rlotel.demo import policy as P
-
-if TYPE_CHECKING:
-    from rlotel.demo.ray_rollout import RayRollout
+from rlotel.demo.rollout import Generation, LocalRollout, flat
 
 CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
 
@@ -70,34 +66,23 @@ class DemoResult:
         return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
 
 
-def weights_digest(module: torch.nn.Module) -> str:
-    """SHA-256 of a module's weights: equal digests mean equal weights, across processes."""
-    digest = hashlib.sha256()
-    for tensor in module.state_dict().values():
-        digest.update(tensor.detach().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _flat(module: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in module.parameters()])
-
-
 def train(
     tel: rlotel.Telemetry,
     config: DemoConfig,
     on_step: Callable[[StepResult], None] | None = None,
-    remote: RayRollout | None = None,
+    generation: Generation | None = None,
 ) -> DemoResult:
-    """Train for `config.steps` steps; with `remote`, generation runs in Ray actors."""
+    """Train for `config.steps` steps; generation runs where `generation` says (Ray
+    actors, say), else in this process."""
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.torch_threads)
     generator = torch.Generator().manual_seed(config.seed)
     actor = P.TinyPolicy()
-    rollout_policy = copy.deepcopy(actor)  # the inference engine's copy of the weights
     reference = copy.deepcopy(actor).requires_grad_(False)
     optimizer = torch.optim.Adam(actor.parameters(), lr=config.lr)
     batch = config.prompts_per_step * config.group_size
     result = DemoResult()
+    generation = generation or LocalRollout(actor, generator)
 
     for number in range(1, config.steps + 1):
         with tel.step(number) as step:
@@ -105,30 +90,8 @@ def train(
                 prompts = P.make_prompts(config.prompts_per_step, generator)
                 prompts = prompts.repeat_interleave(config.group_size, 0)
                 checked = torch.arange(batch) // config.group_size % 2 == 1
-                if remote is None:
-                    rollout = agent.rollout(rollout_policy, prompts, generator, checked)
-                    scores, score_seconds = agent.score(rollout)  # in the loop, as verl
-                    tel.record_samples(
-                        generate_sequences=rollout.generate_seconds.numpy(),
-                        tool_calls=rollout.tool_seconds.numpy(),
-                        compute_score=score_seconds,
-                        num_preempted=[0] * batch,  # the toy engine never preempts
-                        prompt_length=[P.PROMPT_LEN] * batch,
-                        response_length=rollout.response_lengths.numpy(),
-                        # on-policy: generated with the weights synced after the last step
-                        min_weight_version=[number - 1] * batch,
-                        max_weight_version=[number - 1] * batch,
-                    )
-                else:
-                    rollout, scores, metrics, spans = remote.generate(
-                        prompts, checked, tel.current_context()
-                    )
-                    tel.record_samples(  # verl's per-sample dicts, as the workers sent them
-                        metrics,
-                        prompt_length=[P.PROMPT_LEN] * batch,
-                        response_length=rollout.response_lengths.numpy(),
-                        exemplar_spans=spans,
-                    )
+                # on-policy: generated with the weights synced after the last step
+                rollout, scores = generation.generate(tel, prompts, checked, number - 1)
             with tel.phase("reward"):
                 token_scores = agent.token_level_scores(rollout, scores)
             with tel.phase("old_log_prob"), torch.no_grad():
@@ -143,7 +106,7 @@ def train(
                     grouped.std(-1, keepdim=True) + 1e-6
                 )
                 advantages = advantages.view(-1, 1)
-            before = _flat(actor)
+            before = flat(actor)
             with tel.phase("update_actor"):
                 started = perf_counter()
                 loss = _update_actor(
@@ -158,16 +121,9 @@ def train(
                     tel,
                 )
                 actor_seconds = perf_counter() - started
-            actor_changed = not torch.equal(before, _flat(actor))
+            actor_changed = not torch.equal(before, flat(actor))
             with tel.phase("update_weights"):
-                if remote is None:
-                    rollout_policy.load_state_dict(actor.state_dict())
-                else:
-                    digests = remote.load_weights(actor)
-            if remote is None:
-                rollout_synced = torch.equal(_flat(rollout_policy), _flat(actor))
-            else:
-                rollout_synced = set(digests) == {weights_digest(actor)}
+                rollout_synced = generation.load_weights(actor)
 
             response_lengths = rollout.response_lengths.tolist()
             step.set_tokens(prompt=[P.PROMPT_LEN] * batch, response=response_lengths)

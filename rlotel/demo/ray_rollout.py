@@ -18,7 +18,7 @@ import torch
 
 from rlotel.demo import agent
 from rlotel.demo import policy as P
-from rlotel.demo.loop import weights_digest
+from rlotel.demo.rollout import weights_digest
 
 
 @ray.remote(num_cpus=1)
@@ -74,7 +74,8 @@ class RolloutWorker:
 
 
 class RayRollout:
-    """The driver's handle on the workers: split, gather, sync weights, shut down."""
+    """The driver's handle on the workers (a `rlotel.demo.rollout.Generation`): split,
+    gather, sync weights, shut down."""
 
     def __init__(self, run: str, runs_dir: Path, seed: int, workers: int = 2) -> None:
         ray.init(
@@ -90,8 +91,12 @@ class RayRollout:
         ]
 
     def generate(
-        self, prompts: torch.Tensor, checked: torch.Tensor, carrier: dict[str, str]
-    ) -> tuple[agent.Rollout, torch.Tensor, list[dict[str, Any]], dict[int, str]]:
+        self, tel: Any, prompts: torch.Tensor, checked: torch.Tensor, version: int
+    ) -> tuple[agent.Rollout, torch.Tensor]:
+        """The workers record their samples under the driver's `gen`; the driver records
+        them again (verl's per-sample dicts) for its histograms, with the workers' spans
+        as exemplars."""
+        carrier = tel.current_context()
         shares = zip(
             prompts.chunk(len(self.workers)), checked.chunk(len(self.workers)), strict=True
         )
@@ -114,11 +119,18 @@ class RayRollout:
                 for f in dataclasses.fields(agent.Rollout)
             }
         )
-        return merged, torch.cat(scores), metrics, spans
+        tel.record_samples(
+            metrics,
+            prompt_length=[P.PROMPT_LEN] * len(metrics),
+            response_length=merged.response_lengths.numpy(),
+            exemplar_spans=spans,
+        )
+        return merged, torch.cat(scores)
 
-    def load_weights(self, actor: torch.nn.Module) -> list[str]:
+    def load_weights(self, actor: torch.nn.Module) -> bool:
         state = ray.put({k: v.detach().clone() for k, v in actor.state_dict().items()})
-        return ray.get([worker.load_weights.remote(state) for worker in self.workers])
+        digests = ray.get([worker.load_weights.remote(state) for worker in self.workers])
+        return set(digests) == {weights_digest(actor)}
 
     def shutdown(self) -> None:
         try:

@@ -12,13 +12,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rlotel.drops import Drops
 from rlotel.sinks import exporter_logs
-
-if TYPE_CHECKING:
-    from rlotel.sinks.spans import SpanItem
+from rlotel.sinks.span_data import SpanItem
 
 MAX_QUEUED_SPANS = 65536
 MAX_EXPORT_BATCH = 2048

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from rlotel import attributes as attr
-from rlotel.sinks.spans import (
+from rlotel.sinks.span_data import (
     SampleBlock,
     SpanData,
     SpanItem,

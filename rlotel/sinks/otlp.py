@@ -16,7 +16,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from rlotel.sinks.spans import SampleBlock, SpanData, SpanItem, exception_attributes, status_message
+from rlotel.sinks.span_data import (
+    SampleBlock,
+    SpanData,
+    SpanItem,
+    exception_attributes,
+    status_message,
+)
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SCOPE = InstrumentationScope("rlotel")

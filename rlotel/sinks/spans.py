@@ -10,10 +10,9 @@ the traces file encodes it straight to OTLP/JSON, SDK exporters (OTLP, yours) ge
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from random import getrandbits
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -26,49 +25,13 @@ from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBatch
 from rlotel.sinks.base import Sink
 from rlotel.sinks.export_queue import ExportQueue, SpanBatchExporter
+from rlotel.sinks.span_data import LinkData, SampleBlock, SpanData, SpanItem, span_count
 
 # Per-sample column → (span attribute, written as an integer).
 _SAMPLE_KEYS = {
     name: (attr.sample_attribute(name, name in DURATION_FIELDS), name in INTEGER_FIELDS)
     for name in (*DURATION_FIELDS, PREEMPTED, "prompt_length", "response_length")
 }
-
-
-class LinkData(NamedTuple):
-    trace_id: int
-    span_id: int
-    attributes: dict[str, Any]
-
-
-class SpanData(NamedTuple):
-    """One finished span, backend-neutral; times are Unix nanoseconds."""
-
-    trace_id: int
-    span_id: int
-    parent_span_id: int  # 0 for a root
-    name: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
-    links: Sequence[LinkData] = ()
-    error: BaseException | None = None
-    remote_parent: bool = False
-
-
-def exception_attributes(error: BaseException) -> dict[str, Any]:
-    """The OTel `exception` event's attributes (semantic conventions)."""
-    return {
-        "exception.type": type(error).__name__,
-        "exception.message": str(error),
-        "exception.stacktrace": "".join(
-            traceback.format_exception(type(error), error, error.__traceback__)
-        ),
-        "exception.escaped": "True",
-    }
-
-
-def status_message(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
 
 
 def _span_id(record: Phase) -> int:
@@ -238,54 +201,6 @@ def _at(column: np.ndarray, indices: np.ndarray) -> np.ndarray:
     if indices.size and int(indices.max()) < column.size:
         return column[indices]
     return np.array([column[i] if i < column.size else np.nan for i in indices.tolist()])
-
-
-class SampleBlock(NamedTuple):
-    """The sample spans of one batch as columns: the traces file encodes them in one pass
-    (one template for the batch); SDK exporters get them expanded to `SpanData`."""
-
-    trace_id: int
-    parent_span_id: int
-    remote_parent: bool
-    end_ns: int
-    starts: list[int]
-    span_ids: list[int]
-    common: dict[str, Any]
-    keys: tuple[str, ...]  # attribute per column (the sample index first)
-    integral: tuple[bool, ...]
-    rows: list[tuple]  # per sample: its value in each column, NaN where invalid
-
-    @property
-    def count(self) -> int:
-        return len(self.span_ids)
-
-    def spans(self) -> list[SpanData]:
-        result = []
-        for span_id, start, row in zip(self.span_ids, self.starts, self.rows, strict=True):
-            attributes = dict(self.common)
-            for key, whole, value in zip(self.keys, self.integral, row, strict=True):
-                if value == value:  # not NaN: an invalid entry has no attribute
-                    attributes[key] = int(value) if whole else value
-            result.append(
-                SpanData(
-                    self.trace_id,
-                    span_id,
-                    self.parent_span_id,
-                    attr.SAMPLE_SPAN,
-                    start,
-                    self.end_ns,
-                    attributes,
-                    remote_parent=self.remote_parent,
-                )
-            )
-        return result
-
-
-SpanItem = SpanData | SampleBlock  # what an exporter receives in a batch
-
-
-def span_count(items: Sequence[SpanItem]) -> int:
-    return sum(item.count if type(item) is SampleBlock else 1 for item in items)
 
 
 def _sample_key(field: str) -> tuple[str, bool]:
