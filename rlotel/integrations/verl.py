@@ -21,16 +21,15 @@ only, so failures here are logged loudly.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlotel import env
+from rlotel.integrations.process import telemetry
 
 if TYPE_CHECKING:  # with RLOTEL_ENABLE unset, importing this module loads nothing heavy
     from rlotel.profile.config import ProfileConfig
-    from rlotel.telemetry import Telemetry
 
 log = logging.getLogger("rlotel")
 
@@ -40,30 +39,6 @@ _installed: dict[str, Any] = {}  # what was patched, with the originals (for uni
 
 def enabled() -> bool:
     return env.enabled()
-
-
-def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Telemetry:
-    """The process's telemetry, created on first use from the environment (in a Ray
-    worker, with the worker's role, rank and node: `verl_workers.worker_telemetry`)."""
-    import rlotel
-
-    tel = rlotel.current()
-    if tel is not None:
-        return tel
-    from rlotel.integrations import verl_workers
-
-    if verl_workers.in_ray_actor():
-        return verl_workers.worker_telemetry()
-    port: int | None = None
-    if serve:
-        port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
-    return rlotel.init(
-        run=run or os.environ.get("RLOTEL_RUN", "verl"),
-        prometheus_addr=os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"),
-        prometheus_port=port,
-        traces_file=os.environ.get("RLOTEL_TRACES_FILE") or None,
-        **kwargs,
-    )
 
 
 # --- timers ------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
 
     `fetch(keys, partition_id)` returns the stored per-sample `metrics` dicts in key order
     (default: one `transfer_queue.kv_batch_get`)."""
-    from rlotel.integrations.verl import telemetry
+    from rlotel.integrations.process import telemetry
 
     real = [
         (key, tag)
@@ -109,7 +109,7 @@ def _fit(original: Any) -> Any:
 
 def set_mode(mode: str) -> None:
     """Goodput buckets for verl's trainer mode (V1's `gen` is waiting in async modes)."""
-    from rlotel.integrations.verl import telemetry
+    from rlotel.integrations.process import telemetry
 
     ledger = telemetry().ledger
     ledger.phase_buckets = ledger.phase_buckets.for_mode(str(mode))
