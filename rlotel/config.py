@@ -163,7 +163,7 @@ class Config:
             phase_buckets=_phase_buckets(self.phase_buckets),
             span_exporters=tuple(self.span_exporters),
             sinks=tuple(self.sinks),
-            bottleneck_thresholds=thresholds or Thresholds(),
+            bottleneck_thresholds=(thresholds or Thresholds()).validated(),
             profile=profile
             if profile is not None and (profile.steps or profile.discover_dir)
             else None,

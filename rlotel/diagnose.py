@@ -10,6 +10,7 @@ per token (the system got slower).
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 from collections import deque
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlotel import vocabulary as voc
+from rlotel.errors import ConfigError
 
 # Top-level windows by the verdict they point to (verl names).
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -87,6 +89,33 @@ class Thresholds:
     idle_share: float = 0.40  # async: a role idle this share of the step is the story
     stale_steps: float = 4.0  # async: max staleness at which eviction is the likely limit
     straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
+
+    def validated(self) -> Thresholds:
+        """Raises `ConfigError` (at init) for a threshold the verdict cannot work with."""
+        for name, value in vars(self).items():
+            if name == "window":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ConfigError(
+                        f"Thresholds.window must be an integer ≥ 1 (steps), got {value!r}"
+                    )
+                continue
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ConfigError(f"Thresholds.{name} must be a finite number ≥ 0, got {value!r}")
+        for name in ("dominant_share", "samples_cover", "high_mfu", "low_mfu", "idle_share"):
+            if getattr(self, name) > 1:
+                raise ConfigError(
+                    f"Thresholds.{name} is a share in [0, 1], got {getattr(self, name)!r}"
+                )
+        if self.low_mfu > self.high_mfu:
+            raise ConfigError(
+                f"Thresholds.low_mfu ({self.low_mfu}) must not exceed high_mfu ({self.high_mfu})"
+            )
+        return self
 
 
 @dataclass(frozen=True)

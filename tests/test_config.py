@@ -370,3 +370,32 @@ def test_bad_export_interval_raises(monkeypatch):
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "soon")
     with pytest.raises(rlotel.ConfigError, match="OTEL_METRIC_EXPORT_INTERVAL"):
         rlotel.init(prometheus_port=None)
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "match"),
+    [
+        ({"dominant_share": 1.5}, "dominant_share is a share"),
+        ({"margin": float("nan")}, "margin must be a finite number"),
+        ({"tail_ratio": -1.0}, "tail_ratio must be a finite number"),
+        ({"window": 0}, "window must be an integer"),
+        ({"window": 2.5}, "window must be an integer"),
+        ({"growth": "fast"}, "growth must be a finite number"),
+        ({"low_mfu": 0.5, "high_mfu": 0.3}, "low_mfu"),
+    ],
+)
+def test_bad_thresholds_raise_at_init(thresholds, match):
+    with pytest.raises(rlotel.ConfigError, match=match):
+        rlotel.init(prometheus_port=None, bottleneck_thresholds=rlotel.Thresholds(**thresholds))
+
+
+def test_thresholds_must_be_thresholds():
+    with pytest.raises(rlotel.ConfigError, match=r"rlotel\.Thresholds"):
+        rlotel.init(prometheus_port=None, bottleneck_thresholds={"margin": 2})
+
+
+def test_valid_thresholds_start():
+    tel = rlotel.init(
+        prometheus_port=None, bottleneck_thresholds=rlotel.Thresholds(window=3, margin=1.0)
+    )
+    tel.shutdown()
