@@ -3,6 +3,12 @@
 `tel.current_context()` on the driver gives a carrier dict naming the open phase; a worker
 passes it to `record_samples(context=...)` and its sample spans become children of that
 phase in the driver's trace.
+
+Kept as a regex and an f-string rather than OTel's `TraceContextTextMapPropagator`:
+measured side by side (`benchmarks/propagation.py`), formatting costs 0.8 µs here vs 2.4 µs
+(inject from a context holding a span) and parsing 1.6 µs vs 6.1 µs (extract, then read the
+span context back) — and every worker-group call on the driver pays one, inside a 5 µs
+budget. The accepted grammar is the same: version 00, lowercase hex, non-zero ids.
 """
 
 from __future__ import annotations

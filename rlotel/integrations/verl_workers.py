@@ -33,6 +33,7 @@ from typing import Any
 import rlotel
 from rlotel import attributes as attr
 from rlotel import env
+from rlotel.propagation import traceparent
 
 log = logging.getLogger("rlotel")
 
@@ -49,17 +50,27 @@ _worker_class: list[str] = []  # the actor class this worker process loaded
 # --- driver ------------------------------------------------------------------------------
 
 
-def _ray_tracing_on() -> bool:
-    from ray.util.tracing import tracing_helper
-
-    return tracing_helper._is_tracing_enabled()
+_last_carrier: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, None)
 
 
 def _carrier(tel: Any) -> dict[str, str] | None:
-    """The context to send: the driver's innermost open phase, if there is one."""
-    if tel is None or tel.ledger.current_trace is None:
+    """The context to send: the driver's innermost open phase, if there is one (and Ray's
+    own tracing, which fills the slot itself, is off). Calls from one phase share one."""
+    global _last_carrier
+    if tel is None or _installed["ray_tracing_on"]():
         return None
-    return tel.current_context() or None
+    try:
+        ids = tel.ledger.current_context()
+    except Exception as error:
+        tel.drops.add("spans", "internal_error", f"worker-group context: {error!r}")
+        return None
+    if ids is None:
+        return None
+    last_ids, carrier = _last_carrier
+    if ids != last_ids:
+        carrier = traceparent(*ids)
+        _last_carrier = (ids, carrier)
+    return carrier
 
 
 def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[..., Any]:
@@ -153,8 +164,10 @@ def install_driver(ray_base: Any) -> None:
     """Patch `verl.single_controller.ray.base`: worker groups bound from now on send the
     driver's context with their calls."""
     from ray.actor import ActorMethod
+    from ray.util.tracing import tracing_helper
 
     _installed["raw_remote"] = inspect.unwrap(ActorMethod._remote)
+    _installed["ray_tracing_on"] = tracing_helper._is_tracing_enabled
     original_generator = ray_base.func_generator
     group = ray_base.RayWorkerGroup
     original_single = group._execute_remote_single_worker
@@ -165,7 +178,7 @@ def install_driver(ray_base: Any) -> None:
 
     def _execute_remote_single_worker(self, worker, method_name, *args, **kwargs):
         carrier = getattr(_call, "carrier", None)
-        if carrier is not None and not _ray_tracing_on():
+        if carrier is not None:
             worker = _ContextSubmitter(worker, carrier)
         return original_single(self, worker, method_name, *args, **kwargs)
 
