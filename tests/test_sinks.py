@@ -1,0 +1,103 @@
+"""A sink of your own: what the pipeline hands it, in what state, and what a failing one costs.
+
+The pipeline finishes a step once (verl's numbers, the verdict) before any sink sees it;
+a sink that raises is counted and the others still get every item; flush and shutdown
+share one deadline.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rlotel
+from rlotel.drops import Drops
+from rlotel.sinks.base import CompositeSink, Sink
+
+
+class Collecting(rlotel.Sink):
+    def __init__(self) -> None:
+        self.steps, self.traces, self.samples, self.logs = [], [], [], []
+        self.flushed: list[float] = []
+        self.closed: list[float] = []
+
+    def on_step(self, step) -> None:
+        # finished before fan-out: the verdict is there, the numbers are derived
+        self.steps.append((step.number, step.published_verdict, dict(step.metrics)))
+
+    def on_trace(self, trace) -> None:
+        self.traces.append(trace.root.name)
+
+    def on_samples(self, batch) -> None:
+        self.samples.append(batch.columns["generate_sequences"].size)
+
+    def on_log(self, data, step) -> None:
+        self.logs.append((dict(data), step))
+
+    def force_flush(self, deadline: float) -> bool:
+        self.flushed.append(deadline)
+        return True
+
+    def shutdown(self, deadline: float) -> None:
+        self.closed.append(deadline)
+
+
+class Failing(rlotel.Sink):
+    def on_step(self, step) -> None:
+        raise RuntimeError("a broken sink")
+
+
+def test_a_user_sink_gets_finished_steps_logs_traces_and_samples():
+    mine = Collecting()
+    tel = rlotel.init(run="s", prometheus_port=None, sinks=[Failing(), mine])
+    for number in (1, 2):
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                tel.record_samples(generate_sequences=[1.0, 2.0, 3.0])
+            with tel.phase("update_actor"):
+                pass
+        tel.log({"actor/pg_loss": 0.5}, step=number)
+    with tel.phase("testing"):
+        pass
+    tel.record_samples(generate_sequences=[0.5])  # outside any trace
+    started = time.monotonic()
+    assert tel.flush(10)
+    assert mine.flushed and mine.flushed[0] <= started + 10.5
+    assert [number for number, _, _ in mine.steps] == [1, 2]
+    for _, verdict, metrics in mine.steps:
+        assert verdict is not None and verdict.kind
+        assert metrics["timing_s/gen"] > 0 and "agent_loop/generate_sequences/max" in metrics
+    assert step.verdict is mine.steps[-1][1]  # the same verdict the training thread reads
+    assert mine.logs == [({"actor/pg_loss": 0.5}, 1), ({"actor/pg_loss": 0.5}, 2)]
+    assert mine.traces == ["testing"]
+    assert mine.samples == [1]
+    assert tel.drops.snapshot()[("spans", "sink_error")] == 2  # counted, not raised
+    tel.shutdown(3)
+    assert len(mine.closed) == 1 and mine.closed[0] <= time.monotonic() + 3
+
+
+def test_sinks_must_be_sinks():
+    with pytest.raises(rlotel.ConfigError, match="Sink"):
+        rlotel.init(prometheus_port=None, sinks=[object()])
+
+
+class Slow(Sink):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.done = False
+
+    def shutdown(self, deadline: float) -> None:
+        time.sleep(self.seconds)
+        self.done = True
+
+
+def test_composite_shutdown_shares_one_deadline():
+    """A sink stuck past the deadline (a blackholed collector) does not stall the others
+    or the caller beyond the deadline."""
+    stuck, quick = Slow(5.0), Slow(0.0)
+    composite = CompositeSink([stuck, quick], Drops())
+    started = time.monotonic()
+    composite.shutdown(started + 0.5)
+    assert time.monotonic() - started < 1.5
+    assert quick.done and not stuck.done
