@@ -24,8 +24,7 @@ from rlotel import goodput
 from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
-from rlotel.demo.loop import DemoConfig, DemoResult, StepResult, _update_actor
-from rlotel.demo.rollout import flat
+from rlotel.demo.loop import DemoConfig, DemoResult, StepResult, train_on
 
 MODE = "fully_async"
 WAIT_S = 60.0  # the longest the trainer waits for one batch before it gives up
@@ -196,51 +195,25 @@ def _step(
                 min_weight_version=[batch.version] * size,
                 max_weight_version=[batch.version] * size,
             )
-        with tel.phase("reward"):
-            token_scores = agent.token_level_scores(rollout, batch.scores)
-        with tel.phase("old_log_prob"), torch.no_grad():
-            started = perf_counter()
-            old_log_probs = P.response_log_probs(actor, rollout.tokens)
-            infer_seconds = perf_counter() - started
-        with tel.phase("ref"), torch.no_grad():
-            ref_log_probs = P.response_log_probs(reference, rollout.tokens)
-        with tel.phase("adv"):
-            grouped = token_scores.sum(-1).view(batch.prompts_per_step, base.group_size)
-            advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
-                grouped.std(-1, keepdim=True) + 1e-6
-            )
-            advantages = advantages.view(-1, 1)
-        before = flat(actor)
-        with tel.phase("update_actor"):
-            started = perf_counter()
-            loss = _update_actor(
-                actor,
-                optimizer,
-                rollout,
-                old_log_probs,
-                ref_log_probs,
-                advantages,
-                base,
-                generator,
-                tel,
-            )
-            actor_seconds = perf_counter() - started
-        actor_changed = not torch.equal(before, flat(actor))
+        update = train_on(
+            tel, rollout, batch.scores, actor, reference, optimizer, base, generator,
+            batch.prompts_per_step,
+        )  # fmt: skip
         with tel.phase(voc.PARAM_SYNC):
             synced = worker.publish_weights(number, actor)
         response_lengths = rollout.response_lengths.tolist()
         step.set_tokens(prompt=[P.PROMPT_LEN] * size, response=response_lengths)
         flops = P.dense_flops(actor, [P.PROMPT_LEN + n for n in response_lengths])
         step.set_mfu(
-            actor=flops * base.ppo_epochs / actor_seconds / base.peak_flops,
-            actor_infer=flops / 3 / infer_seconds / base.peak_flops,
+            actor=flops * base.ppo_epochs / update.actor_seconds / base.peak_flops,
+            actor_infer=flops / 3 / update.infer_seconds / base.peak_flops,
         )
     reward_mean = float(batch.scores.mean())
     tool_ratio = float(rollout.tool_used.float().mean())
     tel.log(
         {
             "critic/score/mean": reward_mean,
-            "actor/pg_loss": loss,
+            "actor/pg_loss": update.loss,
             "rollout/tool_ratio": tool_ratio,
             "training/off_policy/evicted_samples": evicted,  # verl's replay-buffer key
         },
@@ -253,7 +226,7 @@ def _step(
         reward_mean,
         tool_ratio,
         flops,
-        actor_changed,
+        update.actor_changed,
         rollout_synced=synced,
         verdict=step.verdict,
         evicted=evicted,

@@ -92,36 +92,10 @@ def train(
                 checked = torch.arange(batch) // config.group_size % 2 == 1
                 # on-policy: generated with the weights synced after the last step
                 rollout, scores = generation.generate(tel, prompts, checked, number - 1)
-            with tel.phase("reward"):
-                token_scores = agent.token_level_scores(rollout, scores)
-            with tel.phase("old_log_prob"), torch.no_grad():
-                started = perf_counter()
-                old_log_probs = P.response_log_probs(actor, rollout.tokens)
-                infer_seconds = perf_counter() - started
-            with tel.phase("ref"), torch.no_grad():
-                ref_log_probs = P.response_log_probs(reference, rollout.tokens)
-            with tel.phase("adv"):
-                grouped = token_scores.sum(-1).view(config.prompts_per_step, config.group_size)
-                advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
-                    grouped.std(-1, keepdim=True) + 1e-6
-                )
-                advantages = advantages.view(-1, 1)
-            before = flat(actor)
-            with tel.phase("update_actor"):
-                started = perf_counter()
-                loss = _update_actor(
-                    actor,
-                    optimizer,
-                    rollout,
-                    old_log_probs,
-                    ref_log_probs,
-                    advantages,
-                    config,
-                    generator,
-                    tel,
-                )
-                actor_seconds = perf_counter() - started
-            actor_changed = not torch.equal(before, flat(actor))
+            update = train_on(
+                tel, rollout, scores, actor, reference, optimizer, config, generator,
+                config.prompts_per_step,
+            )  # fmt: skip
             with tel.phase("update_weights"):
                 rollout_synced = generation.load_weights(actor)
 
@@ -130,15 +104,15 @@ def train(
             seqlens = [P.PROMPT_LEN + n for n in response_lengths]
             flops = P.dense_flops(actor, seqlens)
             step.set_mfu(
-                actor=flops * config.ppo_epochs / actor_seconds / config.peak_flops,
-                actor_infer=flops / 3 / infer_seconds / config.peak_flops,
+                actor=flops * config.ppo_epochs / update.actor_seconds / config.peak_flops,
+                actor_infer=flops / 3 / update.infer_seconds / config.peak_flops,
             )
         reward_mean = float(scores.mean())
         tool_ratio = float(rollout.tool_used.float().mean())
         tel.log(
             {
                 "critic/score/mean": reward_mean,
-                "actor/pg_loss": loss,
+                "actor/pg_loss": update.loss,
                 "rollout/tool_ratio": tool_ratio,
             },
             step=number,
@@ -150,7 +124,7 @@ def train(
             reward_mean,
             tool_ratio,
             flops,
-            actor_changed,
+            update.actor_changed,
             rollout_synced,
         )
         outcome.captures = step.captures  # filled in when the profiler writes the file
@@ -159,6 +133,54 @@ def train(
         if on_step is not None:
             on_step(outcome)
     return result
+
+
+@dataclass
+class Update:
+    """What one step's training windows did: the loss, their seconds, whether it learned."""
+
+    loss: float
+    infer_seconds: float  # old_log_prob, for MFU
+    actor_seconds: float  # update_actor, for MFU
+    actor_changed: bool
+
+
+def train_on(
+    tel: rlotel.Telemetry,
+    rollout: agent.Rollout,
+    scores: torch.Tensor,
+    actor: P.TinyPolicy,
+    reference: P.TinyPolicy,
+    optimizer: torch.optim.Optimizer,
+    config: DemoConfig,
+    generator: torch.Generator,
+    prompts_per_step: int,
+) -> Update:
+    """verl's training windows on one batch of trajectories: reward, old_log_prob, ref,
+    adv (GRPO), update_actor. The sync and the async loop share them."""
+    with tel.phase("reward"):
+        token_scores = agent.token_level_scores(rollout, scores)
+    with tel.phase("old_log_prob"), torch.no_grad():
+        started = perf_counter()
+        old_log_probs = P.response_log_probs(actor, rollout.tokens)
+        infer_seconds = perf_counter() - started
+    with tel.phase("ref"), torch.no_grad():
+        ref_log_probs = P.response_log_probs(reference, rollout.tokens)
+    with tel.phase("adv"):
+        grouped = token_scores.sum(-1).view(prompts_per_step, config.group_size)
+        advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
+            grouped.std(-1, keepdim=True) + 1e-6
+        )
+        advantages = advantages.view(-1, 1)
+    before = flat(actor)
+    with tel.phase("update_actor"):
+        started = perf_counter()
+        loss = _update_actor(
+            actor, optimizer, rollout, old_log_probs, ref_log_probs, advantages, config,
+            generator, tel,
+        )  # fmt: skip
+        actor_seconds = perf_counter() - started
+    return Update(loss, infer_seconds, actor_seconds, not torch.equal(before, flat(actor)))
 
 
 def _update_actor(
