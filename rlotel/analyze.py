@@ -14,12 +14,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlotel import attributes as attr
 from rlotel import formulas, otlp_json
+from rlotel import vocabulary as voc
 from rlotel.diagnose import StepFacts
 from rlotel.otlp_json import SpanRecord
 
 SUMMARY_FILE = "summary.json"  # the demo's per-step timing_raw and metrics
-CAPTURE_SPAN = "profile.capture"  # a profiler output, linked from the steps it covers
 
 
 @dataclass
@@ -116,24 +117,28 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
         for span in sorted(trace, key=lambda s: s.start_ns):  # phases in the order they ran
             if span.resource != root.resource:
                 continue  # another process's spans (workers) are in the tree, not the ledger
-            if span is not root and "rl.phase" in span.attributes:
+            if span is not root and attr.PHASE in span.attributes:
                 timing[span.name] = timing.get(span.name, 0) + span.seconds
         timing["step"] = root.seconds
         attributes = root.attributes
-        prompt = attributes.get("rl.tokens.prompt")
-        response = attributes.get("rl.tokens.response")
+        prompt = attributes.get(attr.TOKENS_PROMPT)
+        response = attributes.get(attr.TOKENS_RESPONSE)
         metrics = formulas.timing_metrics(timing, prompt, response)
-        number = int(attributes.get("rl.step", -1))
-        mfu = {k[len("rl.mfu.") :]: v for k, v in attributes.items() if k.startswith("rl.mfu.")}
-        metrics.update({f"perf/mfu/{role}": value for role, value in mfu.items()})
-        if "rl.throughput" in attributes:
-            metrics["perf/throughput"] = attributes["rl.throughput"]
+        number = int(attributes.get(attr.STEP, -1))
+        mfu = {
+            k[len(attr.MFU_PREFIX) :]: v
+            for k, v in attributes.items()
+            if k.startswith(attr.MFU_PREFIX)
+        }
+        metrics.update({f"{voc.MFU}{role}": value for role, value in mfu.items()})
+        if attr.THROUGHPUT in attributes:
+            metrics[voc.THROUGHPUT] = attributes[attr.THROUGHPUT]
         facts = StepFacts(
             number,
             timing,
-            unaccounted=attributes.get("rl.unaccounted_s"),
+            unaccounted=attributes.get(attr.UNACCOUNTED_S),
             response_tokens=response,
-            sequences=attributes.get("rl.sequences"),
+            sequences=attributes.get(attr.SEQUENCES),
             mfu=mfu,
             agent_loop=_slowest_from_samples(trace),
         )
@@ -143,23 +148,23 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
 
 def _slowest_from_samples(trace: list[SpanRecord]) -> dict[str, float]:
     """The slowest exported sample's stages, as verl's agent_loop/slowest/* keys."""
-    samples = [s for s in trace if s.name == "sample"]
+    samples = [s for s in trace if s.name == attr.SAMPLE_SPAN]
     if not samples:
         return {}
     stages = ("generate_sequences", "tool_calls", "compute_score")
 
     def total(span: SpanRecord) -> float:
-        return sum(span.attributes.get(f"rl.sample.{stage}_s", 0.0) for stage in stages)
+        return sum(span.attributes.get(attr.sample_attribute(stage, True), 0.0) for stage in stages)
 
     slowest = max(samples, key=total)
     keys = {
-        f"agent_loop/slowest/{stage}": slowest.attributes.get(f"rl.sample.{stage}_s", 0.0)
+        f"{voc.AGENT_LOOP_SLOWEST}{stage}": slowest.attributes.get(
+            attr.sample_attribute(stage, True), 0.0
+        )
         for stage in stages
     }
-    if "gen_ai.usage.output_tokens" in slowest.attributes:
-        keys["agent_loop/slowest/response_length"] = slowest.attributes[
-            "gen_ai.usage.output_tokens"
-        ]
+    if attr.OUTPUT_TOKENS in slowest.attributes:
+        keys[f"{voc.AGENT_LOOP_SLOWEST}response_length"] = slowest.attributes[attr.OUTPUT_TOKENS]
     return keys
 
 
@@ -174,12 +179,8 @@ def _numeric(data: dict[str, Any]) -> dict[str, float]:
 def _steps_from_verl_log(logged: dict[int, dict[str, Any]]) -> list[StepRecord]:
     steps = []
     for number, data in logged.items():
-        timing = {
-            key[len("timing_s/") :]: float(value)
-            for key, value in _numeric(data).items()
-            if key.startswith("timing_s/") and "/" not in key[len("timing_s/") :]
-        }
-        if "step" not in timing:
+        timing = voc.timing_from_metrics(data)
+        if voc.STEP not in timing:
             continue
         metrics = _numeric(data)
         facts = StepFacts.from_metrics(number, timing, metrics)
@@ -195,7 +196,7 @@ def _steps_from_summary(summary: dict[str, Any]) -> list[StepRecord]:
             timing = step.get("timing_raw") or {}
             metrics = step.get("metrics") or {}
             logged[step["number"]] = {
-                **{f"timing_s/{k}": v for k, v in timing.items()},
+                **{f"{voc.TIMING_S}{k}": v for k, v in timing.items()},
                 **metrics,
             }
     return _steps_from_verl_log(logged)

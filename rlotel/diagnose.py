@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlotel import attributes as attr
 from rlotel import vocabulary as voc
 from rlotel.errors import ConfigError
 
@@ -140,12 +141,14 @@ class StepFacts:
         cls, number: int, timing_raw: Mapping[str, float], metrics: Mapping[str, Any], **extra
     ) -> StepFacts:
         mfu = {
-            k[len("perf/mfu/") :]: float(v) for k, v in metrics.items() if k.startswith("perf/mfu/")
+            key.removeprefix(voc.MFU): float(value)
+            for key, value in metrics.items()
+            if key.startswith(voc.MFU)
         }
         agent_loop, idle, evicted = {}, {}, 0.0
         for key, value in metrics.items():
-            name = key.removeprefix("timing_s/")
-            if name.startswith("agent_loop/"):
+            name = key.removeprefix(voc.TIMING_S)
+            if name.startswith(voc.AGENT_LOOP):
                 agent_loop[name] = float(value)
             elif key.startswith(voc.IDLE_RATIO):
                 idle[key[len(voc.IDLE_RATIO) :]] = float(value)
@@ -181,16 +184,16 @@ class Verdict:
     def attributes(self) -> dict[str, float | str]:
         """Span attributes: `rl.bottleneck` and its evidence."""
         attributes: dict[str, float | str] = {
-            "rl.bottleneck": self.label,
-            "rl.bottleneck.confidence": self.confidence,
-            "rl.bottleneck.share": self.share,
-            "rl.bottleneck.next": self.next_read,
+            attr.BOTTLENECK: self.label,
+            f"{attr.BOTTLENECK_PREFIX}confidence": self.confidence,
+            f"{attr.BOTTLENECK_PREFIX}share": self.share,
+            f"{attr.BOTTLENECK_PREFIX}next": self.next_read,
         }
         for key, value in self.evidence.items():
-            attributes[f"rl.bottleneck.evidence.{key}"] = value
+            attributes[f"{attr.BOTTLENECK_PREFIX}evidence.{key}"] = value
         for name, trend in self.trends.items():
             for key, value in trend.items():
-                attributes[f"rl.bottleneck.trend.{name}.{key}"] = value
+                attributes[f"{attr.BOTTLENECK_PREFIX}trend.{name}.{key}"] = value
         return attributes
 
 
@@ -320,18 +323,19 @@ def _rollout(
     facts: StepFacts, gen_seconds: float, limits: Thresholds, evidence: dict
 ) -> tuple[str, str]:
     loop = facts.agent_loop
-    slowest = {s: loop.get(f"agent_loop/slowest/{s}") for s in STAGES}
+    slowest = {s: loop.get(f"{voc.AGENT_LOOP_SLOWEST}{s}") for s in STAGES}
     if slowest["generate_sequences"] is None:
         return "", "low"  # no per-sample evidence
     total = sum(v for v in slowest.values() if v is not None)
     evidence["slowest_sample_s"] = round(total, 6)
     tails = {}
     for stage in STAGES:
-        peak, mean = loop.get(f"agent_loop/{stage}/max"), loop.get(f"agent_loop/{stage}/mean")
+        peak = loop.get(f"{voc.AGENT_LOOP}{stage}/max")
+        mean = loop.get(f"{voc.AGENT_LOOP}{stage}/mean")
         if peak is not None and mean:
             tails[stage] = peak / mean
             evidence[f"{stage}_max_over_mean"] = round(tails[stage], 3)
-    length = loop.get("agent_loop/slowest/response_length")
+    length = loop.get(f"{voc.AGENT_LOOP_SLOWEST}response_length")
     if length is not None and facts.response_tokens and facts.sequences:
         ratio = length / (facts.response_tokens / facts.sequences)
         evidence["slowest_length_over_mean"] = round(ratio, 3)

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlotel import attributes as attr
 from rlotel import otlp_json
-from rlotel.analyze import CAPTURE_SPAN, Run, load_run, resolve_capture_path
+from rlotel.analyze import Run, load_run, resolve_capture_path
 from rlotel.otlp_json import SpanRecord
 
 MAX_ALIGNMENT_SHIFT_US = 1_000_000  # a larger "skew" means the names matched other steps
@@ -87,9 +88,9 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
         pid = builder.process(
             key[0] if _unique_label(key, by_process) else f"{key[0]} {key[1][:8]}"
         )
-        phases = [s for s in spans if s.name not in ("sample", CAPTURE_SPAN)]
+        phases = [s for s in spans if s.name not in (attr.SAMPLE_SPAN, attr.CAPTURE_SPAN)]
         samples = [s for s in spans if s.name == "sample"]
-        captures = [s for s in spans if s.name == CAPTURE_SPAN]
+        captures = [s for s in spans if s.name == attr.CAPTURE_SPAN]
         builder.spans(pid, "phases", phases, "rl.phase", sort_base=0)
         builder.spans(pid, "samples", samples, "rl.sample", sort_base=100)
         builder.spans(pid, "profile captures", captures, "rl.profile", sort_base=200)
@@ -134,7 +135,7 @@ def _covered_phases(capture: SpanRecord, spans: Sequence[SpanRecord]) -> list[Sp
     return [
         s
         for s in spans
-        if s.name not in ("sample", CAPTURE_SPAN)
+        if s.name not in (attr.SAMPLE_SPAN, attr.CAPTURE_SPAN)
         and isinstance(s.attributes.get("rl.step"), int)
         and first <= s.attributes["rl.step"] <= last
     ]

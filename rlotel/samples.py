@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
 
 DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
@@ -252,9 +253,9 @@ def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
         low, high = column.min(), column.max()
         if name == PREEMPTED:
             low, high = int(low), int(high)
-        metrics[f"agent_loop/{name}/min"] = low
-        metrics[f"agent_loop/{name}/max"] = high
-        metrics[f"agent_loop/{name}/mean"] = column.mean()
+        metrics[f"{voc.AGENT_LOOP}{name}/min"] = low
+        metrics[f"{voc.AGENT_LOOP}{name}/max"] = high
+        metrics[f"{voc.AGENT_LOOP}{name}/mean"] = column.mean()
     aligned = [b for b in batches if b.totals() is not None]
     if not aligned:
         return metrics
@@ -275,7 +276,7 @@ def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
                 continue
             value = column[slowest]
             integral = name == PREEMPTED or name in LENGTH_KINDS
-            metrics[f"agent_loop/slowest/{name}"] = int(value) if integral else value
+            metrics[f"{voc.AGENT_LOOP_SLOWEST}{name}"] = int(value) if integral else value
         break
     return metrics
 

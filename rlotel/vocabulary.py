@@ -65,9 +65,10 @@ THROUGHPUT = "perf/throughput"
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 OFF_POLICY = "training/off_policy/"  # + trajectory_{spans,staleness,staleness_worst}/{mean,max,min}
 # rlotel's own per-step keys (rlotel.goodput): + bucket, + role
-GOODPUT = "rlotel/goodput"
-BUCKET_SECONDS = "rlotel/bucket_seconds/"
-IDLE_RATIO = "rlotel/idle_ratio/"
+RLOTEL = "rlotel/"  # rlotel's own additions to verl's step metrics
+GOODPUT = RLOTEL + "goodput"
+BUCKET_SECONDS = RLOTEL + "bucket_seconds/"
+IDLE_RATIO = RLOTEL + "idle_ratio/"
 # verl V1 replay-buffer counts, `{training|validation}/...`: → rlotel_replay_evicted_samples
 REPLAY_EVICTION_KEYS: dict[str, str] = {
     "off_policy/evicted_samples": "staleness",

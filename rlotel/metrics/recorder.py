@@ -22,7 +22,6 @@ from rlotel.metrics.store import Exemplar, SeriesStore
 from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
 from rlotel.sinks.base import Sink
-from rlotel.vocabulary import VERL_STEP_STAGES
 
 
 class Recorder(Sink):
@@ -74,11 +73,11 @@ class Recorder(Sink):
             store.set(cat.PHASE_RANK_SPREAD, spread.spread, spread.phase)
         self._observe_goodput(step.metrics)
         for key, value in step.metrics.items():
-            if key.startswith(("agent_loop/", voc.OFF_POLICY)) and not key.startswith(
-                "agent_loop/slowest/"
+            if key.startswith((voc.AGENT_LOOP, voc.OFF_POLICY)) and not key.startswith(
+                voc.AGENT_LOOP_SLOWEST
             ):
                 continue  # min/max/mean are verl's view; the histograms hold every sample
-            if not key.startswith(("timing_s/", "rlotel/")):
+            if not key.startswith((voc.TIMING_S, voc.RLOTEL)):
                 self._map_known(key, value)
         if step.prompt_tokens is not None:
             for kind, count in (
@@ -187,18 +186,18 @@ class Recorder(Sink):
             value, why = as_finite_float(raw)
             if value is None:
                 self._drops.add("metrics", why, f"{key}={describe(raw)}")
-            elif key.startswith("timing_s/") and "/" not in key[9:]:
+            elif (phase := voc.phase_of_timing_key(key)) is not None:
                 if value < 0:
                     self._drops.add("metrics", "negative", f"{key}={value}")
                 elif not encodable(key):
                     self._drops.add("metrics", "bad_label", "a timing_s/ key is not valid UTF-8")
                 else:
-                    phases[key[9:]] = value
+                    phases[phase] = value
             elif fresh or key not in self._ledger_keys:
                 self._map_known(key, value)  # what the ledger's step did not already say
         if not fresh:
             return
-        seconds = phases.pop("step", None)
+        seconds = phases.pop(voc.STEP, None)
         if phases:
             self._set_phase_seconds(phases)
         if number is None:
@@ -206,11 +205,11 @@ class Recorder(Sink):
         if seconds is not None:
             self.store.set(cat.STEP_TIME, seconds)
             self.store.observe(cat.STEP_DURATION, np.array([seconds]))
-            covered = sum(v for k, v in phases.items() if k in VERL_STEP_STAGES)
-            self.store.set(cat.STEP_UNACCOUNTED, max(0.0, seconds - covered))
+            covered = voc.covered_by_stages(phases)
+            self.store.set(cat.STEP_UNACCOUNTED, voc.unaccounted(seconds, covered))
         for name, value in phases.items():
             self.store.observe(cat.PHASE_DURATION, np.array([value]), name)
-        total = as_finite_float(data.get("perf/total_num_tokens"))[0]
+        total = as_finite_float(data.get(voc.TOTAL_NUM_TOKENS))[0]
         if total is not None and total >= 0:
             self.store.inc(cat.TOKENS, total, "total")
         self._count_step(int(number))
@@ -226,24 +225,24 @@ class Recorder(Sink):
             else:
                 store.inc(cat.REPLAY_EVICTED, value, reason)
             return
-        if key.startswith("timing_per_token_ms/"):
-            target = (cat.PHASE_TIME_PER_TOKEN, value / 1000, key[20:])
-        elif key == "perf/throughput":
+        if key.startswith(voc.TIMING_PER_TOKEN_MS):
+            target = (cat.PHASE_TIME_PER_TOKEN, value / 1000, key[len(voc.TIMING_PER_TOKEN_MS) :])
+        elif key == voc.THROUGHPUT:
             target = (cat.THROUGHPUT, value)
-        elif key == "perf/time_per_step":
+        elif key == voc.TIME_PER_STEP:
             target = (cat.STEP_TIME, value)
-        elif key == "perf/total_num_tokens":
+        elif key == voc.TOTAL_NUM_TOKENS:
             target = (cat.STEP_TOKENS, value, "total")
-        elif key.startswith("perf/mfu/"):
-            target = (cat.MFU, value, key[9:])
-        elif key.startswith(("agent_loop/slowest/", "timing_s/agent_loop/slowest/")):
+        elif key.startswith(voc.MFU):
+            target = (cat.MFU, value, key[len(voc.MFU) :])
+        elif key.startswith((voc.AGENT_LOOP_SLOWEST, voc.TIMING_S + voc.AGENT_LOOP_SLOWEST)):
             field = key.rsplit("/", 1)[1]
             if field in DURATION_FIELDS:
                 target = (cat.AGENT_LOOP_SLOWEST, value, field)
             elif field in LENGTH_KINDS:
                 target = (cat.AGENT_LOOP_SLOWEST_LENGTH, value, LENGTH_KINDS[field])
         if target is None:
-            if key.startswith("timing_s/") and value < 0:
+            if key.startswith(voc.TIMING_S) and value < 0:
                 self._drops.add("metrics", "negative", f"{key}={value}")
             else:
                 store.set(cat.TRAIN_METRIC, value, key)

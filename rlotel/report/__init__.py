@@ -27,8 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from rlotel import attributes as attr
 from rlotel import otlp_json
-from rlotel.analyze import CAPTURE_SPAN, Run, StepRecord, load_run, resolve_capture_path
+from rlotel import vocabulary as voc
+from rlotel.analyze import Run, StepRecord, load_run, resolve_capture_path
 from rlotel.diagnose import TOP_LEVEL, Diagnoser, Verdict, windows
 from rlotel.otlp_json import SpanRecord
 
@@ -129,8 +131,8 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
         "seconds": {name: _series(buckets, values) for name, values in stacked.items()},
         "unaccounted": _series(buckets, [windows(s.facts)["overhead-bound"] for s in steps]),
         "share": _mean_shares(steps, stacked),
-        "throughput": _optional(buckets, steps, "perf/throughput"),
-        "mfu": _prefixed(buckets, steps, "perf/mfu/"),
+        "throughput": _optional(buckets, steps, voc.THROUGHPUT),
+        "mfu": _prefixed(buckets, steps, voc.MFU),
         "tail": _tail(buckets, steps, samples),
         "slowest_samples": _slowest_samples(samples),
         "verdicts": _verdicts(buckets, steps, verdicts),
@@ -265,8 +267,8 @@ def _tail(
         "p90": _series(buckets, quantiles["p90"]),
         "p99": _series(buckets, quantiles["p99"], "max"),
         "samples_per_step": _series(buckets, counts),
-        "verl_mean": _optional(buckets, steps, "agent_loop/generate_sequences/mean"),
-        "verl_max": _optional_max(buckets, steps, "agent_loop/generate_sequences/max"),
+        "verl_mean": _optional(buckets, steps, f"{voc.AGENT_LOOP}generate_sequences/mean"),
+        "verl_max": _optional_max(buckets, steps, f"{voc.AGENT_LOOP}generate_sequences/max"),
     }
 
 
@@ -365,7 +367,7 @@ class _SpanIndex:
             self.by_trace[span.trace_id].append(span)
             if span.parent_span_id:
                 self.by_parent[span.parent_span_id].append(span)
-            if span.name == CAPTURE_SPAN:
+            if span.name == attr.CAPTURE_SPAN:
                 self.captures.append(span)
             self._processes.setdefault(otlp_json.process_key(span.resource), len(self._processes))
 
