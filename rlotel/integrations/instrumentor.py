@@ -15,20 +15,22 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
+from rlotel import env
+
 
 class RlotelInstrumentor(BaseInstrumentor):
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("verl >= 0.9",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        os.environ["RLOTEL_ENABLE"] = "1"
+        os.environ[env.RLOTEL_ENABLE] = "1"
         if "verl" in sys.modules:  # imported before us: install now rather than at import
             from rlotel.integrations import verl as plugin
 
             plugin.install()
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        os.environ.pop("RLOTEL_ENABLE", None)
+        os.environ.pop(env.RLOTEL_ENABLE, None)
         from rlotel.integrations import verl as plugin
 
         plugin.uninstall()

@@ -22,19 +22,17 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import tempfile
 import urllib.parse
 from pathlib import Path
 
 import rlotel
-
-SD_DIR_ENV = "RLOTEL_PROMETHEUS_SD_DIR"
+from rlotel import env
 
 
 def discovery_dir() -> Path:
-    """Where worker endpoints are registered (next to Ray's own discovery file)."""
-    default = Path(tempfile.gettempdir()) / "ray" / "rlotel_prometheus_sd"
-    return Path(os.environ.get(SD_DIR_ENV) or default)
+    """Where worker endpoints are registered (`RLOTEL_PROMETHEUS_SD_DIR`, by default next
+    to Ray's own discovery file)."""
+    return env.Environment.read().prometheus_sd_dir
 
 
 def setup_worker() -> None:
@@ -43,15 +41,16 @@ def setup_worker() -> None:
     try:
         import ray
 
+        environment = env.Environment.read()
         tel = rlotel.current() or rlotel.init(
-            run=os.environ.get("RLOTEL_RUN", "ray"),
-            service_name=os.environ.get("OTEL_SERVICE_NAME", "rlotel-ray-worker"),
-            prometheus_addr=os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"),
+            run=environment.run or "ray",
+            service_name=environment.service_name or "rlotel-ray-worker",
+            prometheus_addr=environment.prometheus_host or "127.0.0.1",
             prometheus_port=0,
         )
         labels = {
-            "role": os.environ.get("RLOTEL_ROLE", "worker"),
-            "rank": os.environ.get("RANK", "0"),
+            "role": environment.role or "worker",
+            "rank": str(environment.rank),
             "node": ray.util.get_node_ip_address(),
         }
         register(tel.metrics_url, labels)
