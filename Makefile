@@ -62,3 +62,6 @@ bench: $(STAMP)
 	$(PY) benchmarks/collector_faults.py
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/report_size.py
+	$(PY) -m benchmarks.span_export
+	$(PY) benchmarks/plugin_import.py
+	$(PY) benchmarks/propagation.py
