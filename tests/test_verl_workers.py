@@ -98,7 +98,7 @@ def worker_group() -> RayWorkerGroup:
 
 
 def wait_for_spans(
-    directory: Path, counts: dict[str, int], timeout_s: float = 30
+    directory: Path, counts: dict[str, int], timeout_s: float = 60
 ) -> list[SpanRecord]:
     """Spans the processes wrote so far, once at least `counts[name]` of each are there."""
     deadline = time.monotonic() + timeout_s
