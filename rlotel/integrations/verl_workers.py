@@ -274,7 +274,7 @@ def in_ray_actor() -> bool:
 
 def process_identity(instance: Any = None) -> dict[str, str | int]:
     """`rl.role`, `rl.rank`, `rl.node` and, for rollout, `rl.replica` of this worker."""
-    role = os.environ.get(env.RLOTEL_ROLE) or getattr(instance, "role", None)
+    role = env.Environment.read().role or getattr(instance, "role", None)
     if not isinstance(role, str) or not role:
         role = _worker_class[0] if _worker_class else type(instance).__name__
     identity: dict[str, str | int] = {attr.ROLE: role, attr.RANK: env.rank()}
@@ -312,16 +312,16 @@ def _start_worker(identity: dict[str, str | int]) -> Any:
     from rlotel.errors import ConfigError
     from rlotel.integrations import ray as ray_integration
 
+    environment = Environment.read()
     options: dict[str, Any] = {
-        "run": os.environ.get(env.RLOTEL_RUN) or "verl",
-        "prometheus_addr": os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"),
+        "run": environment.run or "verl",
+        "prometheus_addr": environment.prometheus_host or "127.0.0.1",
         "prometheus_port": 0,
         "resource_attributes": identity,
     }
     try:
         tel = rlotel.init(**options)
     except ConfigError as error:
-        environment = Environment.read()
         if environment.traces_dir is None:
             raise
         # An unwritable traces directory must not stop a worker: it trains, and its spans
