@@ -129,6 +129,7 @@ class Phase:
                 _drop(self._ledger, "timing_raw", "bad_dict", sink_error)
         ledger = self._ledger
         if ledger is not None:
+            self._records = None  # no cycle (the trace's list holds this phase) once closed
             try:  # noqa: SIM105 (contextlib.suppress costs a context manager per phase)
                 _innermost_reset(self._token)
             except ValueError:  # closed in another context (a generator, a callback):
