@@ -37,10 +37,6 @@ BACKEND = "rlotel"
 _installed: dict[str, Any] = {}  # what was patched, with the originals (for uninstall)
 
 
-def enabled() -> bool:
-    return env.enabled()
-
-
 # --- timers ------------------------------------------------------------------------------
 
 
@@ -236,7 +232,7 @@ def patched() -> bool:
     return bool(_installed)
 
 
-if enabled():
+if env.enabled():
     try:
         install()
     except Exception:

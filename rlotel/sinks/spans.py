@@ -242,14 +242,10 @@ class SpanSink(Sink):
         run: str,
         exporters: dict[str, SpanBatchExporter],
         drops: Drops,
-        delays_s: dict[str, float] | None = None,
         phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets,
     ) -> None:
         self._build = SpanBuilder(run, phase_buckets)
-        self._queues = [
-            ExportQueue(name, exporter, drops, (delays_s or {}).get(name, 1.0))
-            for name, exporter in exporters.items()
-        ]
+        self._queues = [ExportQueue(name, exporter, drops) for name, exporter in exporters.items()]
 
     def _put(self, spans: list[SpanItem]) -> None:
         count = span_count(spans)
