@@ -125,7 +125,7 @@ def main() -> None:
     )
     extra = best["rlotel record_samples (arrays + weight versions)"] / ours - 1
     console.print(
-        f"weight versions (staleness histograms, verl's off_policy keys): +{extra:.0%} "
+        f"weight versions (staleness histograms, verl's off_policy keys): {extra:+.0%} "
         f"({'met' if extra <= 0.20 else 'NOT met'}: ≤ 20 %)"
     )
 

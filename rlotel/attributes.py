@@ -29,6 +29,16 @@ SAMPLE_INDEX = "rl.sample.index"
 SAMPLE_PREFIX = "rl.sample."
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# A trajectory's identity (verl V1 keys `{uid}_{session}_{index}`, `num_turns`).
+SAMPLE_UID = "rl.sample.uid"
+SAMPLE_SESSION = "rl.sample.session"
+SAMPLE_OUTPUT = "rl.sample.output"  # index of the output within its session
+SAMPLE_TURNS = "rl.sample.turns"
+SAMPLE_VERSION_MIN = "rl.sample.weight_version.min"
+SAMPLE_VERSION_MAX = "rl.sample.weight_version.max"
+SAMPLE_STALENESS = "rl.sample.staleness"  # (consuming step - 1) - newest version
+SAMPLE_GENERATED_STEP = "rl.sample.generated_step"  # the step whose prompts it answers
+LINK_RELATION = "rl.link.relation"  # why a span links another: "generated_in", ...
 
 CAPTURE_SPAN = "profile.capture"
 PROFILE_PREFIX = "rl.profile."

@@ -14,7 +14,7 @@ from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
 from random import getrandbits
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from rlotel import formulas, goodput, nvtx, ranks, samples, staleness, vocabulary
 from rlotel.diagnose import StepFacts, Verdict
@@ -205,6 +205,15 @@ class Trace:
         return sum(len(batch.spans) for batch in self.samples)
 
 
+class Derived(NamedTuple):
+    """What a closed step's numbers are, computed once from what was recorded."""
+
+    timing: dict[str, float]  # verl's timing_raw
+    metrics: dict[str, float]
+    unaccounted: float
+    consumed: staleness.Consumed | None
+
+
 class Step:
     """Handle of one training step: feed it tokens and MFU; read verl's numbers after close."""
 
@@ -224,7 +233,7 @@ class Step:
         self.published_verdict: Verdict | None = None  # set by the pipeline, before fan-out
         self._published = threading.Event()
         self._derive_lock = threading.Lock()
-        self._derived: tuple[dict[str, float], dict[str, float], float] | None = None
+        self._derived: Derived | None = None
 
     @property
     def record(self) -> Phase:
@@ -283,17 +292,22 @@ class Step:
     @property
     def timing_raw(self) -> dict[str, float]:
         """verl's `timing_raw`: seconds per phase name (repeats summed) plus `step`."""
-        return self._derive()[0]
+        return self._derive().timing
 
     @property
     def metrics(self) -> dict[str, float]:
         """verl's `timing_s/*`, `timing_per_token_ms/*` and `perf/*` for this step."""
-        return self._derive()[1]
+        return self._derive().metrics
 
     @property
     def unaccounted_seconds(self) -> float:
         """Step time covered by no top-level phase."""
-        return self._derive()[2]
+        return self._derive().unaccounted
+
+    @property
+    def consumed(self) -> staleness.Consumed | None:
+        """Weight versions of the samples this step consumed (None without versions)."""
+        return self._derive().consumed
 
     @property
     def verdict(self) -> Verdict | None:
@@ -327,7 +341,7 @@ class Step:
             },
         )
 
-    def _derive(self) -> tuple[dict[str, float], dict[str, float], float]:
+    def _derive(self) -> Derived:
         """verl's numbers of the closed step: a pure function of what was recorded, made
         once (the pipeline does it before fan-out; a reader that comes first gets the same
         numbers), so closing a step costs the training thread nothing per phase."""
@@ -335,13 +349,13 @@ class Step:
         if derived is not None:
             return derived
         if not self.closed:
-            return {}, {}, 0.0
+            return Derived({}, {}, 0.0, None)
         with self._derive_lock:
             if self._derived is None:
                 self._derived = self._compute()
             return self._derived
 
-    def _compute(self) -> tuple[dict[str, float], dict[str, float], float]:
+    def _compute(self) -> Derived:
         timing: dict[str, float] = {}
         for record in self.trace.records:
             if record.end_ns:
@@ -350,9 +364,11 @@ class Step:
         metrics = formulas.timing_metrics(timing, self.prompt_tokens, self.response_tokens)
         metrics.update(formulas.throughput_metrics(timing, self.total_tokens, self._n_gpus))
         metrics.update(formulas.mfu_metrics(self.mfu))
+        consumed = None
         if self.trace.samples:
             metrics.update(samples.verl_aggregates(self.trace.samples))
-            metrics.update(staleness.off_policy_metrics(self.number, self.trace.samples))
+            consumed = staleness.consumed(self.number, self.trace.samples)
+            metrics.update(staleness.off_policy_metrics(consumed))
         root = self.trace.root
         top_level = (
             (r.name, r.start_ns, r.end_ns)
@@ -365,7 +381,8 @@ class Step:
         covered = vocabulary.covered_by_intervals(
             (r.start_ns, r.end_ns) for r in self.trace.records if r.parent is None and r.end_ns
         )
-        return timing, metrics, vocabulary.unaccounted(timing[vocabulary.STEP], covered)
+        unaccounted = vocabulary.unaccounted(timing[vocabulary.STEP], covered)
+        return Derived(timing, metrics, unaccounted, consumed)
 
 
 def _length(values: Any) -> int:

@@ -14,8 +14,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rlotel import attributes as attr
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
+from rlotel.tally import Tally
 
 DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
 PREEMPTED = "num_preempted"
@@ -24,6 +26,17 @@ MIN_VERSION, MAX_VERSION = "min_weight_version", "max_weight_version"
 VERSION_FIELDS = (MIN_VERSION, MAX_VERSION)  # verl's min/max_global_steps per trajectory
 FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS)
 INTEGER_FIELDS = frozenset({PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS})
+INVALID_VERSION = -1  # in a version column: dropped (counted) when the batch was built
+# Per-sample facts only the samples that get a span need: read for those, never copied.
+IDENTITY_FIELDS = {  # field → span attribute
+    "uid": attr.SAMPLE_UID,
+    "session": attr.SAMPLE_SESSION,
+    "output": attr.SAMPLE_OUTPUT,
+    "turns": attr.SAMPLE_TURNS,
+}
+TIME_FIELDS = ("start_time_ns", "end_time_ns")  # real Unix times of the trajectory
+GENERATED_STEP = "generated_step"
+SPAN_FIELDS = (*IDENTITY_FIELDS, *TIME_FIELDS, GENERATED_STEP)
 UNKNOWN_PREEMPTIONS = -1.0  # verl's AgentLoopMetrics default: "not available"
 
 
@@ -35,22 +48,46 @@ class SampleSpan(NamedTuple):
     span_id: int
 
 
+class Versions(NamedTuple):
+    """A batch's weight versions, tallied when it is built (no per-sample copies kept)."""
+
+    low: Tally  # oldest version each trajectory used (verl's min_global_steps)
+    high: Tally  # newest (max_global_steps)
+    spans: Tally  # high - low + 1
+
+
+class SpanExtras(NamedTuple):
+    """What one sample's span says beyond its columns."""
+
+    attributes: dict[str, Any]
+    start_ns: int = 0  # Unix ns; 0: placed by its stage seconds
+    end_ns: int = 0
+    generated_step: int | None = None
+
+
 class SampleBatch:
-    """One `record_samples` call: columns of equal meaning, NaN where a value was invalid."""
+    """One `record_samples` call: columns of equal meaning, NaN where a value was invalid;
+    weight versions as tallies, and per sample only for the samples that get spans."""
 
     __slots__ = (
+        "_pending",
         "_totals",
         "columns",
         "end_ns",
         "exported_elsewhere",
         "parent",
         "parent_span_id",
+        "span_extras",
         "spans",
         "trace_id",
+        "versions",
     )
 
     def __init__(self, columns: dict[str, np.ndarray]) -> None:
         self.columns = columns
+        self.versions: Versions | None = None
+        self.span_extras: dict[int, SpanExtras] = {}  # by sample index, samples with spans
+        self._pending: tuple[dict[str, Any], Drops] | None = None  # the caller's per-sample
         self.spans: list[SampleSpan] = []
         self.trace_id = 0
         self.parent: Any = None  # the Phase open when the samples were recorded
@@ -58,6 +95,15 @@ class SampleBatch:
         self.exported_elsewhere = False  # spans made by the worker that measured them
         self.end_ns = 0
         self._totals: np.ndarray | None = None
+
+    def settle(self) -> None:
+        """End of the `record_samples` call: keep what the samples with spans need from
+        the caller's per-sample arrays (identity, times, versions) and let go of them."""
+        pending, self._pending = self._pending, None
+        if pending is not None and self.spans:
+            per_sample, drops = pending
+            for span in self.spans:
+                self.span_extras[span.index] = _extras(per_sample, span.index, drops)
 
     def valid(self, field: str) -> np.ndarray:
         column = self.columns[field]
@@ -84,23 +130,31 @@ class SampleBatch:
 def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> SampleBatch | None:
     """Columns from keyword arrays and/or verl's per-sample dicts (flat or per worker chunk)."""
     raw: dict[str, Any] = {}
+    span_values = {name: fields[name] for name in SPAN_FIELDS if name in fields}
     if records is not None:
         raw.update(_columns_from_records(records, drops))
     for name, values in fields.items():
+        if name in span_values:
+            continue
         if name not in FIELDS:
             drops.add("samples", "unknown_field", f"record_samples({name}=...) is not a field")
             continue
         if values is not None:
             raw[name] = values
+    version_values = {name: raw.pop(name) for name in VERSION_FIELDS if name in raw}
     columns = {name: _column(name, values, drops) for name, values in raw.items()}
     columns = {name: column for name, column in columns.items() if column.size}
-    if not columns:
-        return None
-    _check_versions(columns, drops)
-    if not columns:
+    sizes = {column.size for column in columns.values()}
+    pair = _version_pair(version_values, sizes, drops) if version_values else None
+    if not columns and pair is None:
         return None
     batch = SampleBatch(columns)
-    sizes = {column.size for column in columns.values()}
+    per_sample = _span_fields(span_values, sizes, drops)
+    if pair is not None:
+        batch.versions = _tally_versions(*pair)
+        per_sample[MIN_VERSION], per_sample[MAX_VERSION] = pair
+    if per_sample:
+        batch._pending = (per_sample, drops)
     if len(sizes) > 1:
         drops.add(
             "samples",
@@ -136,6 +190,10 @@ def _columns_from_records(records: Any, drops: Drops) -> dict[str, list]:
 
 
 _MISSING = object()
+
+
+def _length(values: Any) -> int:
+    return len(_items(values))
 
 
 def _items(values: Any) -> list:
@@ -195,33 +253,136 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
     return column
 
 
-def _check_versions(columns: dict[str, np.ndarray], drops: Drops) -> None:
-    """Weight versions come in pairs: both columns of one length (else both are dropped,
-    counted), and a sample whose oldest version is newer than its newest has neither."""
-    present = [name for name in VERSION_FIELDS if name in columns]
-    if not present:
-        return
-    sizes = {columns[name].size for name in present}
-    others = {c.size for n, c in columns.items() if n not in VERSION_FIELDS}
-    if len(present) == 1 or len(sizes) > 1 or (others and sizes != others):
-        count = max(columns[name].size for name in present)
+def _version_pair(
+    values: dict[str, Any], sizes: set[int], drops: Drops
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(min, max) version columns as int64, INVALID_VERSION where dropped (counted). They
+    come in pairs of the batch's length; a sample whose oldest version is newer than its
+    newest has neither."""
+    if len(values) == 1:
+        ((name, only),) = values.items()
+        drops.add("samples", "missing_version", f"{name} without its pair: dropped", _length(only))
+        return None
+    low = _version_column(MIN_VERSION, values[MIN_VERSION], drops)
+    high = _version_column(MAX_VERSION, values[MAX_VERSION], drops)
+    if low.size != high.size or (sizes and {low.size} != sizes):
         drops.add(
             "samples",
-            "length_mismatch" if len(present) == 2 else "missing_version",
-            f"weight versions {present} of {sorted(sizes)} sample(s) do not pair with the "
-            f"batch's {sorted(others)}: versions dropped",
-            count,
+            "length_mismatch",
+            f"weight versions of {low.size}/{high.size} sample(s) do not pair with the "
+            f"batch's {sorted(sizes)}: versions dropped",
+            max(low.size, high.size),
         )
-        for name in present:
-            del columns[name]
-        return
-    low, high = columns[MIN_VERSION], columns[MAX_VERSION]
-    inverted = low > high  # NaN compares False: already counted
-    if inverted.any():
-        n_bad = int(np.count_nonzero(inverted))
-        drops.add("samples", "min_over_max", f"{n_bad} sample(s) with min > max version", n_bad)
-        columns[MIN_VERSION] = np.where(inverted, np.nan, low)
-        columns[MAX_VERSION] = np.where(inverted, np.nan, high)
+        return None
+    if not low.size:
+        return None
+    if int(low.min()) >= 0 and not np.less(high, low).any():
+        return low, high  # the common case: every pair valid, nothing copied
+    invalid = (low < 0) | (high < 0)
+    inverted = ~invalid & (high < low)
+    n_inverted = int(np.count_nonzero(inverted))
+    if n_inverted:
+        drops.add(
+            "samples", "min_over_max", f"{n_inverted} sample(s) with min > max version", n_inverted
+        )
+    keep = ~(invalid | inverted)
+    return np.where(keep, low, INVALID_VERSION), np.where(keep, high, INVALID_VERSION)
+
+
+def _version_column(name: str, values: Any, drops: Drops) -> np.ndarray:
+    """Whole non-negative numbers as int64 (a view of integer arrays), else INVALID_VERSION
+    (counted: non-integer, negative, non-finite, not a number)."""
+    if hasattr(values, "detach") and hasattr(values, "numpy"):  # torch tensor
+        values = values.detach().cpu().numpy()
+    if not isinstance(values, np.ndarray):
+        items = _items(values)
+        try:
+            values = np.asarray(items)
+        except (ValueError, TypeError):
+            values = np.asarray(items, dtype=object)
+    if values.dtype.kind in "iu" and values.ndim == 1:
+        column = values.astype(np.int64, copy=False)
+        n_negative = int(np.count_nonzero(column < 0)) if int(column.min(initial=0)) < 0 else 0
+        if n_negative:
+            drops.add("samples", "negative", f"{n_negative} invalid {name} value(s)", n_negative)
+            column = np.where(column < 0, INVALID_VERSION, column)
+        return column
+    floats = _column(name, values if values.dtype.kind in "iufb" else values.tolist(), drops)
+    return np.where(np.isnan(floats), INVALID_VERSION, floats).astype(np.int64)
+
+
+def _span_fields(values: dict[str, Any], sizes: set[int], drops: Drops) -> dict[str, Any]:
+    """The span-only fields that pair with the batch (one entry per sample), else dropped."""
+    kept = {}
+    for name, column in values.items():
+        if column is None:
+            continue
+        size = _length(column)
+        if sizes and {size} != sizes:
+            drops.add(
+                "samples",
+                "length_mismatch",
+                f"{name} of {size} sample(s) does not pair with the batch's {sorted(sizes)}",
+            )
+            continue
+        kept[name] = column if hasattr(column, "__getitem__") else list(column)
+    return kept
+
+
+def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
+    """One sample's identity, real times and generating step (bad entries counted)."""
+    attributes: dict[str, Any] = {}
+    for name, key in IDENTITY_FIELDS.items():
+        if name in per_sample:
+            value = _item(per_sample[name], index)
+            if name == "uid" and isinstance(value, (str, int)) and not isinstance(value, bool):
+                attributes[key] = str(value)
+            elif name != "uid" and (whole := _whole(value)) is not None:
+                attributes[key] = whole
+            elif value is not None:
+                drops.add("samples", "bad_identity", f"{name}={value!r} of sample {index}")
+    if MIN_VERSION in per_sample:
+        low, high = int(per_sample[MIN_VERSION][index]), int(per_sample[MAX_VERSION][index])
+        if low != INVALID_VERSION:
+            attributes[attr.SAMPLE_VERSION_MIN] = low
+            attributes[attr.SAMPLE_VERSION_MAX] = high
+    start, end = (_whole(_item(per_sample.get(name), index)) for name in TIME_FIELDS)
+    if start is None or end is None or end < start:
+        if any(name in per_sample for name in TIME_FIELDS):
+            drops.add("samples", "bad_time", f"sample {index}: start {start}, end {end}")
+        start = end = 0
+    generated = _whole(_item(per_sample.get(GENERATED_STEP), index))
+    return SpanExtras(attributes, start, end, generated)
+
+
+def _item(column: Any, index: int) -> Any:
+    if column is None:
+        return None
+    value = column[index]
+    return value.item() if hasattr(value, "item") else value  # numpy / torch scalars
+
+
+def _whole(value: Any) -> int | None:
+    """A non-negative whole number as int, else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    number, _ = as_finite_float(value)
+    if number is None or number < 0 or not number.is_integer():
+        return None
+    return int(value) if isinstance(value, int) else int(number)
+
+
+def _tally_versions(low: np.ndarray, high: np.ndarray) -> Versions | None:
+    if int(low.min()) < 0:  # some pairs dropped
+        keep = low != INVALID_VERSION
+        low, high = low[keep], high[keep]
+        if not low.size:
+            return None
+    return Versions(
+        Tally.of(low, non_negative=True),
+        Tally.of(high, non_negative=True),
+        Tally.of_difference(high, low).shifted(1),
+    )
 
 
 def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
@@ -236,6 +397,7 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
     candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
     batch.spans.extend(SampleSpan(index, getrandbits(64) or 1) for index in order.tolist())
+    batch.settle()
 
 
 def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:

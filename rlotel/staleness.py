@@ -5,55 +5,58 @@ A trajectory is generated across weight versions [min, max] (verl's `min_global_
 `PPOTrainer._compute_metrics` logs, over the step's trajectories:
 spans = max − min + 1, staleness = (N − 1) − max, worst = (N − 1) − min, each as
 `training/off_policy/trajectory_{spans,staleness,staleness_worst}/{mean,max,min}`.
-rlotel keeps every sample (histograms) and produces the same keys.
+rlotel keeps every sample (histograms) and produces the same keys, read from the tallies
+each batch made of its versions (`samples.Versions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
-import numpy as np
-
-from rlotel.samples import MAX_VERSION, MIN_VERSION, SampleBatch
+from rlotel.samples import SampleBatch
+from rlotel.tally import Tally
 from rlotel.vocabulary import OFF_POLICY
 
 
-def versions(batches: Iterable[SampleBatch]) -> tuple[np.ndarray, np.ndarray]:
-    """(min, max) weight versions of every sample that has a valid pair."""
-    lows, highs = [], []
-    for batch in batches:
-        low, high = batch.columns.get(MIN_VERSION), batch.columns.get(MAX_VERSION)
-        if low is None or high is None:
-            continue
-        valid = ~(np.isnan(low) | np.isnan(high))
-        lows.append(low[valid])
-        highs.append(high[valid])
-    if not lows:
-        return np.empty(0), np.empty(0)
-    return np.concatenate(lows), np.concatenate(highs)
+class Consumed(NamedTuple):
+    """Weight versions of the samples one step consumes."""
+
+    step: int
+    low: Tally
+    high: Tally
+    spans: Tally
+
+    @property
+    def staleness(self) -> Tally:
+        return self.high.shifted(self.step - 1, -1)
+
+    @property
+    def worst(self) -> Tally:
+        return self.low.shifted(self.step - 1, -1)
 
 
-def per_sample(
-    step: int, low: np.ndarray, high: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(spans, staleness, worst staleness) of each sample consumed in global step `step`."""
-    return high - low + 1, (step - 1) - high, (step - 1) - low
+def consumed(step: int, batches: Iterable[SampleBatch]) -> Consumed | None:
+    """The step's versions over every batch that has them (None: no versions)."""
+    tallied = [batch.versions for batch in batches if batch.versions is not None]
+    if not tallied:
+        return None
+    low, high, spans = (Tally.merge(list(column)) for column in zip(*tallied, strict=True))
+    return Consumed(step, low, high, spans)
 
 
-def off_policy_metrics(step: int, batches: Iterable[SampleBatch]) -> dict[str, float]:
+def off_policy_metrics(versions: Consumed | None) -> dict[str, float]:
     """verl's `training/off_policy/*` keys for the samples of one step (none without versions)."""
-    low, high = versions(batches)
-    if not low.size:
+    if versions is None:
         return {}
     metrics: dict[str, float] = {}
-    spans, staleness, worst = per_sample(step, low, high)
-    for name, values in (
-        ("trajectory_spans", spans),
-        ("trajectory_staleness", staleness),
-        ("trajectory_staleness_worst", worst),
+    for name, tally in (
+        ("trajectory_spans", versions.spans),
+        ("trajectory_staleness", versions.staleness),
+        ("trajectory_staleness_worst", versions.worst),
     ):
         prefix = f"{OFF_POLICY}{name}/"
-        metrics[prefix + "mean"] = float(values.mean())
-        metrics[prefix + "max"] = int(values.max())
-        metrics[prefix + "min"] = int(values.min())
+        metrics[prefix + "mean"] = tally.mean()
+        metrics[prefix + "max"] = tally.max()
+        metrics[prefix + "min"] = tally.min()
     return metrics

@@ -230,6 +230,13 @@ class Telemetry:
         (seconds), num_preempted (-1 = unknown), prompt_length, response_length; any
         subset. Or verl's shapes as `records`: a list of per-sample metric dicts, or the
         list[list[dict]] of worker chunks `AgentLoopManager._performance_metrics` receives.
+        `min_weight_version` / `max_weight_version`: the weights each trajectory was
+        generated with (verl's `min_global_steps` / `max_global_steps`): staleness.
+
+        Read only for the samples that get a span (never copied; the spans say them):
+        `uid`, `session`, `output`, `turns` (a trajectory's identity), `start_time_ns` /
+        `end_time_ns` (its real Unix times: else the span ends now and lasts its stage
+        seconds), `generated_step` (the step whose prompts it answers: the span links it).
 
         `context`: a carrier from `current_context()` in another process; the slowest
         samples' spans become children of that remote phase. `exemplar_spans`: sample index
@@ -248,6 +255,7 @@ class Telemetry:
                 self._attach_remote(batch, context, span_budget)
             elif not self.ledger.attach_samples(batch, span_budget):
                 self._publisher.submit(self._pipeline.samples, batch)  # histograms only
+            batch.settle()  # the caller may reuse its arrays from here on
             if exemplar_spans is not None:
                 bad = use_remote_spans(batch, exemplar_spans)
                 if bad:

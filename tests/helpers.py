@@ -61,6 +61,15 @@ def parse_exposition(text: str) -> dict[tuple[str, frozenset], float]:
 HEX = re.compile(r"^[0-9a-f]+$")
 
 
+def _attributes(item: dict) -> dict:
+    """OTLP/JSON key-value list → plain dict (intValue strings as ints)."""
+    attrs = {}
+    for a in item.get("attributes", []):
+        ((kind, value),) = a["value"].items()
+        attrs[a["key"]] = int(value) if kind == "intValue" else value
+    return attrs
+
+
 def file_spans(path, run: str | None = None) -> list[dict]:
     """Spans of an OTLP/JSON lines file as flat dicts, checking the encoding rules."""
     spans = []
@@ -75,10 +84,7 @@ def file_spans(path, run: str | None = None) -> list[dict]:
                     assert len(span["traceId"]) == 32 and HEX.match(span["traceId"])
                     assert len(span["spanId"]) == 16 and HEX.match(span["spanId"])
                     assert isinstance(span["kind"], int)
-                    attrs = {}
-                    for a in span["attributes"]:
-                        ((kind, value),) = a["value"].items()
-                        attrs[a["key"]] = int(value) if kind == "intValue" else value
+                    attrs = _attributes(span)
                     spans.append(
                         {
                             "name": span["name"],
@@ -89,6 +95,10 @@ def file_spans(path, run: str | None = None) -> list[dict]:
                             "end": int(span["endTimeUnixNano"]),
                             "attrs": attrs,
                             "status": span.get("status", {}).get("code", 0),
+                            "links": [
+                                (link["traceId"], link["spanId"], _attributes(link))
+                                for link in span.get("links", [])
+                            ],
                         }
                     )
     return spans

@@ -37,7 +37,7 @@ class Recorder(Sink):
     def on_step(self, step: Step) -> None:
         self.observe_step(step)
         self.on_trace(step.trace)
-        self.observe_staleness(step.number, step.trace.samples)
+        self.observe_staleness(step.consumed)
 
     def on_trace(self, trace: Trace) -> None:
         for batch in trace.samples:
@@ -99,14 +99,12 @@ class Recorder(Sink):
             elif key.startswith(voc.IDLE_RATIO):
                 store.set(cat.ROLE_IDLE, value, key[len(voc.IDLE_RATIO) :])
 
-    def observe_staleness(self, number: int, batches: list[SampleBatch]) -> None:
-        """Every sample consumed in step `number` with weight versions: its staleness and
-        the versions it spans (verl V1's per-trajectory quantities)."""
-        low, high = staleness.versions(batches)
-        if low.size:
-            spans, stale, _ = staleness.per_sample(number, low, high)
-            self.store.observe(cat.SAMPLE_STALENESS, stale)
-            self.store.observe(cat.SAMPLE_WEIGHT_SPAN, spans)
+    def observe_staleness(self, consumed: staleness.Consumed | None) -> None:
+        """Every sample a step consumed with weight versions: its staleness and the
+        versions it spans (verl V1's per-trajectory quantities)."""
+        if consumed is not None:
+            self.store.observe_counts(cat.SAMPLE_STALENESS, *consumed.staleness)
+            self.store.observe_counts(cat.SAMPLE_WEIGHT_SPAN, *consumed.spans)
 
     def _set_phase_seconds(self, phases: Mapping[str, float]) -> None:
         self._phases_seen.update(phases)

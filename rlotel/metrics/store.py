@@ -63,6 +63,17 @@ class _Histogram:
         for exemplar in sorted(exemplars, key=lambda e: e.value):  # slowest written last
             self.exemplars[bisect_left(self.bound_list, exemplar.value)] = exemplar
 
+    def observe_counts(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """`counts[i]` observations of `values[i]` (ascending): a tally, no sample arrays."""
+        if not values.size:
+            return
+        at_or_below = np.concatenate(([0], np.cumsum(counts)))
+        self.cumulative += at_or_below[np.searchsorted(values, self.bounds, side="right")]
+        self.count += int(at_or_below[-1])
+        self.sum += float(np.dot(values, counts))
+        self.min = min(self.min, float(values[0]))
+        self.max = max(self.max, float(values[-1]))
+
 
 class HistogramPoint(NamedTuple):
     labels: Labels
@@ -163,14 +174,27 @@ class SeriesStore:
         exemplars: list[Exemplar] = (),  # type: ignore[assignment]
     ) -> None:
         with self._lock:
-            self._writes += 1
-            family = self._histograms.setdefault(spec, {})
-            if not self._admit(spec, family, labels):
-                return
-            histogram = family.get(labels)
-            if histogram is None:
-                histogram = family[labels] = _Histogram(self._bounds[spec])
-            histogram.observe(values, exemplars)
+            histogram = self._histogram(spec, labels)
+            if histogram is not None:
+                histogram.observe(values, exemplars)
+
+    def observe_counts(self, spec: cat.MetricSpec, values: np.ndarray, counts: np.ndarray) -> None:
+        """A tally (ascending values, counts of each) into an unlabelled histogram."""
+        with self._lock:
+            histogram = self._histogram(spec, ())
+            if histogram is not None:
+                histogram.observe_counts(values, counts)
+
+    def _histogram(self, spec: cat.MetricSpec, labels: Labels) -> _Histogram | None:
+        """The series to write (created on first use), None past the label-set cap."""
+        self._writes += 1
+        family = self._histograms.setdefault(spec, {})
+        if not self._admit(spec, family, labels):
+            return None
+        histogram = family.get(labels)
+        if histogram is None:
+            histogram = family[labels] = _Histogram(self._bounds[spec])
+        return histogram
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -10,6 +10,7 @@ the traces file encodes it straight to OTLP/JSON, SDK exporters (OTLP, yours) ge
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from random import getrandbits
 from typing import Any
@@ -47,9 +48,12 @@ def _capture_link(capture: Capture) -> LinkData:
 class SpanBuilder:
     """Span data of closed traces, samples and captures, with the run's common attributes."""
 
+    STEPS_KEPT = 4096  # steps a later sample span can link to (its generating step)
+
     def __init__(self, run: str, phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets) -> None:
         self._run = run
         self._phase_buckets = phase_buckets  # read per trace: an integration may set the mode
+        self._step_spans: OrderedDict[int, tuple[int, int]] = OrderedDict()  # step → ids
 
     def trace(
         self,
@@ -67,6 +71,8 @@ class SpanBuilder:
         trace_id = trace.trace_id
         root = trace.root
         root_id = _span_id(root)
+        if trace.step is not None:
+            self._remember_step(trace.step, trace_id, root_id)
         links_by_phase: dict[int, list[LinkData]] = {}  # span id → its windows' captures
         for capture in captures:
             if capture.phase_context and capture.phase_context[0] == trace_id:
@@ -117,6 +123,42 @@ class SpanBuilder:
                 )
         return spans
 
+    def _remember_step(self, number: int, trace_id: int, span_id: int) -> None:
+        self._step_spans[number] = (trace_id, span_id)
+        self._step_spans.move_to_end(number)
+        if len(self._step_spans) > self.STEPS_KEPT:
+            self._step_spans.popitem(last=False)
+
+    def _enriched(self, block: SampleBlock, batch: SampleBatch, step: int | None) -> list[SpanData]:
+        """Sample spans with identity, real times and a link to the step that generated
+        them (V1: consumed steps after): one `SpanData` each (a step has a few)."""
+        result = []
+        for span, index in zip(block.spans(), (s.index for s in batch.spans), strict=True):
+            extras = batch.span_extras.get(index)
+            if extras is None:
+                result.append(span)
+                continue
+            attributes = {**span.attributes, **extras.attributes}
+            newest = extras.attributes.get(attr.SAMPLE_VERSION_MAX)
+            if step is not None and newest is not None:
+                attributes[attr.SAMPLE_STALENESS] = (step - 1) - newest
+            links: list[LinkData] = []
+            generated = extras.generated_step
+            if generated is not None:
+                attributes[attr.SAMPLE_GENERATED_STEP] = generated
+                ids = self._step_spans.get(generated) if generated != step else None
+                if ids is not None:
+                    links.append(
+                        LinkData(*ids, {attr.LINK_RELATION: "generated_in", attr.STEP: generated})
+                    )
+            start, end = span.start_ns, span.end_ns
+            if extras.end_ns:  # its real times
+                start, end = extras.start_ns, extras.end_ns
+            result.append(
+                span._replace(start_ns=start, end_ns=end, attributes=attributes, links=links)
+            )
+        return result
+
     def step(self, step: Step) -> list[SpanItem]:
         spans = self.trace(step.trace, step_attributes(step), step.captures)
         if step.rank_seconds:  # a phase that waited on several ranks names the slowest
@@ -130,7 +172,7 @@ class SpanBuilder:
     def loose(self, trace: Trace) -> list[SpanItem]:
         return self.trace(trace, {attr.PHASE: trace.root.name})
 
-    def remote_samples(self, batch: SampleBatch) -> list[SampleBlock]:
+    def remote_samples(self, batch: SampleBatch) -> list[SpanItem]:
         """Sample spans whose parent phase lives in another process (propagated context)."""
         offset = time.time_ns() - time.perf_counter_ns()
         return self._samples(
@@ -150,8 +192,8 @@ class SpanBuilder:
             {attr.RUN: self._run, **capture.attributes()},
         )
 
-    @staticmethod
     def _samples(
+        self,
         batch: SampleBatch,
         trace_id: int,
         parent_id: int,
@@ -159,11 +201,12 @@ class SpanBuilder:
         offset: int,
         common: dict[str, Any],
         remote: bool = False,
-    ) -> list[SampleBlock]:
+    ) -> list[SpanItem]:
         """The slowest samples as children of the phase they were recorded in, by column.
 
-        A sample is placed to end when `record_samples` was called, lasting the sum of its
-        stage seconds (clamped to start no earlier than its parent)."""
+        A sample is placed at its recorded real times, else to end when `record_samples`
+        was called, lasting the sum of its stage seconds (clamped to start no earlier than
+        its parent)."""
         spans = batch.spans
         if not spans:
             return []
@@ -180,20 +223,21 @@ class SpanBuilder:
             integral.append(whole)
             columns.append(values.tolist())
         starts = np.maximum(end - (seconds * 1e9).astype(np.int64), parent_start)
-        return [
-            SampleBlock(
-                trace_id,
-                parent_id,
-                remote,
-                end,
-                starts.tolist(),
-                [span.span_id for span in spans],
-                common,
-                tuple(keys),
-                tuple(integral),
-                list(zip(*columns, strict=True)),
-            )
-        ]
+        block = SampleBlock(
+            trace_id,
+            parent_id,
+            remote,
+            end,
+            starts.tolist(),
+            [span.span_id for span in spans],
+            common,
+            tuple(keys),
+            tuple(integral),
+            list(zip(*columns, strict=True)),
+        )
+        if batch.span_extras:
+            return self._enriched(block, batch, common.get(attr.STEP))
+        return [block]
 
 
 def _at(column: np.ndarray, indices: np.ndarray) -> np.ndarray:
