@@ -346,10 +346,11 @@ def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
         if low != INVALID_VERSION:
             attributes[attr.SAMPLE_VERSION_MIN] = low
             attributes[attr.SAMPLE_VERSION_MAX] = high
-    start, end = (_whole(_item(per_sample.get(name), index)) for name in TIME_FIELDS)
+    given = [_item(per_sample.get(name), index) for name in TIME_FIELDS]
+    start, end = (_whole(value) for value in given)
     if start is None or end is None or end < start:
-        if any(name in per_sample for name in TIME_FIELDS):
-            drops.add("samples", "bad_time", f"sample {index}: start {start}, end {end}")
+        if any(value is not None for value in given):  # None: not measured, not bad
+            drops.add("samples", "bad_time", f"sample {index}: start {given[0]}, end {given[1]}")
         start = end = 0
     generated = _whole(_item(per_sample.get(GENERATED_STEP), index))
     return SpanExtras(attributes, start, end, generated)

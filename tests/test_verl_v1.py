@@ -164,3 +164,131 @@ def test_v1_trainer_mode_switches_goodput_table():
     finally:
         verl_v1.uninstall()
         tel.shutdown()
+
+
+# --- the agent-loop worker's own path: verl's AgentLoopWorkerTQ writing to TransferQueue ---
+
+try:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
+except Exception:  # verl's serving extras missing: the test below skips
+    AgentLoopBase = object
+
+    def register(_name):
+        return lambda cls: cls
+
+
+@register("rlotel_matmul")
+class MatmulAgentLoop(AgentLoopBase):
+    """A user's custom agent loop (verl's plugin point): real torch work as "generation",
+    its response length set by the prompt, timed like verl's loops time theirs."""
+
+    def __init__(self, **_components):  # no tokenizer or server: nothing to serve here
+        pass
+
+    async def run(self, sampling_params, **kwargs):
+        import time
+
+        import torch
+        from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+        started = time.perf_counter()
+        work = torch.randn(64, 64)
+        for _ in range(20 * (1 + kwargs["session_id"])):  # later sessions work longer
+            work = torch.tanh(work @ work)
+        response = 2 + kwargs["session_id"]
+        return AgentLoopOutput(
+            prompt_ids=[1, 2, 3],
+            response_ids=list(range(response)),
+            response_mask=[1] * response,
+            num_turns=2 + kwargs["session_id"],
+            metrics=AgentLoopMetrics(generate_sequences=time.perf_counter() - started),
+            extra_fields={"min_global_steps": kwargs["global_steps"], "max_global_steps": 4},
+        )
+
+
+def _tq_worker():
+    """verl's AgentLoopWorkerTQ itself (the class behind its Ray actor), with the
+    attributes its trajectory path reads; no LLM server, tokenizer or reward workers."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    worker_class = AgentLoopWorkerTQ.__ray_metadata__.modified_class.__mro__[1]
+    worker = object.__new__(worker_class)
+    worker.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 2}}, "data": {}})
+    worker.llm_client = worker.tokenizer = worker.processor = None
+    worker.hf_model_type = worker.dataset_cls = None
+    worker.tools, worker.reward_loop_worker_handles, worker.distillation_enabled = [], None, False
+    return worker
+
+
+@pytest.mark.slow
+def test_v1_worker_trajectories_reach_the_consuming_step_with_identity_times_and_links(
+    transfer_queue, tmp_path
+):
+    import asyncio
+    import time
+
+    pytest.importorskip("verl")
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from rlotel.integrations import verl_v1
+    from tests.helpers import file_spans
+
+    tel = rlotel.init(
+        run="v1w", prometheus_port=None, traces_file=tmp_path / "t.jsonl", max_sample_spans=4
+    )
+    verl_v1.install()
+    worker = _tq_worker()
+    generated = STEP - 1
+    try:
+        with tel.step(generated), tel.phase("gen"):  # the trainer dispatches step 4's prompts
+            uids = ["q0", "q1"]
+            tag = {"is_prompt": True, "status": "pending", "global_steps": generated}
+            transfer_queue.kv_batch_put(keys=uids, partition_id="train", tags=[tag] * 2)
+            before = time.time_ns()
+
+            async def rollout():  # what AgentLoopWorkerTQ.generate_sequences spawns
+                trajectory = {"step": generated, "sample_index": 0, "rollout_n": 0}
+                await asyncio.gather(
+                    *(
+                        worker._run_prompt(
+                            {"uid": uid, "agent_name": "rlotel_matmul", "global_steps": generated},
+                            {},
+                            trajectory={**trajectory, "validate": False},
+                        )
+                        for uid in uids
+                    )
+                )
+
+            asyncio.run(rollout())
+            after = time.time_ns()
+        buffer = ReplayBuffer(
+            trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+            max_off_policy_strategy="drop", sampler_kwargs={}, poll_interval=0.05,
+            train_batch_size=2, gen_batch_size=2,
+        )  # fmt: skip
+        with tel.step(STEP) as step, tel.phase("gen"):
+            batch, _ = buffer.sample(global_steps=STEP, partition_id="train", batch_size=2)
+        assert sorted(batch.keys) == ["q0_0_0", "q0_1_0", "q1_0_0", "q1_1_0"]
+        assert step.metrics["agent_loop/slowest/response_length"] == 3  # a session-1 sample
+        assert step.metrics["training/off_policy/trajectory_staleness/max"] == (STEP - 1) - 4
+    finally:
+        verl_v1.uninstall()
+        tel.shutdown()
+    spans = file_spans(tmp_path / "t.jsonl", run="v1w")
+    steps = {s["attrs"]["rl.step"]: s for s in spans if s["name"] == "step"}
+    samples = [s for s in spans if s["name"] == "sample"]
+    assert len(samples) == 4
+    for sample in samples:
+        attrs = sample["attrs"]
+        key = f"{attrs['rl.sample.uid']}_{attrs['rl.sample.session']}_{attrs['rl.sample.output']}"
+        assert key in batch.keys
+        assert attrs["rl.sample.turns"] == 2 + attrs["rl.sample.session"]
+        assert attrs["gen_ai.usage.output_tokens"] == 2 + attrs["rl.sample.session"]
+        assert attrs["rl.sample.weight_version.min"] == generated
+        assert attrs["rl.sample.generated_step"] == generated
+        assert sample["trace"] == steps[STEP]["trace"]  # consumed in step 5
+        assert before <= sample["start"] < sample["end"] <= after  # its real times, in step 4
+        ((trace, span_id, link),) = sample["links"]
+        assert (trace, span_id) == (steps[generated]["trace"], steps[generated]["id"])
+        assert link["rl.link.relation"] == "generated_in"

@@ -6,9 +6,15 @@ buffer hands a batch to `_step_once` (`ReplayBuffer._materialize_batch`, shared 
 sync and async buffers and by custom samplers that subclass them): that is the one
 process that knows which step consumes a trajectory, so staleness is computed against the
 right step, the samples land in the ledger step under `gen` (exemplars and sample spans in
-the trainer's trace), and nothing needs rlotel running in the rollout workers. The batch's
-tags carry verl's `min_global_steps` / `max_global_steps` and lengths; one extra
-TransferQueue read fetches the per-sample `metrics`.
+the trainer's trace). The batch's keys (`{uid}_{session}_{output}`) and tags carry the
+trajectory's identity, lengths, the step it was generated for (`global_steps`: the span
+links that step) and verl's `min_global_steps` / `max_global_steps`; one extra
+TransferQueue read fetches the per-sample `metrics` and `extra_fields`.
+
+Real start and end times exist only where the trajectory ran: in the agent-loop worker,
+rlotel stamps them (`STAMP_KEY` in the trajectory's `extra_fields`, Unix ns: entering
+`_run_agent_loop`, leaving `_compute_score`), so with rlotel in the workers too the sample
+spans sit at their real times; without it, they are placed by their stage seconds.
 
 The trainer's mode (`sync`, `colocate_async`, `separate_async`) is read when `fit` starts and
 switches the goodput table (V1's `gen` is the trainer waiting in async modes).
@@ -16,13 +22,18 @@ switches the goodput table (V1's `gen` is the trainer waiting in async modes).
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import time
 from typing import Any
 
 log = logging.getLogger("rlotel")
 
 TRAIN_PARTITION = "train"
+STAMP_KEY = "rlotel_trajectory"  # extra_fields entry: [start ns, end ns, turns] (Unix ns)
+TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
 _installed: dict[str, tuple[Any, str, Any]] = {}
+_trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
 
 
 def install() -> None:
@@ -37,6 +48,10 @@ def install() -> None:
         return
     _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
     _patch(trainer_base.PPOTrainer, "fit", _fit)
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    _patch(AgentLoopWorker, "_run_agent_loop", _run_agent_loop)
+    _patch(AgentLoopWorker, "_compute_score", _compute_score)
 
 
 def uninstall() -> None:
@@ -65,10 +80,11 @@ def _materialize_batch(original: Any) -> Any:
 
 
 def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
-    """Per-sample metrics, lengths and weight versions of a V1 `KVBatchMeta` → record_samples.
+    """Per-sample metrics, identity, lengths, times and weight versions of a V1
+    `KVBatchMeta` → record_samples.
 
-    `fetch(keys, partition_id)` returns the stored per-sample `metrics` dicts in key order
-    (default: one `transfer_queue.kv_batch_get`)."""
+    `fetch(keys, partition_id)` returns the stored per-sample `metrics` and `extra_fields`
+    dicts in key order (default: one `transfer_queue.kv_batch_get`)."""
     from rlotel.integrations.process import telemetry
 
     real = [
@@ -79,21 +95,88 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     if not real:
         return {}
     keys, tags = [key for key, _ in real], [tag for _, tag in real]
-    metrics = (fetch or _fetch)(keys, batch.partition_id)
+    metrics, extras = (fetch or _fetch)(keys, batch.partition_id)
+    identity = [_identity(key) for key in keys]
+    stamps = [_stamp(extra) for extra in extras]
     return telemetry().record_samples(
         metrics,
         prompt_length=[tag.get("prompt_len") for tag in tags],
         response_length=[tag.get("response_len") for tag in tags],
         min_weight_version=[tag.get("min_global_steps") for tag in tags],
         max_weight_version=[tag.get("max_global_steps") for tag in tags],
+        uid=[uid for uid, _, _ in identity],
+        session=[session for _, session, _ in identity],
+        output=[output for _, _, output in identity],
+        turns=[turns for _, _, turns in stamps],
+        start_time_ns=[start for start, _, _ in stamps],
+        end_time_ns=[end for _, end, _ in stamps],
+        generated_step=[tag.get("global_steps") for tag in tags],
     )
 
 
-def _fetch(keys: list[str], partition_id: str) -> list[Any]:
+def _identity(key: str) -> tuple[str, Any, Any]:
+    """verl's trajectory key `{uid}_{session_id}_{index}` → (uid, session, output)."""
+    parts = key.rsplit("_", 2)
+    if len(parts) != 3:
+        return key, None, None
+    uid, session, output = parts
+    return uid, _number(session), _number(output)
+
+
+def _number(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _stamp(extra: dict) -> tuple[Any, Any, Any]:
+    """(start ns, end ns, turns) the worker stamped, else Nones."""
+    stamp = extra.get(STAMP_KEY)
+    if isinstance(stamp, (list, tuple)) and len(stamp) == 3:
+        return tuple(stamp)
+    return None, None, None
+
+
+def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
     import transfer_queue as tq
 
-    data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["metrics"])
-    return [dict(metrics) for metrics in data["metrics"]]
+    try:
+        data = tq.kv_batch_get(
+            keys=keys, partition_id=partition_id, select_fields=["metrics", "extra_fields"]
+        )
+        extras = [dict(extra) for extra in data["extra_fields"]]
+    except Exception:  # an agent loop that set no extra_fields: metrics only
+        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["metrics"])
+        extras = [{} for _ in keys]
+    return [dict(metrics) for metrics in data["metrics"]], extras
+
+
+# --- agent-loop worker (the process a trajectory runs in) ----------------------------------
+
+
+def _run_agent_loop(original: Any) -> Any:
+    async def _run_agent_loop(self, *args, **kwargs):
+        if any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
+            _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
+        return await original(self, *args, **kwargs)
+
+    return _run_agent_loop
+
+
+def _compute_score(original: Any) -> Any:
+    async def _compute_score(self, outputs, kwargs):
+        result = await original(self, outputs, kwargs=kwargs)
+        try:
+            start = _trajectory_start.get(None)
+            if start is not None:
+                end = time.time_ns()
+                for output in outputs:
+                    output.extra_fields[STAMP_KEY] = [start, end, output.num_turns]
+                    if "extra_fields" not in output.model_fields_set:
+                        output.extra_fields = output.extra_fields  # so as_dict() keeps it
+        except Exception as error:  # telemetry never stops a rollout
+            log.warning("rlotel: trajectory times not stamped: %r", error)
+        return result
+
+    return _compute_score
 
 
 def _fit(original: Any) -> Any:
