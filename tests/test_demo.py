@@ -166,3 +166,22 @@ def test_async_demo_flips_who_is_idle(tmp_path, knob, starved):
         assert 0 <= metrics["rlotel/goodput"] <= 1
         assert metrics["training/off_policy/trajectory_staleness/min"] >= 0
     assert "Goodput, idle and staleness" in result.stdout
+    spans = file_spans(tmp_path / "demo" / "traces.jsonl", run="demo")
+    roots = {s["attrs"]["rl.step"]: s for s in spans if s["name"] == "step"}
+    samples = [s for s in spans if s["name"] == "sample"]
+    assert samples
+    linked = 0
+    for sample in samples:
+        attrs = sample["attrs"]
+        assert {"rl.sample.uid", "rl.sample.session", "rl.sample.turns"} <= set(attrs)
+        assert attrs["rl.sample.staleness"] == (
+            attrs["rl.step"] - 1 - attrs["rl.sample.weight_version.max"]
+        )
+        consumed = roots[attrs["rl.step"]]
+        assert sample["end"] <= consumed["end"]  # generated before it was consumed
+        for trace, span_id, link in sample["links"]:  # to the step its weights came from
+            generated = roots[link["rl.step"]]
+            assert (trace, span_id) == (generated["trace"], generated["id"])
+            assert link["rl.step"] == attrs["rl.sample.generated_step"] < attrs["rl.step"]
+            linked += 1
+    assert linked, "no sample consumed after the step that generated it"

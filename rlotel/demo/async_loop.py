@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from time import perf_counter
@@ -47,6 +48,21 @@ class Generated:
     rollout: agent.Rollout
     scores: torch.Tensor
     score_seconds: list[float]
+    number: int  # the rollout's batch counter: prompt uids are `b<number>-<prompt>`
+    window_ns: tuple[int, int]  # Unix start and end of its (batched) generation
+
+    def identity(self, group_size: int) -> dict[str, list]:
+        """record_samples' span-only fields: who each sample is, when it really ran, and
+        the trainer step its weights came from (the step its span links)."""
+        size = self.rollout.tokens.shape[0]
+        return {
+            "uid": [f"b{self.number}-{i // group_size}" for i in range(size)],
+            "session": [i % group_size for i in range(size)],
+            "turns": (2 + 2 * self.rollout.tool_used.long()).tolist(),  # + tool call, answer
+            "start_time_ns": [self.window_ns[0]] * size,  # decoded together: one window
+            "end_time_ns": [self.window_ns[1]] * size,
+            "generated_step": [self.version + 1] * size,  # weights v: published by step v
+        }
 
 
 class RolloutWorker(threading.Thread):
@@ -64,6 +80,7 @@ class RolloutWorker(threading.Thread):
         self._pending: tuple[int, dict] | None = None
         self._lock = threading.Lock()
         self._generator = torch.Generator().manual_seed(config.base.seed + 1)
+        self._batches = 0
 
     def publish_weights(self, version: int, actor: P.TinyPolicy) -> bool:
         """The trainer's param_sync: a copy of the new weights for the next batch.
@@ -99,6 +116,7 @@ class RolloutWorker(threading.Thread):
     @torch.no_grad()
     def _generate(self) -> Generated:
         base = self.config.base
+        started_ns = time.time_ns()
         prompts = P.make_prompts(base.prompts_per_step, self._generator)
         prompts = prompts.repeat_interleave(base.group_size, 0)
         checked = torch.arange(prompts.shape[0]) // base.group_size % 2 == 1
@@ -110,7 +128,16 @@ class RolloutWorker(threading.Thread):
                 self.policy(rollout.tokens)
             rollout.generate_seconds += perf_counter() - started  # batched: all wait
         scores, score_seconds = agent.score(rollout)
-        return Generated(self.version, base.prompts_per_step, rollout, scores, score_seconds)
+        self._batches += 1
+        return Generated(
+            self.version,
+            base.prompts_per_step,
+            rollout,
+            scores,
+            score_seconds,
+            self._batches,
+            (started_ns, time.time_ns()),
+        )
 
 
 def train_async(
@@ -194,6 +221,7 @@ def _step(
                 response_length=rollout.response_lengths.numpy(),
                 min_weight_version=[batch.version] * size,
                 max_weight_version=[batch.version] * size,
+                **batch.identity(base.group_size),
             )
         update = train_on(
             tel, rollout, batch.scores, actor, reference, optimizer, base, generator,
