@@ -31,7 +31,8 @@ STAGES = ("generate_sequences", "tool_calls", "compute_score")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=40, help="paired runs for the versions ratio")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -100,9 +101,6 @@ def main() -> None:
             start = time.perf_counter()
             case()
             best[name] = min(best.get(name, np.inf), time.perf_counter() - start)
-    tel.shutdown()
-    provider.shutdown()
-
     ours = best["rlotel record_samples (numpy arrays)"]
     table = Table(
         title=f"Ingest of {args.samples:,} samples x {len(STAGES)} stages (best of {args.rounds})"
@@ -123,9 +121,21 @@ def main() -> None:
         f"({'met' if prom_ratio >= 20 else 'NOT met'}); ≥ 200x OTel SDK → {otel_ratio:.0f}x "
         f"({'met' if otel_ratio >= 200 else 'NOT met'})"
     )
-    extra = best["rlotel record_samples (arrays + weight versions)"] / ours - 1
+    # The ≤ 20 % goal is a small difference: measured as the median of paired ratios
+    # (arrays, then arrays + versions, back to back) rather than two independent bests.
+    pairs = []
+    for _ in range(args.pairs):
+        start = time.perf_counter()
+        rlotel_arrays()
+        middle = time.perf_counter()
+        rlotel_versions()
+        pairs.append((time.perf_counter() - middle) / (middle - start))
+    extra = float(np.median(pairs)) - 1
+    tel.shutdown()
+    provider.shutdown()
     console.print(
-        f"weight versions (staleness histograms, verl's off_policy keys): {extra:+.0%} "
+        f"weight versions (staleness histograms, verl's off_policy keys; median of "
+        f"{args.pairs} paired runs): {extra:+.0%} "
         f"({'met' if extra <= 0.20 else 'NOT met'}: ≤ 20 %)"
     )
 

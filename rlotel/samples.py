@@ -17,7 +17,7 @@ import numpy as np
 from rlotel import attributes as attr
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
-from rlotel.tally import Tally
+from rlotel.tally import Tally, ordered_pairs
 
 DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
 PREEMPTED = "num_preempted"
@@ -151,8 +151,10 @@ def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> Sample
     batch = SampleBatch(columns)
     per_sample = _span_fields(span_values, sizes, drops)
     if pair is not None:
-        batch.versions = _tally_versions(*pair)
-        per_sample[MIN_VERSION], per_sample[MAX_VERSION] = pair
+        per_sample[MIN_VERSION], per_sample[MAX_VERSION], tallies = pair
+        if tallies is not None:
+            low, high, spans = tallies
+            batch.versions = Versions(low, high, spans.shifted(1))
     if per_sample:
         batch._pending = (per_sample, drops)
     if len(sizes) > 1:
@@ -255,10 +257,10 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
 
 def _version_pair(
     values: dict[str, Any], sizes: set[int], drops: Drops
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(min, max) version columns as int64, INVALID_VERSION where dropped (counted). They
-    come in pairs of the batch's length; a sample whose oldest version is newer than its
-    newest has neither."""
+) -> tuple[np.ndarray, np.ndarray, tuple[Tally, Tally, Tally] | None] | None:
+    """(min, max) version columns as int64, INVALID_VERSION where dropped (counted), and
+    the valid pairs' tallies (min, max, max - min). Versions come in pairs of the batch's
+    length; a sample whose oldest version is newer than its newest has neither."""
     if len(values) == 1:
         ((name, only),) = values.items()
         drops.add("samples", "missing_version", f"{name} without its pair: dropped", _length(only))
@@ -276,8 +278,9 @@ def _version_pair(
         return None
     if not low.size:
         return None
-    if int(low.min()) >= 0 and not np.less(high, low).any():
-        return low, high  # the common case: every pair valid, nothing copied
+    tallies = ordered_pairs(low, high)
+    if tallies is not None:
+        return low, high, tallies  # the common case: every pair valid, nothing copied
     invalid = (low < 0) | (high < 0)
     inverted = ~invalid & (high < low)
     n_inverted = int(np.count_nonzero(inverted))
@@ -286,7 +289,8 @@ def _version_pair(
             "samples", "min_over_max", f"{n_inverted} sample(s) with min > max version", n_inverted
         )
     keep = ~(invalid | inverted)
-    return np.where(keep, low, INVALID_VERSION), np.where(keep, high, INVALID_VERSION)
+    tallies = ordered_pairs(low[keep], high[keep]) if keep.any() else None
+    return np.where(keep, low, INVALID_VERSION), np.where(keep, high, INVALID_VERSION), tallies
 
 
 def _version_column(name: str, values: Any, drops: Drops) -> np.ndarray:
@@ -371,19 +375,6 @@ def _whole(value: Any) -> int | None:
     if number is None or number < 0 or not number.is_integer():
         return None
     return int(value) if isinstance(value, int) else int(number)
-
-
-def _tally_versions(low: np.ndarray, high: np.ndarray) -> Versions | None:
-    if int(low.min()) < 0:  # some pairs dropped
-        keep = low != INVALID_VERSION
-        low, high = low[keep], high[keep]
-        if not low.size:
-            return None
-    return Versions(
-        Tally.of(low, non_negative=True),
-        Tally.of(high, non_negative=True),
-        Tally.of_difference(high, low).shifted(1),
-    )
 
 
 def pick_sample_spans(batch: SampleBatch, limit: int) -> None:

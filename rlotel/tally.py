@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 DENSE_RANGE = 1 << 16  # wider spreads of values are tallied by sorting, not bincount
-CHUNK = 1 << 14  # elements per temporary: small enough for the allocator to reuse
+CHUNK = 1 << 15  # elements per temporary: small enough for the allocator to reuse
 
 
 class Tally(NamedTuple):
@@ -89,3 +89,38 @@ class Tally(NamedTuple):
 
     def max(self) -> int:
         return int(self.values[-1])
+
+
+def ordered_pairs(low: np.ndarray, high: np.ndarray) -> tuple[Tally, Tally, Tally] | None:
+    """Tallies of `low`, `high` and `high - low` for pairs with 0 <= low <= high, or None
+    when some pair is not: one bincount of each pair's cell in the (high, low) grid, made
+    a chunk at a time in one reused buffer (cheaper than a tally per array)."""
+    if not low.size:
+        return None
+    low_min = int(low.min())
+    if low_min < 0 or np.less(high, low).any():
+        return None
+    low_max, high_min, high_max = int(low.max()), int(high.min()), int(high.max())
+    width, rows = low_max - low_min + 1, high_max - high_min + 1
+    if width * rows > DENSE_RANGE:  # far-apart versions: one tally at a time
+        return Tally.of(low, True), Tally.of(high, True), Tally.of_difference(high, low)
+    grid = np.zeros(width * rows, np.int64)
+    buffer = np.empty(min(CHUNK, low.size), np.int64)
+    for start in range(0, low.size, CHUNK):
+        lows, highs = low[start : start + CHUNK], high[start : start + CHUNK]
+        cell = buffer[: lows.size]
+        np.subtract(highs, high_min, out=cell)
+        np.multiply(cell, width, out=cell)
+        np.add(cell, lows, out=cell)
+        np.subtract(cell, low_min, out=cell)
+        grid += np.bincount(cell, minlength=grid.size)
+    grid = grid.reshape(rows, width)  # grid[r, c]: pairs (high_min + r, low_min + c)
+    row, column = np.indices(grid.shape)
+    difference = (high_min + row) - (low_min + column)  # negative cells are empty
+    inside = grid > 0
+    spans = np.bincount(difference[inside], weights=grid[inside]).astype(np.int64)
+    return (
+        Tally.of_counts(grid.sum(axis=0), low_min),
+        Tally.of_counts(grid.sum(axis=1), high_min),
+        Tally.of_counts(spans),
+    )

@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import arrays
 
 from rlotel import catalogue as cat
 from rlotel.metrics.store import _Histogram
-from rlotel.tally import CHUNK, DENSE_RANGE, Tally
+from rlotel.tally import CHUNK, DENSE_RANGE, Tally, ordered_pairs
 
 integers = arrays(
     np.int64,
@@ -60,3 +60,31 @@ def test_histogram_from_a_tally_equals_observing_each_value(values):
         by_tally.min,
         by_tally.max,
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    arrays(np.int64, st.integers(1, 3 * CHUNK // 1000), elements=st.integers(0, 60)),
+    arrays(np.int64, st.integers(1, 3 * CHUNK // 1000), elements=st.integers(0, 5)),
+    st.booleans(),
+)
+def test_ordered_pairs_tally_low_high_and_their_difference(low, extra, far):
+    size = min(low.size, extra.size)
+    low, high = low[:size], low[:size] + extra[:size]
+    if far:
+        high[-1] += 3 * DENSE_RANGE  # a grid too large: tallied one at a time
+    tallies = ordered_pairs(low, high)
+    for tally, expected in zip(tallies, (low, high, high - low), strict=True):
+        assert np.array_equal(_expanded(tally), np.sort(expected))
+    bad = high.copy()
+    bad[0] = low[0] - 1  # low > high: not ordered
+    assert ordered_pairs(low, bad) is None
+
+
+def test_ordered_pairs_over_several_chunks():
+    rng = np.random.default_rng(2)
+    low = rng.integers(100, 140, 2 * CHUNK + 17)
+    high = low + rng.integers(0, 3, low.size)
+    tallies = ordered_pairs(low, high)
+    for tally, expected in zip(tallies, (low, high, high - low), strict=True):
+        assert np.array_equal(_expanded(tally), np.sort(expected))
