@@ -48,7 +48,8 @@ def _capture_link(capture: Capture) -> LinkData:
 class SpanBuilder:
     """Span data of closed traces, samples and captures, with the run's common attributes."""
 
-    STEPS_KEPT = 4096  # steps a later sample span can link to (its generating step)
+    STEPS_KEPT = 256  # recent steps a sample span can link to (its generating step): far
+    # beyond any off-policy window verl keeps, and bounded within the first few hundred steps
 
     def __init__(self, run: str, phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets) -> None:
         self._run = run
