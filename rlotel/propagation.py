@@ -35,3 +35,26 @@ def parse(carrier: Any) -> tuple[int, int] | None:
     if not trace_id or not span_id:
         return None
     return trace_id, span_id
+
+
+RUN_BAGGAGE = "rl.run"  # W3C baggage entry: a worker learns the run it works for
+
+
+def with_run(carrier: dict[str, str], run: str) -> dict[str, str]:
+    """The carrier plus W3C `baggage` naming the run (percent-encoded, as the spec says)."""
+    from urllib.parse import quote
+
+    return {**carrier, "baggage": f"{RUN_BAGGAGE}={quote(run, safe='')}"}
+
+
+def run_of(carrier: Any) -> str | None:
+    """The run a carrier's W3C `baggage` names, or None."""
+    if not isinstance(carrier, Mapping):
+        return None
+    from urllib.parse import unquote
+
+    for member in str(carrier.get("baggage", "")).split(","):
+        key, _, value = member.partition("=")
+        if key.strip() == RUN_BAGGAGE:
+            return unquote(value.split(";", 1)[0].strip()) or None
+    return None

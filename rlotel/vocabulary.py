@@ -123,3 +123,41 @@ def covered_by_intervals(intervals: Iterable[tuple[int, int]]) -> float:
             covered += end - start
             reach = end
     return covered / 1e9
+
+
+# `rl.role` of verl's processes: verl's own role names (actor, rollout, ref, critic, reward)
+# and names for its other actors; the process that runs the trainer loop is the `trainer`.
+TRAINER_ROLE = "trainer"
+VERL_CLASS_ROLES: dict[str, str] = {
+    "TaskRunner": TRAINER_ROLE,
+    "TaskRunnerV1": TRAINER_ROLE,
+    "vLLMHttpServer": "rollout",
+    "SGLangHttpServer": "rollout",
+    "TRTLLMHttpServer": "rollout",
+    "AgentLoopWorker": "agent_loop",
+    "RewardLoopWorker": "reward",
+    "TransferQueueController": "transfer_queue",
+    "SimpleStorageUnit": "transfer_queue",
+}
+# verl's worker roles (`actor_rollout_ref`, `critic`, `rm`, ...): the first part names it.
+VERL_WORKER_ROLES: dict[str, str] = {
+    "actor": "actor",
+    "rollout": "rollout",
+    "ref": "ref",
+    "critic": "critic",
+    "rm": "reward",
+    "reward": "reward",
+}
+
+
+def verl_worker_role(worker_role: str) -> str:
+    """`actor_rollout_ref` → `actor`; `rm` → `reward`; an unknown role as it is."""
+    return VERL_WORKER_ROLES.get(worker_role.split("_", 1)[0], worker_role)
+
+
+def verl_class_role(mro_names: Iterable[str]) -> str | None:
+    """The role of a verl actor class, from its class names (most derived first)."""
+    for name in mro_names:
+        if name in VERL_CLASS_ROLES:
+            return VERL_CLASS_ROLES[name]
+    return None

@@ -4,22 +4,86 @@ The verl plugin's timers, Tracking backend, agent-loop and V1 patches all record
 telemetry `rlotel.init` made (or, in a Ray worker, the worker's own), configured from the
 environment (`rlotel.env`). A module of its own so that the patches need not import
 each other.
+
+The *driver* is the process that runs verl's trainer loop, wherever it runs: verl's
+`main_ppo` runs it inside its `TaskRunner` Ray actor. The trainer's `fit` declares it
+(`declare_driver`) before anything is recorded, so that process gets the run's name, the
+documented `/metrics` address and the profiler links, not a worker's telemetry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlotel import env
 
 if TYPE_CHECKING:
+    from rlotel.profile.config import ProfileConfig
     from rlotel.telemetry import Telemetry
 
 
+@dataclass(frozen=True)
+class Driver:
+    """What the trainer's configuration says about the run (verl's `trainer.*`)."""
+
+    run: str | None = None
+    profile: ProfileConfig | None = None
+
+
+_driver: list[Driver] = []  # set once this process is known to run the trainer loop
+
+
+def declare_driver(run: str | None = None, profile: ProfileConfig | None = None) -> None:
+    """This process runs the trainer loop: its telemetry, made on first use, is the
+    driver's (run name, `/metrics` at OTEL_EXPORTER_PROMETHEUS_HOST/PORT, captures)."""
+    _driver[:] = [Driver(run, profile)]
+
+
+def declare_verl_driver(config: Any) -> None:
+    """`declare_driver` from verl's trainer config (`trainer.experiment_name`, and
+    `global_profiler.steps`/`save_path`: the captures verl writes get linked)."""
+    trainer = _get(config, "trainer")
+    run = _get(trainer, "experiment_name")
+    declare_driver(str(run) if run else None, verl_profile_config(config))
+
+
+def verl_profile_config(config: Any) -> ProfileConfig | None:
+    from pathlib import Path
+
+    from rlotel.profile.config import ProfileConfig
+
+    profiler = _get(config, "global_profiler")
+    try:
+        steps = tuple(int(s) for s in (_get(profiler, "steps") or ()))
+    except (TypeError, ValueError):
+        return None
+    save_path = _get(profiler, "save_path")
+    if not steps or not save_path:
+        return None
+    return ProfileConfig(steps=steps, discover_dir=Path(save_path))
+
+
+def _get(config: Any, key: str) -> Any:
+    """`config.key` of an OmegaConf node, a dict or a dataclass; None when absent."""
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return config.get(key)
+    try:
+        return getattr(config, key, None)
+    except Exception:  # an OmegaConf struct node raises for a missing key
+        return None
+
+
+def is_driver() -> bool:
+    return bool(_driver)
+
+
 def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Telemetry:
-    """The process's telemetry, created on first use from the environment (in a Ray
-    worker, with the worker's role, rank and node: `verl_workers.worker_telemetry`).
-    `serve` opens the driver's `/metrics` (`OTEL_EXPORTER_PROMETHEUS_HOST`/`_PORT`)."""
+    """The process's telemetry, created on first use from the environment: the driver's
+    (declared, or any process outside Ray), else a Ray worker's with its role, rank and
+    node (`verl_workers.worker_telemetry`). `serve` opens the driver's `/metrics`."""
     import rlotel
 
     tel = rlotel.current()
@@ -27,14 +91,23 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         return tel
     from rlotel.integrations import verl_workers
 
-    if verl_workers.in_ray_actor():
+    if not _driver and verl_workers.in_ray_actor():
         return verl_workers.worker_telemetry()
+    declared = _driver[0] if _driver else Driver()
+    if _driver:
+        from rlotel import attributes as attr
+        from rlotel import vocabulary
+
+        identity = verl_workers.process_identity()
+        kwargs.setdefault("resource_attributes", {**identity, attr.ROLE: vocabulary.TRAINER_ROLE})
     environment = env.Environment.read()
     port: int | None = None
-    if serve:
+    if serve or _driver:
         port = environment.prometheus_port or env.DEFAULT_PROMETHEUS_PORT
+    if declared.profile is not None:
+        kwargs.setdefault("profile", declared.profile)
     return rlotel.init(
-        run=run or environment.run or "verl",
+        run=environment.run or declared.run or run or "verl",
         prometheus_addr=environment.prometheus_host or "127.0.0.1",
         prometheus_port=port,
         traces_file=environment.traces_file,

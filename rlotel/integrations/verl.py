@@ -23,13 +23,10 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlotel import env
-from rlotel.integrations.process import telemetry
-
-if TYPE_CHECKING:  # with RLOTEL_ENABLE unset, importing this module loads nothing heavy
-    from rlotel.profile.config import ProfileConfig
+from rlotel.integrations.process import declare_verl_driver, telemetry, verl_profile_config
 
 log = logging.getLogger("rlotel")
 
@@ -95,7 +92,7 @@ class RlotelBackend:
     """The `rlotel` logger of `verl.utils.tracking.Tracking`."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any = None) -> None:
-        self.tel = telemetry(run=experiment_name, serve=True, profile=_profile_config(config))
+        self.tel = telemetry(run=experiment_name, serve=True, profile=verl_profile_config(config))
         log.info("rlotel: verl run %r, metrics at %s", experiment_name, self.tel.metrics_url)
 
     def log(self, data: dict, step: int) -> None:
@@ -103,23 +100,6 @@ class RlotelBackend:
 
     def finish(self) -> None:
         self.tel.shutdown()
-
-
-def _profile_config(config: Any) -> ProfileConfig | None:
-    """verl's `global_profiler.steps` and `save_path`: link the captures verl writes."""
-    from pathlib import Path
-
-    from rlotel.profile.config import ProfileConfig
-
-    try:
-        profiler = config.global_profiler
-        steps = tuple(int(s) for s in (profiler.steps or ()))
-        save_path = profiler.save_path
-    except Exception:
-        return None
-    if not steps or not save_path:
-        return None
-    return ProfileConfig(steps=steps, discover_dir=Path(save_path))
 
 
 def _patch_tracking(tracking_module: Any) -> None:
@@ -177,6 +157,30 @@ def _sample_lengths(output: Any) -> dict[str, Any]:
     }
 
 
+# --- the trainer loop's process --------------------------------------------------------
+
+
+def _patch_v0_fit() -> None:
+    """V0's `RayPPOTrainer.fit` (`trainer.use_v1=false`) declares its process the driver."""
+    try:
+        from verl.trainer.ppo import ray_trainer
+    except Exception as error:  # the V0 trainer needs verl's Ray extras
+        log.info("rlotel: verl V0 trainer not available (%r)", error)
+        return
+    trainer = ray_trainer.RayPPOTrainer
+    original = trainer.fit
+
+    def fit(self, *args, **kwargs):
+        try:
+            declare_verl_driver(getattr(self, "config", None))
+        except Exception as error:
+            log.warning("rlotel: verl trainer config not read: %r", error)
+        return original(self, *args, **kwargs)
+
+    trainer.fit = fit
+    _installed["v0_fit"] = (trainer, original)
+
+
 # --- install -----------------------------------------------------------------------------
 
 
@@ -203,6 +207,7 @@ def install() -> None:
         log.info("rlotel: verl agent loop not available (%r); per-sample capture off", error)
     else:
         _patch_agent_loop(agent_loop)
+    _patch_v0_fit()
     from rlotel.integrations import verl_v1  # V1: replay-buffer batches → samples, mode
 
     verl_v1.install()
@@ -221,6 +226,9 @@ def uninstall() -> None:
     if "agent_loop" in _installed:
         manager, original = _installed.pop("agent_loop")
         manager._performance_metrics = original
+    if "v0_fit" in _installed:
+        trainer, original = _installed.pop("v0_fit")
+        trainer.fit = original
     from rlotel.integrations import verl_v1
 
     verl_v1.uninstall()

@@ -182,6 +182,9 @@ def _compute_score(original: Any) -> Any:
 def _fit(original: Any) -> Any:
     def fit(self, *args, **kwargs):
         try:
+            from rlotel.integrations import process
+
+            process.declare_verl_driver(getattr(self, "config", None))
             set_mode(getattr(self, "trainer_mode", "sync"))
         except Exception as error:
             log.warning("rlotel: V1 trainer mode not read: %r", error)

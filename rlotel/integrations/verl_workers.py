@@ -32,8 +32,8 @@ from typing import Any
 
 import rlotel
 from rlotel import attributes as attr
-from rlotel import env
-from rlotel.propagation import traceparent
+from rlotel import env, vocabulary
+from rlotel.propagation import run_of, traceparent, with_run
 
 log = logging.getLogger("rlotel")
 
@@ -44,7 +44,7 @@ _TRACED_MARK = "__rlotel_traced__"
 _installed: dict[str, Any] = {}
 _call = threading.local()  # the carrier of the worker-group call being submitted
 _init_lock = threading.Lock()
-_worker_class: list[str] = []  # the actor class this worker process loaded
+_worker_class: list[type] = []  # the actor class this worker process hosts (loaded first)
 
 
 # --- driver ------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def _carrier(tel: Any) -> dict[str, str] | None:
         return None
     last_ids, carrier = _last_carrier
     if ids != last_ids:
-        carrier = traceparent(*ids)
+        carrier = with_run(traceparent(*ids), tel.config.run)
         _last_carrier = (ids, carrier)
     return carrier
 
@@ -198,6 +198,8 @@ def install_worker() -> None:
 
     def _inject_tracing_into_class(cls):
         result = original(cls)
+        if not _worker_class:  # later loads are the classes of actor handles it receives
+            _worker_class.append(cls)
         try:
             wrap_actor_methods(cls)
         except Exception as error:  # the actor must start even if tracing cannot
@@ -212,7 +214,6 @@ def wrap_actor_methods(cls: type) -> None:
     """Each public or verl-internal method of an actor class opens a phase when its call
     carries a trace context (static and class methods, generators and dunders excepted,
     as Ray's own tracing does)."""
-    _worker_class[:] = [cls.__name__]
     for name, method in inspect.getmembers(cls, inspect.isfunction):
         if name.startswith("__") or getattr(method, _TRACED_MARK, False):
             continue
@@ -251,14 +252,45 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
 def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterator[None]:
     """The worker method as a phase under the driver's; never raises on telemetry's behalf."""
     try:
-        if args and isinstance(args[0], str) and FUSED_METHOD_SEPARATOR in args[0]:
-            name = args[0].split(FUSED_METHOD_SEPARATOR, 1)[1]  # verl's fused worker call
-        phase = worker_telemetry(instance).phase(name, context=carrier)
+        name = _verl_method(instance, name, args)
+        if name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
+            phase = contextlib.nullcontext()
+        else:
+            phase = worker_telemetry(instance, carrier).phase(name, context=carrier)
     except Exception as error:
         _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
         phase = contextlib.nullcontext()
     with phase:
         yield
+
+
+def _verl_method(instance: Any, name: str, args: tuple) -> str:
+    """The worker method verl means: `update_actor` for the colocated `WorkerDict`'s
+    `actor_rollout_update_actor` and for a fused call naming `{cls}_fwmn_update_actor`."""
+    if args and isinstance(args[0], str) and FUSED_METHOD_SEPARATOR in args[0]:
+        return args[0].split(FUSED_METHOD_SEPARATOR, 1)[1]
+    for prefix in _fused_roles(instance):
+        if name.startswith(prefix + "_"):
+            return name[len(prefix) + 1 :]
+    return name
+
+
+def _fused_roles(instance: Any) -> list[str]:
+    """verl's colocated `WorkerDict` holds one worker per role key (`actor_rollout`, ...)."""
+    workers = getattr(instance, "worker_dict", None)
+    return sorted(workers, key=len, reverse=True) if isinstance(workers, dict) else []
+
+
+def _verl_role(instance: Any) -> str | None:
+    """verl's role name for this worker: from its role key(s) or its actor class."""
+    roles = _fused_roles(instance)
+    own = getattr(instance, "role", None)
+    if roles:
+        return vocabulary.verl_worker_role(roles[-1])  # the shortest key: the main role
+    if isinstance(own, str) and own:
+        return vocabulary.verl_worker_role(own)
+    cls = type(instance) if instance is not None else (_worker_class or [None])[0]
+    return vocabulary.verl_class_role(c.__name__ for c in cls.__mro__) if cls else None
 
 
 def in_ray_actor() -> bool:
@@ -274,9 +306,10 @@ def in_ray_actor() -> bool:
 
 def process_identity(instance: Any = None) -> dict[str, str | int]:
     """`rl.role`, `rl.rank`, `rl.node` and, for rollout, `rl.replica` of this worker."""
-    role = env.Environment.read().role or getattr(instance, "role", None)
-    if not isinstance(role, str) or not role:
-        role = _worker_class[0] if _worker_class else type(instance).__name__
+    role = env.Environment.read().role or _verl_role(instance)
+    if not role:
+        cls = _worker_class[0] if _worker_class else type(instance)
+        role = cls.__name__
     identity: dict[str, str | int] = {attr.ROLE: role, attr.RANK: env.rank()}
     if in_ray_actor():
         import ray
@@ -294,27 +327,28 @@ def process_identity(instance: Any = None) -> dict[str, str | int]:
     return identity
 
 
-def worker_telemetry(instance: Any = None) -> Any:
+def worker_telemetry(instance: Any = None, carrier: Any = None) -> Any:
     """This worker process's telemetry, started on first use: `/metrics` on an ephemeral
-    port registered for file discovery, spans over OTLP and/or to `RLOTEL_TRACES_DIR`."""
+    port registered for file discovery, spans over OTLP and/or to `RLOTEL_TRACES_DIR`;
+    the run is the one the driver's carrier names (W3C baggage) unless RLOTEL_RUN says."""
     tel = rlotel.current()
     if tel is not None:
         return tel
     with _init_lock:
         tel = rlotel.current()
         if tel is None:
-            tel = _start_worker(process_identity(instance))
+            tel = _start_worker(process_identity(instance), run_of(carrier))
     return tel
 
 
-def _start_worker(identity: dict[str, str | int]) -> Any:
+def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any:
     from rlotel.env import Environment
     from rlotel.errors import ConfigError
     from rlotel.integrations import ray as ray_integration
 
     environment = Environment.read()
     options: dict[str, Any] = {
-        "run": environment.run or "verl",
+        "run": environment.run or run or "verl",
         "prometheus_addr": environment.prometheus_host or "127.0.0.1",
         "prometheus_port": 0,
         "resource_attributes": identity,

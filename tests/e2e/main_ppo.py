@@ -18,6 +18,7 @@ dense toy reward.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -180,10 +181,8 @@ def run(work: Path, steps: int, plugin: bool, extra: list[str]) -> int:
                 (scrapes / f"{count:04d}.txt").write_text(text)
             time.sleep(0.5)
         returncode = process.wait()
-    try:  # whatever verl or Ray left behind in this session
+    with contextlib.suppress(ProcessLookupError):  # whatever verl or Ray left behind
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     result = {"returncode": returncode, "wall_s": time.monotonic() - started, "scrapes": count}
     (work / "run.json").write_text(json.dumps(result))
     return returncode
