@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from random import getrandbits
 from time import perf_counter_ns
@@ -230,6 +230,7 @@ class Step:
         self.rank_seconds: dict[int, ranks.RankSeconds] = {}  # phase span id → its ranks' seconds
         self.closed = False
         self.held = False  # a hook holds it until its captures are written
+        self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)
         self.published_verdict: Verdict | None = None  # set by the pipeline, before fan-out
         self._published = threading.Event()
         self._derive_lock = threading.Lock()
@@ -280,6 +281,19 @@ class Step:
                 continue
             self.mfu[role] = number
             self._derived = None
+
+    def adopt_log(self, data: Mapping[str, Any]) -> None:
+        """The dict verl logged for this step after its timers closed: its MFU (verl's own
+        `perf/mfu/*`, unless set) and response lengths become the verdict's evidence."""
+        self.logged = data
+        if not self.mfu:
+            self.set_mfu(
+                **{
+                    key.removeprefix(vocabulary.MFU): value
+                    for key, value in data.items()
+                    if key.startswith(vocabulary.MFU)
+                }
+            )
 
     def __enter__(self) -> Step:
         self._ledger.open_step(self)

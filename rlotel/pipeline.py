@@ -36,6 +36,14 @@ class Pipeline:
         self._drops = drops
         self._top_ops = top_ops
         self._held: dict[int, Step] = {}
+        self._expect_logs = False
+        self._awaiting_log: Step | None = None
+
+    def expect_logs(self, _: Any = None) -> None:
+        """Every step will be logged (verl's `Tracking.log`, after its timers closed, with its
+        MFU and token counts): a closed step waits for its log — until the next step is
+        ready or shutdown, never longer — so its verdict has that evidence."""
+        self._expect_logs = True
 
     def step(self, step: Step) -> None:
         if step.held:
@@ -44,6 +52,18 @@ class Pipeline:
         self._publish(step)
 
     def _publish(self, step: Step) -> None:
+        if self._expect_logs and step.logged is None:
+            self._publish_awaiting()
+            self._awaiting_log = step
+            return
+        self._finish(step)
+
+    def _publish_awaiting(self) -> None:
+        step, self._awaiting_log = self._awaiting_log, None
+        if step is not None:
+            self._finish(step)
+
+    def _finish(self, step: Step) -> None:
         unclosed = [phase.name for phase in step.trace.records if not phase.end_ns]
         if unclosed:
             self._drops.add("spans", "unclosed_phase", f"step closed with {unclosed} open")
@@ -62,8 +82,9 @@ class Pipeline:
                 self._publish(step)
 
     def release_all(self, _: Any = None) -> None:
+        self._publish_awaiting()
         for step in sorted(self._held.values(), key=lambda s: s.number):
-            self._publish(step)
+            self._finish(step)
         self._held.clear()
 
     def trace(self, trace: Trace) -> None:
@@ -73,6 +94,15 @@ class Pipeline:
         self.sink.on_samples(batch)
 
     def log(self, record: LogRecord) -> None:
+        waiting = self._awaiting_log
+        if waiting is not None and waiting.number == record.step:
+            self._awaiting_log = None
+            waiting.adopt_log(record.data)
+            self._finish(waiting)
+        else:
+            for held in self._held.values():
+                if held.number == record.step:
+                    held.adopt_log(record.data)  # published with it once released
         self.sink.on_log(record.data, record.step)
 
     def capture(self, capture: Capture) -> None:

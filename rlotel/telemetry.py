@@ -312,6 +312,11 @@ class Telemetry:
         if self._profiler is not None:
             self._profiler.profile_step()
 
+    def expect_logs(self) -> None:
+        """Every step will be `log`ged after it closes (verl's Tracking does): its verdict
+        waits for that dict's MFU and token evidence (until the next step, at most)."""
+        self._publisher.submit(self._pipeline.expect_logs, None)
+
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """verl `Tracking.log`-compatible: known keys to the catalogue, other scalars generic."""
         try:

@@ -29,23 +29,25 @@ class Driver:
 
     run: str | None = None
     profile: ProfileConfig | None = None
+    n_gpus: int | None = None  # verl's throughput denominator
 
 
 _driver: list[Driver] = []  # set once this process is known to run the trainer loop
 
 
-def declare_driver(run: str | None = None, profile: ProfileConfig | None = None) -> None:
+def declare_driver(driver: Driver) -> None:
     """This process runs the trainer loop: its telemetry, made on first use, is the
     driver's (run name, `/metrics` at OTEL_EXPORTER_PROMETHEUS_HOST/PORT, captures)."""
-    _driver[:] = [Driver(run, profile)]
+    _driver[:] = [driver]
 
 
-def declare_verl_driver(config: Any) -> None:
+def declare_verl_driver(config: Any, n_gpus: int | None = None) -> None:
     """`declare_driver` from verl's trainer config (`trainer.experiment_name`, and
-    `global_profiler.steps`/`save_path`: the captures verl writes get linked)."""
+    `global_profiler.steps`/`save_path`: the captures verl writes get linked) and the GPU
+    count verl divides throughput by."""
     trainer = _get(config, "trainer")
     run = _get(trainer, "experiment_name")
-    declare_driver(str(run) if run else None, verl_profile_config(config))
+    declare_driver(Driver(str(run) if run else None, verl_profile_config(config), n_gpus))
 
 
 def verl_profile_config(config: Any) -> ProfileConfig | None:
@@ -106,6 +108,8 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         port = environment.prometheus_port or env.DEFAULT_PROMETHEUS_PORT
     if declared.profile is not None:
         kwargs.setdefault("profile", declared.profile)
+    if declared.n_gpus:
+        kwargs.setdefault("n_gpus", declared.n_gpus)
     return rlotel.init(
         run=environment.run or declared.run or run or "verl",
         prometheus_addr=environment.prometheus_host or "127.0.0.1",

@@ -93,6 +93,7 @@ class RlotelBackend:
 
     def __init__(self, project_name: str, experiment_name: str, config: Any = None) -> None:
         self.tel = telemetry(run=experiment_name, serve=True, profile=verl_profile_config(config))
+        self.tel.expect_logs()  # each step's MFU and tokens arrive here, after its timers
         log.info("rlotel: verl run %r, metrics at %s", experiment_name, self.tel.metrics_url)
 
     def log(self, data: dict, step: int) -> None:
@@ -172,7 +173,7 @@ def _patch_v0_fit() -> None:
 
     def fit(self, *args, **kwargs):
         try:
-            declare_verl_driver(getattr(self, "config", None))
+            declare_verl_driver(self.config, self.resource_pool_manager.get_n_gpus())
         except Exception as error:
             log.warning("rlotel: verl trainer config not read: %r", error)
         return original(self, *args, **kwargs)

@@ -87,6 +87,8 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     dicts in key order (default: one `transfer_queue.kv_batch_get`)."""
     from rlotel.integrations.process import telemetry
 
+    tel = telemetry()
+    _set_tokens(tel, batch.tags)
     real = [
         (key, tag)
         for key, tag in zip(batch.keys, batch.tags, strict=True)
@@ -98,7 +100,7 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     metrics, extras = (fetch or _fetch)(keys, batch.partition_id)
     identity = [_identity(key) for key in keys]
     stamps = [_stamp(extra) for extra in extras]
-    return telemetry().record_samples(
+    return tel.record_samples(
         metrics,
         prompt_length=[tag.get("prompt_len") for tag in tags],
         response_length=[tag.get("response_len") for tag in tags],
@@ -111,6 +113,18 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
         start_time_ns=[start for start, _, _ in stamps],
         end_time_ns=[end for _, end, _ in stamps],
         generated_step=[tag.get("global_steps") for tag in tags],
+    )
+
+
+def _set_tokens(tel: Any, tags: list[dict]) -> None:
+    """The consuming step's per-sequence token counts, as verl's V1 `_compute_metrics`
+    counts them for `timing_per_token_ms/*` and `perf/*`: every row, padding included."""
+    step = tel.current_step
+    if step is None or step.prompt_tokens is not None:
+        return
+    step.set_tokens(
+        prompt=[tag.get("prompt_len", 0) for tag in tags],
+        response=[tag.get("response_len", 0) for tag in tags],
     )
 
 
@@ -184,7 +198,7 @@ def _fit(original: Any) -> Any:
         try:
             from rlotel.integrations import process
 
-            process.declare_verl_driver(getattr(self, "config", None))
+            process.declare_verl_driver(self.config, self._get_n_gpus_for_throughput())
             set_mode(getattr(self, "trainer_mode", "sync"))
         except Exception as error:
             log.warning("rlotel: V1 trainer mode not read: %r", error)
