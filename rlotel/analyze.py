@@ -131,6 +131,9 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
             if k.startswith(attr.MFU_PREFIX)
         }
         metrics.update({f"{voc.MFU}{role}": value for role, value in mfu.items()})
+        metrics[voc.TIME_PER_STEP] = root.seconds
+        if prompt is not None and response is not None:
+            metrics[voc.TOTAL_NUM_TOKENS] = prompt + response
         if attr.THROUGHPUT in attributes:
             metrics[voc.THROUGHPUT] = attributes[attr.THROUGHPUT]
         facts = StepFacts(

@@ -233,6 +233,7 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         "share": round(share, 4),
         "runner_up": ranked[1][0],
         "runner_up_share": round(runner_up / step, 4),
+        **_efficiency(facts),
     }
     straggler = _straggler(facts, limits, evidence)
     if share < limits.dominant_share or seconds < limits.margin * runner_up:
@@ -255,6 +256,14 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
     next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + straggler
     return Verdict(kind, detail, confidence, share, evidence, next_read)
+
+
+def _efficiency(facts: StepFacts) -> dict[str, float | str]:
+    """MFU by role and tokens per sequence, whatever the verdict: what the step achieved."""
+    evidence: dict[str, float | str] = {f"mfu_{role}": round(v, 4) for role, v in facts.mfu.items()}
+    if facts.response_tokens is not None and facts.sequences:
+        evidence["response_tokens_per_sequence"] = round(facts.response_tokens / facts.sequences, 3)
+    return evidence
 
 
 def _straggler(facts: StepFacts, limits: Thresholds, evidence: dict[str, float | str]) -> str:
@@ -290,6 +299,7 @@ def _async(facts: StepFacts, step: float, limits: Thresholds) -> Verdict | None:
         "idle_trainer": round(trainer, 4),
         "idle_rollout": round(rollout, 4),
         "switch_share": round(switching / step, 4),
+        **_efficiency(facts),
     }
     if facts.staleness_max is not None:
         evidence["staleness_max"] = facts.staleness_max

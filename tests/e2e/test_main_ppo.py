@@ -1,0 +1,194 @@
+"""The acceptance test: verl 0.9.1's real `python -m verl.trainer.main_ppo` (V1 trainer,
+GRPO, vLLM rollout, 3 steps, a tiny local model, CPU, loopback only) with the rlotel plugin
+on, zero code — and the same run with it off. Everything asserted is read from the run's
+own outputs: verl's file logger, the trainer's `/metrics` scraped while it trained, the
+traces directory, and rlotel's offline commands on it."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlotel import analyze, cli
+from rlotel import vocabulary as voc
+from tests.e2e.main_ppo import ENGINE_PYTHON, EXPERIMENT, run_isolated
+from tests.helpers import file_spans, parse_exposition
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+TRAJECTORIES = 4 * 2  # data.train_batch_size × rollout.n
+VERL_ROLES = {"actor", "rollout", "ref", "critic", "reward", "agent_loop", "transfer_queue"}
+COMPARED = (voc.TIMING_S, voc.TIMING_PER_TOKEN_MS, voc.OFF_POLICY)
+COMPARED_KEYS = (voc.THROUGHPUT, voc.TIME_PER_STEP, voc.TOTAL_NUM_TOKENS)
+
+
+def main_ppo(*argv: str) -> Iterator[Path]:
+    if not ENGINE_PYTHON.exists():
+        pytest.fail(f"{ENGINE_PYTHON} is missing: `make engine-venv` builds it")
+    # short: Ray's socket paths under its temp dir must stay below 108 bytes
+    work = Path(tempfile.mkdtemp(prefix="rl-e2e-", dir="/tmp"))
+    try:
+        result = run_isolated([str(work), "--steps", str(STEPS), *argv])
+        console = (work / "console.log").read_text(errors="replace")
+        assert result.returncode == 0, result.stderr[-3000:] + console[-6000:]
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plugin_on() -> Iterator[Path]:
+    yield from main_ppo()
+
+
+@pytest.fixture(scope="module")
+def plugin_off() -> Iterator[Path]:
+    yield from main_ppo("--off")
+
+
+def verl_log(work: Path) -> dict[int, dict]:
+    lines = (work / "verl.jsonl").read_text().splitlines()
+    return {record["step"]: record["data"] for record in map(json.loads, lines)}
+
+
+def compared(data: dict) -> dict[str, float]:
+    return {
+        key: value
+        for key, value in data.items()
+        if key.startswith(COMPARED) or key in COMPARED_KEYS
+    }
+
+
+def spans_by_role(work: Path) -> dict[str, list[dict]]:
+    roles: dict[str, list[dict]] = {}
+    for path in sorted((work / "traces").glob("*.jsonl")):
+        roles.setdefault(path.name.split("-", 1)[0], []).extend(file_spans(path, EXPERIMENT))
+    return roles
+
+
+def test_trainer_metrics_at_the_documented_address_while_training(plugin_on: Path) -> None:
+    scrapes = sorted((plugin_on / "scrapes").glob("*.txt"))
+    assert scrapes, "nothing answered at 127.0.0.1:9464/metrics during the run"
+    during = [
+        text
+        for text in (path.read_text() for path in scrapes)
+        if parse_exposition(text).get(("rlotel_step", frozenset({("run", EXPERIMENT)})), 0)
+        < STEPS
+    ]
+    assert during, "no scrape while steps were still to come"
+    for text in (path.read_text() for path in scrapes):
+        series = [line for line in text.splitlines() if line and not line.startswith("#")]
+        assert series
+        unlabelled = [line for line in series if f'run="{EXPERIMENT}"' not in line]
+        assert not unlabelled, unlabelled[:5]
+
+
+def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
+    logged = verl_log(plugin_on)
+    assert sorted(logged) == list(range(1, STEPS + 1))
+    ours = {step.number: step for step in analyze.load_steps(plugin_on / "traces")}
+    assert sorted(ours) == sorted(logged)
+    for number, data in logged.items():
+        theirs = compared(data)
+        assert {k for k in theirs if k.startswith(voc.TIMING_S)} >= {
+            "timing_s/step", "timing_s/gen", "timing_s/update_actor",
+        }  # fmt: skip
+        mine = {**ours[number].metrics, **{f"{voc.TIMING_S}{k}": v for k, v in
+                                           ours[number].timing_raw.items()}}  # fmt: skip
+        for key, value in theirs.items():
+            if key.startswith(voc.OFF_POLICY):
+                continue  # per-sample: the series below
+            assert key in mine, (number, key)
+            assert math.isclose(mine[key], value, rel_tol=1e-6, abs_tol=1e-9), (key, value)
+    # the exported series of the last step, from the last scrape
+    last = parse_exposition(sorted((plugin_on / "scrapes").glob("*.txt"))[-1].read_text())
+    final = logged[STEPS]
+    run = ("run", EXPERIMENT)
+    for name, seconds in ((k, v) for k, v in final.items() if k.startswith(voc.TIMING_S)):
+        phase = name.removeprefix(voc.TIMING_S)
+        key = ("rlotel_step_phase_seconds", frozenset({run, ("phase", phase)}))
+        if phase == voc.STEP:
+            key = ("rlotel_step_time_seconds", frozenset({run}))
+        assert math.isclose(last[key], seconds, rel_tol=1e-6), (phase, last.get(key), seconds)
+    throughput = last[("rlotel_throughput_tokens_per_second_per_gpu", frozenset({run}))]
+    assert math.isclose(throughput, final[voc.THROUGHPUT], rel_tol=1e-6)
+    assert math.isclose(
+        last[("rlotel_step_tokens", frozenset({run, ("kind", "total")}))],
+        final[voc.TOTAL_NUM_TOKENS],
+    )
+
+
+def test_samples_per_step_with_identity_and_worker_times(plugin_on: Path) -> None:
+    trainer = spans_by_role(plugin_on)["trainer"]
+    steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    for number, step in steps.items():
+        samples = [s for s in trainer if s["name"] == "sample" and s["trace"] == step["trace"]]
+        assert len(samples) == TRAJECTORIES, number
+        for sample in samples:
+            attrs = sample["attrs"]
+            assert attrs["rl.sample.uid"] and "rl.sample.session" in attrs
+            assert attrs["rl.sample.generate_sequences_s"] > 0
+            assert step["start"] - 60e9 < sample["start"] < sample["end"] <= step["end"]
+    last = parse_exposition(sorted((plugin_on / "scrapes").glob("*.txt"))[-1].read_text())
+    count = [
+        v
+        for (name, labels), v in last.items()
+        if name == "rlotel_agent_loop_duration_seconds_count"
+        and ("stage", "generate_sequences") in labels
+    ]
+    assert count == [STEPS * TRAJECTORIES]
+
+
+def test_worker_spans_under_the_driver_phases(plugin_on: Path) -> None:
+    roles = spans_by_role(plugin_on)
+    assert "trainer" in roles and "actor" in roles
+    assert set(roles) - {"trainer"} <= VERL_ROLES, set(roles)
+    trainer = {s["id"]: s for s in roles["trainer"]}
+    nested = {}
+    for span in roles["actor"]:
+        parent = trainer.get(span["parent"])
+        if parent is not None:
+            nested.setdefault(parent["name"], set()).add(span["name"])
+            assert parent["trace"] == span["trace"]
+    assert nested.get("update_actor") == {"update_actor"}, nested
+    assert nested.get("old_log_prob") == {"compute_log_prob"}, nested
+
+
+def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> None:
+    traces = plugin_on / "traces"
+    assert cli.main(["analyze", str(traces)]) == 0
+    table = capsys.readouterr().out
+    for number, data in verl_log(plugin_on).items():
+        assert re.search(rf"\b{number}\b", table)
+        assert f"{data['timing_s/gen']:.2f}" in table or f"{data['timing_s/gen']:.3f}" in table
+    assert cli.main(["report", str(traces), "-o", str(tmp_path / "report.html")]) == 0
+    assert cli.main(["perfetto", str(traces), "-o", str(tmp_path / "trace.json")]) == 0
+    events = json.loads((tmp_path / "trace.json").read_text())
+    names = {e.get("name") for e in events.get("traceEvents", events)}
+    assert {"step", "gen", "update_actor", "compute_log_prob"} <= names
+
+
+def test_verdicts_carry_mfu_and_token_evidence(plugin_on: Path) -> None:
+    trainer = spans_by_role(plugin_on)["trainer"]
+    for step in (s for s in trainer if s["name"] == "step"):
+        attrs = step["attrs"]
+        assert "rl.bottleneck" in attrs
+        assert "rl.bottleneck.evidence.mfu_actor" in attrs, attrs
+
+
+def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path) -> None:
+    on, off = verl_log(plugin_on), verl_log(plugin_off)
+    assert sorted(off) == sorted(on)
+    for number in on:
+        assert set(off[number]) == set(on[number]), number
+    assert not (plugin_off / "traces").exists()
+    assert not list((plugin_off / "scrapes").glob("*.txt"))
