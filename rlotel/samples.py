@@ -17,6 +17,7 @@ import numpy as np
 from rlotel import attributes as attr
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
+from rlotel.propagation import parse
 from rlotel.tally import Tally, ordered_pairs
 
 DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
@@ -36,7 +37,8 @@ IDENTITY_FIELDS = {  # field → span attribute
 }
 TIME_FIELDS = ("start_time_ns", "end_time_ns")  # real Unix times of the trajectory
 GENERATED_STEP = "generated_step"
-SPAN_FIELDS = (*IDENTITY_FIELDS, *TIME_FIELDS, GENERATED_STEP)
+TRAJECTORY = "trajectory_context"  # carrier of the span the trajectory ran under (worker)
+SPAN_FIELDS = (*IDENTITY_FIELDS, *TIME_FIELDS, GENERATED_STEP, TRAJECTORY)
 UNKNOWN_PREEMPTIONS = -1.0  # verl's AgentLoopMetrics default: "not available"
 
 
@@ -63,6 +65,7 @@ class SpanExtras(NamedTuple):
     start_ns: int = 0  # Unix ns; 0: placed by its stage seconds
     end_ns: int = 0
     generated_step: int | None = None
+    trajectory: tuple[int, int] | None = None  # (trace id, span id) where it ran
 
 
 class SampleBatch:
@@ -357,7 +360,11 @@ def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
             drops.add("samples", "bad_time", f"sample {index}: start {given[0]}, end {given[1]}")
         start = end = 0
     generated = _whole(_item(per_sample.get(GENERATED_STEP), index))
-    return SpanExtras(attributes, start, end, generated)
+    trajectory = _item(per_sample.get(TRAJECTORY), index)
+    ran_under = parse(trajectory)
+    if trajectory is not None and ran_under is None:
+        drops.add("samples", "bad_context", f"sample {index}: trajectory context {trajectory!r}")
+    return SpanExtras(attributes, start, end, generated, ran_under)
 
 
 def _item(column: Any, index: int) -> Any:

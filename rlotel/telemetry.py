@@ -236,7 +236,9 @@ class Telemetry:
         Read only for the samples that get a span (never copied; the spans say them):
         `uid`, `session`, `output`, `turns` (a trajectory's identity), `start_time_ns` /
         `end_time_ns` (its real Unix times: else the span ends now and lasts its stage
-        seconds), `generated_step` (the step whose prompts it answers: the span links it).
+        seconds), `generated_step` (the step whose prompts it answers: the span links it),
+        `trajectory_context` (a carrier of the span the trajectory ran as in another
+        process, e.g. an agent-loop worker's: the span links it).
 
         `context`: a carrier from `current_context()` in another process; the slowest
         samples' spans become children of that remote phase. `exemplar_spans`: sample index

@@ -53,6 +53,9 @@ ROLLOUT_WINDOWS = frozenset(
     {ROLLOUT_GENERATE, ROLLOUT_WAIT_BUFFER, ROLLOUT_WAIT_WEIGHTS, ROLLOUT_DISCARDED}
 )
 
+# A trajectory's own window where it runs (the agent-loop worker): its engine calls nest in it.
+TRAJECTORY = "trajectory"
+
 # Key prefixes of verl's metric dicts (metric_utils.py, agent_loop.py).
 TIMING_S = "timing_s/"
 TIMING_PER_TOKEN_MS = "timing_per_token_ms/"

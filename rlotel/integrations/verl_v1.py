@@ -27,13 +27,19 @@ import logging
 import time
 from typing import Any
 
+from rlotel import vocabulary
+
 log = logging.getLogger("rlotel")
 
 TRAIN_PARTITION = "train"
-STAMP_KEY = "rlotel_trajectory"  # extra_fields entry: [start ns, end ns, turns] (Unix ns)
+# extra_fields entry: [start ns, end ns, turns, traceparent of its worker span or None]
+STAMP_KEY = "rlotel_trajectory"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
 _installed: dict[str, tuple[Any, str, Any]] = {}
 _trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
+_trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "rlotel_trajectory_context"
+)
 
 
 def install() -> None:
@@ -109,9 +115,10 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
         uid=[uid for uid, _, _ in identity],
         session=[session for _, session, _ in identity],
         output=[output for _, _, output in identity],
-        turns=[turns for _, _, turns in stamps],
-        start_time_ns=[start for start, _, _ in stamps],
-        end_time_ns=[end for _, end, _ in stamps],
+        turns=[turns for _, _, turns, _ in stamps],
+        start_time_ns=[start for start, _, _, _ in stamps],
+        end_time_ns=[end for _, end, _, _ in stamps],
+        trajectory_context=[context for *_, context in stamps],
         generated_step=[tag.get("global_steps") for tag in tags],
     )
 
@@ -141,12 +148,13 @@ def _number(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _stamp(extra: dict) -> tuple[Any, Any, Any]:
-    """(start ns, end ns, turns) the worker stamped, else Nones."""
+def _stamp(extra: dict) -> tuple[Any, Any, Any, Any]:
+    """(start ns, end ns, turns, worker-span carrier) the worker stamped, else Nones."""
     stamp = extra.get(STAMP_KEY)
-    if isinstance(stamp, (list, tuple)) and len(stamp) == 3:
-        return tuple(stamp)
-    return None, None, None
+    if isinstance(stamp, (list, tuple)) and len(stamp) in (3, 4):
+        start, end, turns, *context = stamp
+        return start, end, turns, {"traceparent": context[0]} if context and context[0] else None
+    return None, None, None, None
 
 
 def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
@@ -168,11 +176,25 @@ def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
 
 def _run_agent_loop(original: Any) -> Any:
     async def _run_agent_loop(self, *args, **kwargs):
-        if any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
-            _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
-        return await original(self, *args, **kwargs)
+        if not any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
+            return await original(self, *args, **kwargs)
+        _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
+        tel = _traced_telemetry()
+        if tel is None:
+            return await original(self, *args, **kwargs)
+        with tel.phase(vocabulary.TRAJECTORY):  # under the traced generate_sequences call
+            _trajectory_context.set(tel.current_context().get("traceparent"))
+            return await original(self, *args, **kwargs)
 
     return _run_agent_loop
+
+
+def _traced_telemetry() -> Any:
+    """This worker's telemetry while a traced call (a driver's context) is open, else None."""
+    import rlotel
+
+    tel = rlotel.current()
+    return tel if tel is not None and tel.ledger.current_trace is not None else None
 
 
 def _compute_score(original: Any) -> Any:
@@ -182,8 +204,9 @@ def _compute_score(original: Any) -> Any:
             start = _trajectory_start.get(None)
             if start is not None:
                 end = time.time_ns()
+                context = _trajectory_context.get(None)
                 for output in outputs:
-                    output.extra_fields[STAMP_KEY] = [start, end, output.num_turns]
+                    output.extra_fields[STAMP_KEY] = [start, end, output.num_turns, context]
                     if "extra_fields" not in output.model_fields_set:
                         output.extra_fields = output.extra_fields  # so as_dict() keeps it
         except Exception as error:  # telemetry never stops a rollout

@@ -1,12 +1,13 @@
-"""verl worker groups across processes: one trace per step, no carrier in user code.
+"""verl's Ray actors across processes: one trace per step, no carrier in user code.
 
-Driver: a `RayWorkerGroup` method call (verl's dispatch → execute → collect) made inside an
-rlotel phase sends that phase's W3C trace context with every per-worker actor call, in
-Ray's own per-call trace-context slot: every Ray actor method accepts a `_ray_trace_ctx`
-keyword (Ray adds it to each method's signature) and Ray strips it before the method runs.
-Ray fills it only when its own tracing is on (then this module stays out of the way);
-otherwise rlotel submits the call with the slot filled. A blocking call also times each
-rank's reply, so the driver's phase span names the slowest rank and the spread.
+Caller: every Ray actor call made inside an rlotel phase (verl's worker groups, agent-loop
+and reward workers, rollout servers) sends that phase's W3C trace context, plus the run as
+W3C baggage, in Ray's own per-call trace-context slot: every Ray actor method accepts a
+`_ray_trace_ctx` keyword (Ray adds it to each method's signature) and Ray strips it before
+the method runs. Ray fills it only when its own tracing is on (then this module stays out
+of the way); otherwise rlotel submits the call with the slot filled. A blocking
+worker-group call also times each rank's reply, so the caller's phase span names the
+slowest rank and the spread.
 
 Worker: when Ray loads an actor class in a worker process it injects its tracing wrappers
 (`_inject_tracing_into_class`); rlotel wraps the wrapped methods once more, so a call that
@@ -42,7 +43,6 @@ FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fw
 _TRACED_MARK = "__rlotel_traced__"
 
 _installed: dict[str, Any] = {}
-_call = threading.local()  # the carrier of the worker-group call being submitted
 _init_lock = threading.Lock()
 _worker_class: list[type] = []  # the actor class this worker process hosts (loaded first)
 
@@ -74,21 +74,17 @@ def _carrier(tel: Any) -> dict[str, str] | None:
 
 
 def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[..., Any]:
-    """verl's execute function (execute_all, execute_rank_zero) with the driver's context
-    attached to every actor call; blocking calls time each rank's reply."""
+    """verl's execute function (execute_all, execute_rank_zero): a blocking call on several
+    ranks made inside a phase times each rank's reply (the context travels with every
+    actor call anyway: `_remote`)."""
 
     def execute(method_name: str, *args: Any, **kwargs: Any) -> Any:
         tel = rlotel.current()
-        carrier = _carrier(tel)
-        if carrier is None:
+        if not blocking or tel is None or tel.ledger.current_trace is None:
             return execute_fn(method_name, *args, **kwargs)
-        _call.carrier = carrier
         started = time.perf_counter()
-        try:
-            output = execute_fn(method_name, *args, **kwargs)
-        finally:
-            _call.carrier = None
-        if blocking and isinstance(output, list) and len(output) > 1:
+        output = execute_fn(method_name, *args, **kwargs)
+        if isinstance(output, list) and len(output) > 1:
             _time_replies(tel, output, started)
         return output
 
@@ -114,41 +110,26 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         tel.drops.add("spans", "internal_error", f"worker-group reply timing: {error!r}")
 
 
-class _ContextSubmitter:
-    """Stands in for a worker's actor handle inside verl's `_execute_remote_single_worker`:
-    the method verl picks (plain or fused) is submitted with the context slot filled."""
+def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Callable[..., Any]:
+    """`ActorMethod._remote` that fills Ray's context slot with the innermost open phase:
+    every actor call made inside a phase (worker groups, agent-loop and reward workers,
+    rollout servers) carries it. Submitted past Ray's tracing wrapper, which rejects a
+    filled slot while Ray's own tracing is off."""
 
-    __slots__ = ("_carrier", "_handle")
+    def _remote(self, args=None, kwargs=None, *rest, **options):
+        tel = rlotel.current()
+        if tel is not None and not (kwargs and RAY_CONTEXT_KWARG in kwargs):
+            carrier = _carrier(tel)
+            if carrier is not None:
+                try:
+                    return raw(
+                        self, args, {**(kwargs or {}), RAY_CONTEXT_KWARG: carrier}, *rest, **options
+                    )
+                except TypeError as error:  # a method whose signature lacks Ray's slot
+                    _log_once("no_slot", "rlotel: actor call sent without trace context: %r", error)
+        return original(self, args, kwargs, *rest, **options)
 
-    def __init__(self, handle: Any, carrier: dict[str, str]) -> None:
-        self._handle = handle
-        self._carrier = carrier
-
-    def __getattr__(self, name: str) -> _ContextMethod:
-        return _ContextMethod(getattr(self._handle, name), self._carrier)
-
-
-class _ContextMethod:
-    __slots__ = ("_carrier", "_method")
-
-    def __init__(self, method: Any, carrier: dict[str, str]) -> None:
-        self._method = method
-        self._carrier = carrier
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs[RAY_CONTEXT_KWARG] = self._carrier
-        try:
-            return _submit(self._method, args, kwargs)
-        except TypeError as error:  # a handle whose signature lacks Ray's slot
-            _log_once("no_slot", "rlotel: worker call sent without trace context: %r", error)
-            del kwargs[RAY_CONTEXT_KWARG]
-            return self._method.remote(*args, **kwargs)
-
-
-def _submit(method: Any, args: tuple, kwargs: dict) -> Any:
-    """`ActorMethod._remote` without Ray's tracing wrapper, which rejects a filled slot
-    while Ray's own tracing is off."""
-    return _installed["raw_remote"](method, args, kwargs)
+    return _remote
 
 
 _logged: set[str] = set()
@@ -161,30 +142,22 @@ def _log_once(key: str, message: str, *args: Any) -> None:
 
 
 def install_driver(ray_base: Any) -> None:
-    """Patch `verl.single_controller.ray.base`: worker groups bound from now on send the
-    driver's context with their calls."""
+    """Every actor call made inside a phase carries its context; verl's worker groups bound
+    from now on time each rank's reply."""
     from ray.actor import ActorMethod
     from ray.util.tracing import tracing_helper
 
-    _installed["raw_remote"] = inspect.unwrap(ActorMethod._remote)
     _installed["ray_tracing_on"] = tracing_helper._is_tracing_enabled
+    original_remote = ActorMethod._remote
+    ActorMethod._remote = traced_remote(original_remote, inspect.unwrap(original_remote))
     original_generator = ray_base.func_generator
-    group = ray_base.RayWorkerGroup
-    original_single = group._execute_remote_single_worker
 
     def func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
         execute = traced_execute(execute_fn, blocking)
         return original_generator(self, method_name, dispatch_fn, collect_fn, execute, blocking)
 
-    def _execute_remote_single_worker(self, worker, method_name, *args, **kwargs):
-        carrier = getattr(_call, "carrier", None)
-        if carrier is not None:
-            worker = _ContextSubmitter(worker, carrier)
-        return original_single(self, worker, method_name, *args, **kwargs)
-
     ray_base.func_generator = func_generator
-    group._execute_remote_single_worker = _execute_remote_single_worker
-    _installed["driver"] = (ray_base, original_generator, group, original_single)
+    _installed["driver"] = (ray_base, original_generator, ActorMethod, original_remote)
 
 
 # --- worker ------------------------------------------------------------------------------
@@ -200,6 +173,7 @@ def install_worker() -> None:
         result = original(cls)
         if not _worker_class:  # later loads are the classes of actor handles it receives
             _worker_class.append(cls)
+            _engine_hooks(cls)
         try:
             wrap_actor_methods(cls)
         except Exception as error:  # the actor must start even if tracing cannot
@@ -208,6 +182,18 @@ def install_worker() -> None:
 
     function_manager._inject_tracing_into_class = _inject_tracing_into_class
     _installed["worker"] = (function_manager, original)
+
+
+def _engine_hooks(cls: type) -> None:
+    """In a vLLM rollout server's process: vLLM's request spans join the trace."""
+    if "vllm" not in sys.modules or not any(c.__name__ == "vLLMHttpServer" for c in cls.__mro__):
+        return
+    try:
+        from rlotel.integrations import vllm_engine
+
+        vllm_engine.install()
+    except Exception as error:  # the server must start even if tracing cannot
+        _log_once("vllm", "rlotel: vLLM engine spans not connected: %r", error)
 
 
 def wrap_actor_methods(cls: type) -> None:
@@ -393,9 +379,9 @@ def install(ray_base: Any) -> None:
 
 def uninstall() -> None:
     if "driver" in _installed:
-        ray_base, original_generator, group, original_single = _installed.pop("driver")
+        ray_base, original_generator, actor_method, original_remote = _installed.pop("driver")
         ray_base.func_generator = original_generator
-        group._execute_remote_single_worker = original_single
+        actor_method._remote = original_remote
     if "worker" in _installed:
         function_manager, original = _installed.pop("worker")
         function_manager._inject_tracing_into_class = original

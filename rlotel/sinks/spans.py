@@ -152,6 +152,8 @@ class SpanBuilder:
                     links.append(
                         LinkData(*ids, {attr.LINK_RELATION: "generated_in", attr.STEP: generated})
                     )
+            if extras.trajectory is not None:  # the worker-side span it ran as
+                links.append(LinkData(*extras.trajectory, {attr.LINK_RELATION: "trajectory"}))
             start, end = span.start_ns, span.end_ns
             if extras.end_ns:  # its real times
                 start, end = extras.start_ns, extras.end_ns

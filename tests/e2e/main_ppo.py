@@ -7,8 +7,9 @@ runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlo
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
 the documented address while it trains. Everything lands in WORKDIR: verl's file logger
 (`verl.jsonl`), the console (`console.log`), the traces (`traces/`), the scrapes
-(`scrapes/`), `run.json` (exit code, wall time). The test runs this under
-`unshare -n -m` (loopback only, a private /dev/shm) so nothing it starts is reachable from
+(`scrapes/`), what every process exported over OTLP to a throwaway receiver
+(`otlp.jsonl`, vLLM's engine spans included), `run.json` (exit code, wall time). The test
+runs this under `unshare -n -m` (loopback only, a private /dev/shm) so nothing it starts is reachable from
 outside and nothing vLLM leaves in /dev/shm outlives it.
 
 Stand-ins, in `verl_cpu/` and outside the measured path: the CPU platform verl lacks and a
@@ -28,6 +29,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.otlp_receiver import HttpReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
@@ -102,7 +105,7 @@ def overrides(assets: Path, work: Path, steps: int) -> list[str]:
     ]
 
 
-def environment(work: Path, plugin: bool) -> dict[str, str]:
+def environment(work: Path, plugin: bool, otlp: str | None = None) -> dict[str, str]:
     environ = {
         key: value
         for key, value in os.environ.items()
@@ -132,6 +135,8 @@ def environment(work: Path, plugin: bool) -> dict[str, str]:
             RLOTEL_TRACES_DIR=str(work / "traces"),
             OTEL_EXPORTER_PROMETHEUS_PORT=str(METRICS_PORT),
         )
+    if otlp:
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp  # every process, vLLM's engine too
     return environ
 
 
@@ -141,6 +146,21 @@ def scrape(url: str) -> str | None:
             return response.read().decode()
     except OSError:
         return None
+
+
+def write_received(receiver: HttpReceiver, path: Path) -> None:
+    """What every process exported over OTLP, one span a line: service, ids, name."""
+    with path.open("w") as out:
+        for span, resource in receiver.spans():
+            record = {
+                "service": resource.get("service.name"),
+                "role": resource.get("rl.role"),
+                "name": span.name,
+                "trace": span.trace_id.hex(),
+                "id": span.span_id.hex(),
+                "parent": span.parent_span_id.hex(),
+            }
+            out.write(json.dumps(record) + "\n")
 
 
 def run(work: Path, steps: int, plugin: bool, extra: list[str]) -> int:
@@ -160,12 +180,13 @@ def run(work: Path, steps: int, plugin: bool, extra: list[str]) -> int:
     scrapes = work / "scrapes"
     scrapes.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    receiver = HttpReceiver() if plugin else None  # a throwaway OTLP collector, loopback
     started = time.monotonic()
     with (work / "console.log").open("w") as console:
         process = subprocess.Popen(
             command,
             cwd=work,
-            env=environment(work, plugin),
+            env=environment(work, plugin, receiver.endpoint if receiver else None),
             stdout=console,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -183,6 +204,9 @@ def run(work: Path, steps: int, plugin: bool, extra: list[str]) -> int:
         returncode = process.wait()
     with contextlib.suppress(ProcessLookupError):  # whatever verl or Ray left behind
         os.killpg(process.pid, signal.SIGKILL)
+    if receiver is not None:
+        receiver.stop()
+        write_received(receiver, work / "otlp.jsonl")
     result = {"returncode": returncode, "wall_s": time.monotonic() - started, "scrapes": count}
     (work / "run.json").write_text(json.dumps(result))
     return returncode

@@ -67,6 +67,14 @@ def compared(data: dict) -> dict[str, float]:
     }
 
 
+def last_scrape(work: Path) -> tuple[int, dict]:
+    """The step the last scrape of the trainer's /metrics shows, and its series."""
+    series = parse_exposition(sorted((work / "scrapes").glob("*.txt"))[-1].read_text())
+    number = int(series[("rlotel_step", frozenset({("run", EXPERIMENT)}))])
+    assert number >= 2
+    return number, series
+
+
 def spans_by_role(work: Path) -> dict[str, list[dict]]:
     roles: dict[str, list[dict]] = {}
     for path in sorted((work / "traces").glob("*.jsonl")):
@@ -80,8 +88,7 @@ def test_trainer_metrics_at_the_documented_address_while_training(plugin_on: Pat
     during = [
         text
         for text in (path.read_text() for path in scrapes)
-        if parse_exposition(text).get(("rlotel_step", frozenset({("run", EXPERIMENT)})), 0)
-        < STEPS
+        if parse_exposition(text).get(("rlotel_step", frozenset({("run", EXPERIMENT)})), 0) < STEPS
     ]
     assert during, "no scrape while steps were still to come"
     for text in (path.read_text() for path in scrapes):
@@ -108,9 +115,9 @@ def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
                 continue  # per-sample: the series below
             assert key in mine, (number, key)
             assert math.isclose(mine[key], value, rel_tol=1e-6, abs_tol=1e-9), (key, value)
-    # the exported series of the last step, from the last scrape
-    last = parse_exposition(sorted((plugin_on / "scrapes").glob("*.txt"))[-1].read_text())
-    final = logged[STEPS]
+    # the exported series, from the last scrape (taken while it trained: some step ≥ 2)
+    number, last = last_scrape(plugin_on)
+    final = logged[number]
     run = ("run", EXPERIMENT)
     for name, seconds in ((k, v) for k, v in final.items() if k.startswith(voc.TIMING_S)):
         phase = name.removeprefix(voc.TIMING_S)
@@ -138,14 +145,14 @@ def test_samples_per_step_with_identity_and_worker_times(plugin_on: Path) -> Non
             assert attrs["rl.sample.uid"] and "rl.sample.session" in attrs
             assert attrs["rl.sample.generate_sequences_s"] > 0
             assert step["start"] - 60e9 < sample["start"] < sample["end"] <= step["end"]
-    last = parse_exposition(sorted((plugin_on / "scrapes").glob("*.txt"))[-1].read_text())
+    number, last = last_scrape(plugin_on)
     count = [
         v
         for (name, labels), v in last.items()
         if name == "rlotel_agent_loop_duration_seconds_count"
         and ("stage", "generate_sequences") in labels
     ]
-    assert count == [STEPS * TRAJECTORIES]
+    assert count == [number * TRAJECTORIES]
 
 
 def test_worker_spans_under_the_driver_phases(plugin_on: Path) -> None:

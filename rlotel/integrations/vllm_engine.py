@@ -1,0 +1,133 @@
+"""vLLM inside verl's rollout server (`vLLMHttpServer`): its request spans join the trace.
+
+verl calls the engine in-process (`AsyncLLM.generate`, no HTTP, no `trace_headers`), so
+vLLM's own tracing, even when on, starts a new trace per request. In the rollout server's
+process rlotel
+- switches vLLM's request tracing on from the OpenTelemetry settings the other processes
+  export with (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`; the
+  protocol of `OTEL_EXPORTER_OTLP_*PROTOCOL`, http/protobuf by default as OpenTelemetry's
+  spec says — vLLM alone defaults to gRPC) unless the engine was given its own endpoint;
+- passes the open phase's context (the traced `generate` call, itself under the trajectory
+  that called it) as `trace_headers`, so vLLM's `llm_request` span is its child;
+- checks once that vLLM's exporter delivers: one line saying so, or one warning saying it
+  does not (vLLM otherwise drops its spans silently).
+Installed when the rollout server's class loads (`verl_workers`), where vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from rlotel import env
+
+log = logging.getLogger("rlotel")
+
+_installed: dict[str, tuple[Any, str, Any]] = {}
+
+
+def otlp_traces_endpoint(environ: Any = os.environ) -> tuple[str, str] | None:
+    """(endpoint, protocol) vLLM should export to, from the OTEL_* settings; None if off."""
+    protocol = env.Environment.read(environ).otlp_traces
+    if protocol is None:
+        return None
+    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    if not endpoint:
+        endpoint = environ[env.OTEL_EXPORTER_OTLP_ENDPOINT].rstrip("/")
+        if protocol == "http/protobuf":
+            endpoint += "/v1/traces"  # a base endpoint gets the signal's path (OTel spec)
+    return endpoint, protocol
+
+
+def install() -> None:
+    """Patch vLLM's `AsyncLLM` and its span exporter factory (idempotent; needs vLLM)."""
+    if _installed:
+        return
+    from vllm.tracing import otel
+    from vllm.v1.engine import async_llm
+
+    engine = async_llm.AsyncLLM
+    _patch(engine, "__init__", _engine_init)
+    _patch(engine, "generate", _generate)
+    _patch(otel, "get_span_exporter", _checked_exporter)
+
+
+def uninstall() -> None:
+    for owner, name, original in _installed.values():
+        setattr(owner, name, original)
+    _installed.clear()
+
+
+def _patch(owner: Any, name: str, make: Any) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+    _installed[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, original)
+
+
+def _engine_init(original: Any) -> Any:
+    def __init__(self, vllm_config, *args, **kwargs):
+        try:
+            observability = vllm_config.observability_config
+            target = otlp_traces_endpoint()
+            if target is not None and observability.otlp_traces_endpoint is None:
+                endpoint, protocol = target
+                observability.otlp_traces_endpoint = endpoint
+                os.environ.setdefault(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
+                log.info("rlotel: vLLM request tracing on, to %s (%s)", endpoint, protocol)
+        except Exception as error:  # the engine must start even if tracing cannot
+            log.warning("rlotel: vLLM tracing not switched on: %r", error)
+        original(self, vllm_config, *args, **kwargs)
+
+    return __init__
+
+
+def _generate(original: Any) -> Any:
+    def generate(self, *args, **kwargs):  # returns vLLM's own async generator: no per-token cost
+        if kwargs.get("trace_headers") is None:
+            try:
+                import rlotel
+
+                tel = rlotel.current()
+                carrier = tel.current_context() if tel is not None else None
+                if carrier:
+                    kwargs["trace_headers"] = carrier
+            except Exception as error:  # never fail a request over its trace context
+                log.debug("rlotel: no trace context for a vLLM request: %r", error)
+        return original(self, *args, **kwargs)
+
+    return generate
+
+
+def _checked_exporter(original: Any) -> Any:
+    def get_span_exporter(endpoint):
+        return DeliveryCheck(original(endpoint), endpoint)
+
+    return get_span_exporter
+
+
+class DeliveryCheck:
+    """vLLM's span exporter, saying once whether its first export arrived."""
+
+    def __init__(self, exporter: Any, endpoint: str) -> None:
+        self._exporter = exporter
+        self._endpoint = endpoint
+        self._checked = False
+
+    def export(self, spans: Any) -> Any:
+        result = self._exporter.export(spans)
+        if not self._checked:
+            self._checked = True
+            if getattr(result, "name", "") == "SUCCESS":
+                log.info("rlotel: vLLM request spans arrive at %s", self._endpoint)
+            else:
+                log.warning(
+                    "rlotel: vLLM request spans do not arrive at %s (%s): the rollout engine's "
+                    "spans are missing from the trace",
+                    self._endpoint,
+                    result,
+                )
+        return result
+
+    def __getattr__(self, name: str) -> Any:  # shutdown, force_flush, ...
+        return getattr(self._exporter, name)
