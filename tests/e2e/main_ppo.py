@@ -9,8 +9,8 @@ the documented address while it trains. Everything lands in WORKDIR: verl's file
 (`verl.jsonl`), the console (`console.log`), the traces (`traces/`), the scrapes
 (`scrapes/`), what every process exported over OTLP to a throwaway receiver
 (`otlp.jsonl`, vLLM's engine spans included), `run.json` (exit code, wall time). The test
-runs this under `unshare -n -m` (loopback only, a private /dev/shm) so nothing it starts is reachable from
-outside and nothing vLLM leaves in /dev/shm outlives it.
+runs this under `unshare -n -m` (loopback only, a private /dev/shm) so nothing it starts is
+reachable from outside and nothing vLLM leaves in /dev/shm outlives it.
 
 Stand-ins, in `verl_cpu/` and outside the measured path: the CPU platform verl lacks and a
 dense toy reward.
