@@ -92,16 +92,7 @@ class Phase:
     def __enter__(self) -> Phase:
         ledger = self._ledger
         if ledger is not None:
-            records = ledger.records
-            parent = _innermost_get()
-            if parent is not None and (parent.end_ns or parent._records is not records):
-                parent = _open_ancestor(parent, records)
-            self.parent = parent
-            if records is None:
-                records = ledger.open_loose(self)
-            else:
-                records.append(self)
-            self._records = records
+            self._attach(ledger)
             self._token = _innermost_set(self)
             if ledger.phase_range is not None:
                 self._enter_range(ledger.phase_range)
@@ -110,6 +101,33 @@ class Phase:
             backend.push(self.name, self.color)
         self.start_ns = perf_counter_ns()
         return self
+
+    def _attach(self, ledger: Ledger) -> None:
+        """Join a trace: the open step's; outside a step, the trace of the phase this
+        context has open (a remote call's: calls served concurrently stay apart), else the
+        process's loose trace, opened with this phase as its root."""
+        records = ledger.records
+        parent = _innermost_get()
+        if (
+            parent is not None
+            and ledger._step is None
+            and parent._ledger is ledger
+            and not parent.end_ns
+            and parent._records
+        ):
+            records = parent._records
+        elif parent is not None and (parent.end_ns or parent._records is not records):
+            parent = _open_ancestor(parent, records)
+        self.parent = parent
+        if records is None:
+            records = ledger.open_loose(self)
+        else:
+            records.append(self)
+        self._records = records
+
+    def _detach(self, ledger: Ledger) -> None:
+        if ledger.loose_root is self:
+            ledger.close_loose()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.end_ns = end = perf_counter_ns()
@@ -134,8 +152,7 @@ class Phase:
                 _innermost_reset(self._token)
             except ValueError:  # closed in another context (a generator, a callback):
                 pass  # that context keeps a closed phase, which the next enter skips
-            if ledger.loose_root is self:
-                ledger.close_loose()
+            self._detach(ledger)
         return False
 
     def _enter_range(self, phase_range: Callable[[str], Any]) -> None:
@@ -171,13 +188,37 @@ class IncompleteStep(Exception):
 
 
 class RemotePhase(Phase):
-    """A phase whose parent span lives in another process (W3C traceparent)."""
+    """A phase whose parent span lives in another process (W3C traceparent): the root of
+    a trace of its own, so that calls a worker serves at once (asyncio tasks, threads)
+    each keep their own parent; what opens inside it in the same context nests in it."""
 
-    __slots__ = ("remote",)
+    __slots__ = ("remote", "trace")
 
     def __init__(self, ledger: Ledger, name: str, color: str | None, remote: tuple[int, int]):
         super().__init__(ledger, name, color)
         self.remote = remote
+        self.trace: Trace | None = None
+
+    def _attach(self, ledger: Ledger) -> None:
+        trace = self.trace = Trace(self, ledger.last_step_number)
+        trace.trace_id, trace.remote_parent = self.remote
+        trace.records.append(self)
+        self._records = trace.records
+
+    def _detach(self, ledger: Ledger) -> None:
+        if self.trace is not None:
+            ledger._publish_trace(self.trace)
+
+
+def _remote_trace(phase: Phase | None, ledger: Ledger) -> Trace | None:
+    """The trace of the remote call the caller's innermost open phase belongs to, if any."""
+    while phase is not None and phase.end_ns:
+        phase = phase.parent
+    while phase is not None:
+        if isinstance(phase, RemotePhase):
+            return phase.trace if phase._ledger is ledger else None
+        phase = phase.parent
+    return None
 
 
 def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException) -> None:
@@ -444,7 +485,14 @@ class Ledger:
         """The trace phases are recorded into now: the open step's, or a loose one."""
         if self._step is not None:
             return self._step.trace
-        return self._loose
+        return _remote_trace(_innermost_get(), self) or self._loose
+
+    def in_open_phase(self) -> bool:
+        """The caller's own context has a phase open (nesting follows contexts)."""
+        phase = _innermost_get()
+        while phase is not None and phase.end_ns:
+            phase = phase.parent
+        return phase is not None and phase._ledger is self
 
     def current_context(self) -> tuple[int, int] | None:
         """(trace_id, span_id) of the innermost open phase, drawing its span id now."""
@@ -537,8 +585,6 @@ class Ledger:
         """A phase with no step open becomes the root of a trace of its own, or, given a
         propagated context, a child of a phase in another process. Returns its records."""
         self._loose = Trace(root, self.last_step_number)
-        if isinstance(root, RemotePhase):
-            self._loose.trace_id, self._loose.remote_parent = root.remote
         self.loose_root = root
         self.records = self._loose.records
         return self.records

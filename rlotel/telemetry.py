@@ -202,7 +202,8 @@ class Telemetry:
                 "not the reserved 'step'); the body runs untimed",
             )
             return Phase(None, "unnamed", color)
-        if context is not None and self.ledger.current_trace is None:
+        ledger = self.ledger
+        if context is not None and ledger.current_step is None and not ledger.in_open_phase():
             ids = parse(context)
             if ids is not None:
                 return RemotePhase(self.ledger, name, color, ids)

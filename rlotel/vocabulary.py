@@ -136,6 +136,7 @@ VERL_CLASS_ROLES: dict[str, str] = {
     "TaskRunnerV1": TRAINER_ROLE,
     "vLLMHttpServer": "rollout",
     "SGLangHttpServer": "rollout",
+    "GlobalRequestLoadBalancer": "load_balancer",  # routes requests to rollout replicas
     "TRTLLMHttpServer": "rollout",
     "AgentLoopWorker": "agent_loop",
     "RewardLoopWorker": "reward",

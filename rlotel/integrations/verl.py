@@ -20,6 +20,7 @@ only, so failures here are logged loudly.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from collections.abc import Iterator
@@ -109,15 +110,28 @@ def _patch_tracking(tracking_module: Any) -> None:
         tracking.supported_backend.append(BACKEND)
     original_init, original_finish = tracking.__init__, tracking.finish
 
-    def __init__(self, project_name, experiment_name, default_backend="console", config=None):
-        original_init(self, project_name, experiment_name, default_backend, config)
-        backends = [default_backend] if isinstance(default_backend, str) else default_backend
-        if BACKEND in backends:
-            self.logger[BACKEND] = RlotelBackend(project_name, experiment_name, config)
+    parameters = inspect.signature(original_init)
 
-    def finish(self, exit_code: int = 0):
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        try:
+            given = parameters.bind(self, *args, **kwargs)
+            given.apply_defaults()
+            options = given.arguments
+            backends = options.get("default_backend") or ()
+            backends = [backends] if isinstance(backends, str) else list(backends)
+            if BACKEND in backends:
+                self.logger[BACKEND] = RlotelBackend(
+                    options.get("project_name"),
+                    options.get("experiment_name"),
+                    options.get("config"),
+                )
+        except Exception:  # verl's loggers work on without this one
+            log.exception("rlotel: the rlotel logger did not start; verl's loggers run on")
+
+    def finish(self, *args, **kwargs):
         backend = getattr(self, "logger", {}).get(BACKEND)
-        original_finish(self, exit_code=exit_code)
+        original_finish(self, *args, **kwargs)
         if backend is not None and not getattr(self, "_rlotel_finished", False):
             self._rlotel_finished = True
             backend.finish()
@@ -133,13 +147,13 @@ def _patch_agent_loop(agent_loop_module: Any) -> None:
     manager = agent_loop_module.AgentLoopManager
     original = manager._performance_metrics
 
-    def _performance_metrics(self, metrics, output):
+    def _performance_metrics(self, metrics, output, *args, **kwargs):
         try:
             lengths = _sample_lengths(output)
             telemetry().record_samples(metrics, **lengths)
         except Exception as error:
             log.warning("rlotel: agent-loop samples not recorded: %r", error)
-        return original(self, metrics, output)
+        return original(self, metrics, output, *args, **kwargs)
 
     manager._performance_metrics = _performance_metrics
     _installed["agent_loop"] = (manager, original)
@@ -185,10 +199,48 @@ def _patch_v0_fit() -> None:
 # --- install -----------------------------------------------------------------------------
 
 
+SUPPORTED = {"verl": ("0.9.0", "0.10.0"), "ray": ("2.41.0", "3.0.0")}  # [low, high)
+
+
+def unsupported_versions() -> list[str]:
+    """`name version` of each installed package outside the range rlotel was built for."""
+    from importlib import metadata
+
+    from packaging.version import Version
+
+    outside = []
+    for name, (low, high) in SUPPORTED.items():
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue  # verl imports Ray lazily where it is not installed
+        if not Version(low) <= Version(version) < Version(high):
+            outside.append(f"{name} {version} (supported: >={low},<{high})")
+    return outside
+
+
 def install() -> None:
-    """Patch verl's timer hook, Tracking and the agent-loop manager (idempotent)."""
+    """Patch verl's timer hook, Tracking, the agent-loop manager, the trainers and Ray's
+    actor calls (idempotent), or nothing: outside the supported versions nothing is
+    patched, and a failure part-way undoes what was already patched."""
     if "timer" in _installed:
         return
+    outside = unsupported_versions()
+    if outside:
+        log.warning(
+            "rlotel: the verl plugin does not support %s; nothing patched, training runs "
+            "without rlotel",
+            ", ".join(outside),
+        )
+        return
+    try:
+        _install()
+    except Exception:
+        uninstall()
+        raise
+
+
+def _install() -> None:
     from verl.utils.profiler import performance
 
     _installed["timer"] = (performance, performance._timer)

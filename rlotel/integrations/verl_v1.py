@@ -73,8 +73,8 @@ def _patch(owner: Any, name: str, make: Any) -> None:
 
 
 def _materialize_batch(original: Any) -> Any:
-    def _materialize_batch(self, partition_id, selected_prompt_uids, partition_snapshot):
-        batch = original(self, partition_id, selected_prompt_uids, partition_snapshot)
+    def _materialize_batch(self, partition_id, *args, **kwargs):
+        batch = original(self, partition_id, *args, **kwargs)
         if partition_id == TRAIN_PARTITION:
             try:
                 record_batch(batch)
@@ -179,27 +179,24 @@ def _run_agent_loop(original: Any) -> Any:
         if not any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
             return await original(self, *args, **kwargs)
         _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
-        tel = _traced_telemetry()
-        if tel is None:
+        import rlotel
+        from rlotel.integrations.verl_workers import call_carrier
+
+        tel, carrier = rlotel.current(), call_carrier()
+        if tel is None or carrier is None:  # no traced call dispatched it
             return await original(self, *args, **kwargs)
-        with tel.phase(vocabulary.TRAJECTORY):  # under the traced generate_sequences call
+        # V1 dispatches fire-and-forget: the trajectory is a child of the caller's phase
+        # (the trainer's `gen`), and its engine calls nest in it.
+        with tel.phase(vocabulary.TRAJECTORY, context=carrier):
             _trajectory_context.set(tel.current_context().get("traceparent"))
             return await original(self, *args, **kwargs)
 
     return _run_agent_loop
 
 
-def _traced_telemetry() -> Any:
-    """This worker's telemetry while a traced call (a driver's context) is open, else None."""
-    import rlotel
-
-    tel = rlotel.current()
-    return tel if tel is not None and tel.ledger.current_trace is not None else None
-
-
 def _compute_score(original: Any) -> Any:
-    async def _compute_score(self, outputs, kwargs):
-        result = await original(self, outputs, kwargs=kwargs)
+    async def _compute_score(self, outputs, *args, **kwargs):
+        result = await original(self, outputs, *args, **kwargs)
         try:
             start = _trajectory_start.get(None)
             if start is not None:

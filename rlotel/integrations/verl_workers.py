@@ -20,6 +20,7 @@ registered for Prometheus file discovery and `RLOTEL_TRACES_DIR` gives it a file
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -44,6 +45,9 @@ _TRACED_MARK = "__rlotel_traced__"
 
 _installed: dict[str, Any] = {}
 _init_lock = threading.Lock()
+_call_carrier: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "rlotel_call_carrier", default=None
+)
 _worker_class: list[type] = []  # the actor class this worker process hosts (loaded first)
 
 
@@ -246,8 +250,18 @@ def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterat
     except Exception as error:
         _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
         phase = contextlib.nullcontext()
-    with phase:
-        yield
+    token = _call_carrier.set(carrier)  # tasks the call spawns keep it (fire-and-forget)
+    try:
+        with phase:
+            yield
+    finally:
+        _call_carrier.reset(token)
+
+
+def call_carrier() -> dict[str, str] | None:
+    """The carrier of the traced call this context serves (or spawned it: asyncio tasks
+    copy it), even after that call returned."""
+    return _call_carrier.get()
 
 
 def _verl_method(instance: Any, name: str, args: tuple) -> str:

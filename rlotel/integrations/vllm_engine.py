@@ -6,7 +6,8 @@ process rlotel
 - switches vLLM's request tracing on from the OpenTelemetry settings the other processes
   export with (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`; the
   protocol of `OTEL_EXPORTER_OTLP_*PROTOCOL`, http/protobuf by default as OpenTelemetry's
-  spec says — vLLM alone defaults to gRPC) unless the engine was given its own endpoint;
+  spec says — vLLM alone defaults to gRPC) unless the engine was given its own endpoint,
+  with request statistics on (vLLM makes its spans from them; verl turns them off);
 - passes the open phase's context (the traced `generate` call, itself under the trajectory
   that called it) as `trace_headers`, so vLLM's `llm_request` span is its child;
 - checks once that vLLM's exporter delivers: one line saying so, or one warning saying it
@@ -20,11 +21,21 @@ import logging
 import os
 from typing import Any
 
-from rlotel import env
+from rlotel import attributes as attr
+from rlotel import env, vocabulary
 
 log = logging.getLogger("rlotel")
 
+ENGINE_SERVICE = "vllm"  # service.name of the engine's spans unless OTEL_SERVICE_NAME says
+RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 _installed: dict[str, tuple[Any, str, Any]] = {}
+
+
+def _add_resource_attribute(key: str, value: str) -> None:
+    """vLLM's tracer reads its resource from the environment (OTel's Resource.create)."""
+    given = os.environ.get(RESOURCE_ATTRIBUTES, "")
+    if f"{key}=" not in given:
+        os.environ[RESOURCE_ATTRIBUTES] = ",".join(filter(None, (given, f"{key}={value}")))
 
 
 def otlp_traces_endpoint(environ: Any = os.environ) -> tuple[str, str] | None:
@@ -71,9 +82,14 @@ def _engine_init(original: Any) -> Any:
             observability = vllm_config.observability_config
             target = otlp_traces_endpoint()
             if target is not None and observability.otlp_traces_endpoint is None:
+                if args:  # log_stats given by position: not ours to change
+                    raise TypeError("AsyncLLM called with positional options")
                 endpoint, protocol = target
                 observability.otlp_traces_endpoint = endpoint
+                kwargs["log_stats"] = True  # vLLM builds request spans from request stats
                 os.environ.setdefault(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
+                os.environ.setdefault(env.OTEL_SERVICE_NAME, ENGINE_SERVICE)
+                _add_resource_attribute(attr.ROLE, vocabulary.VERL_CLASS_ROLES["vLLMHttpServer"])
                 log.info("rlotel: vLLM request tracing on, to %s (%s)", endpoint, protocol)
         except Exception as error:  # the engine must start even if tracing cannot
             log.warning("rlotel: vLLM tracing not switched on: %r", error)

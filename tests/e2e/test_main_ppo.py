@@ -25,7 +25,10 @@ pytestmark = pytest.mark.slow
 
 STEPS = 3
 TRAJECTORIES = 4 * 2  # data.train_batch_size × rollout.n
-VERL_ROLES = {"actor", "rollout", "ref", "critic", "reward", "agent_loop", "transfer_queue"}
+VERL_ROLES = {
+    *("actor", "rollout", "ref", "critic", "reward"),  # verl's own role names
+    *("agent_loop", "load_balancer", "transfer_queue"),  # its other actors
+}
 COMPARED = (voc.TIMING_S, voc.TIMING_PER_TOKEN_MS, voc.OFF_POLICY)
 COMPARED_KEYS = (voc.THROUGHPUT, voc.TIME_PER_STEP, voc.TOTAL_NUM_TOKENS)
 
@@ -199,3 +202,37 @@ def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path)
         assert set(off[number]) == set(on[number]), number
     assert not (plugin_off / "traces").exists()
     assert not list((plugin_off / "scrapes").glob("*.txt"))
+
+
+def otlp_spans(work: Path) -> dict[str, dict]:
+    lines = (work / "otlp.jsonl").read_text().splitlines()
+    return {span["id"]: span for span in map(json.loads, lines)}
+
+
+def ancestry(span: dict, spans: dict[str, dict]) -> list[tuple[str, str]]:
+    chain = []
+    while span is not None:
+        chain.append((span["role"] or span["service"], span["name"]))
+        span = spans.get(span["parent"])
+    return chain
+
+
+def test_engine_requests_under_the_trajectory_they_served(plugin_on: Path) -> None:
+    spans = otlp_spans(plugin_on)
+    requests = [s for s in spans.values() if s["name"] == "llm_request"]
+    assert len(requests) >= STEPS * TRAJECTORIES, len(requests)
+    for request in requests:
+        chain = ancestry(request, spans)
+        assert chain[0] == ("vllm.llm_engine", "llm_request") or chain[0][1] == "llm_request"
+        names = [name for _, name in chain]
+        assert names[1] == "generate" and chain[1][0] == "rollout", chain
+        assert "trajectory" in names and ("trainer", "gen") in chain and names[-1] == "step"
+        assert len({spans[request["id"]]["trace"]} | {s["trace"] for s in spans.values()
+                                                      if s["id"] == request["parent"]}) == 1
+    # the trainer's sample spans link the worker-side trajectory spans they were
+    trajectories = {s["id"] for s in spans.values() if s["name"] == "trajectory"}
+    samples = [s for s in spans_by_role(plugin_on)["trainer"] if s["name"] == "sample"]
+    linked = {span for s in samples for _, span, link in s["links"]
+              if link.get("rl.link.relation") == "trajectory"}  # fmt: skip
+    assert len(linked) == len(samples) == STEPS * TRAJECTORIES
+    assert linked <= trajectories
