@@ -61,6 +61,7 @@ class Phase:
         "color",
         "end_ns",
         "error",
+        "marks_nvtx",
         "name",
         "parent",
         "span_id",
@@ -84,6 +85,7 @@ class Phase:
         self.start_ns = 0
         self.end_ns = 0
         self.error: BaseException | None = None
+        self.marks_nvtx = True  # False: the caller marks this range itself (verl's NVTX timer)
 
     @property
     def seconds(self) -> float:
@@ -97,7 +99,7 @@ class Phase:
             if ledger.phase_range is not None:
                 self._enter_range(ledger.phase_range)
         backend = nvtx._backend
-        if backend is not None:
+        if backend is not None and self.marks_nvtx:
             backend.push(self.name, self.color)
         self.start_ns = perf_counter_ns()
         return self
@@ -132,7 +134,7 @@ class Phase:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.end_ns = end = perf_counter_ns()
         backend = nvtx._backend
-        if backend is not None:
+        if backend is not None and self.marks_nvtx:
             backend.pop()
         if exc is not None:
             self.error = exc

