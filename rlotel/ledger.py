@@ -12,11 +12,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
-from random import getrandbits
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from rlotel import formulas, goodput, nvtx, ranks, samples, staleness, vocabulary
+from rlotel import formulas, goodput, ids, nvtx, ranks, samples, staleness, vocabulary
 from rlotel.diagnose import StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.samples import SampleBatch
@@ -236,7 +235,7 @@ class Trace:
     __slots__ = ("records", "remote_parent", "root", "samples", "step", "trace_id")
 
     def __init__(self, root: Phase, step: int | None) -> None:
-        self.trace_id = getrandbits(128) or 1
+        self.trace_id = ids.trace_id()
         self.root = root
         self.records: list[Phase] = []
         self.samples: list[SampleBatch] = []
@@ -503,7 +502,7 @@ class Ledger:
             return None
         phase = innermost_open(trace.records) or trace.root
         if not phase.span_id:
-            phase.span_id = getrandbits(64) or 1
+            phase.span_id = ids.span_id()
         return trace.trace_id, phase.span_id
 
     def attach_samples(self, batch: SampleBatch, max_spans: int) -> bool:

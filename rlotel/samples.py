@@ -9,12 +9,12 @@ everything valid is kept.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from random import getrandbits
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from rlotel import attributes as attr
+from rlotel import ids
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
 from rlotel.propagation import parse
@@ -395,7 +395,7 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
         candidates = np.arange(totals.size)
     candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
-    batch.spans.extend(SampleSpan(index, getrandbits(64) or 1) for index in order.tolist())
+    batch.spans.extend(SampleSpan(index, ids.span_id()) for index in order.tolist())
     batch.settle()
 
 

@@ -12,10 +12,10 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from random import getrandbits
 from typing import Any
 
 from rlotel import attributes as attr
+from rlotel import ids
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z.=+-]+")
 
@@ -56,8 +56,8 @@ class Capture:
     start_ns: int = 0  # perf_counter_ns
     end_ns: int = 0
     phase_context: tuple[int, int] | None = None  # (trace_id, span_id) the window covered
-    trace_id: int = field(default_factory=lambda: getrandbits(128) or 1)
-    span_id: int = field(default_factory=lambda: getrandbits(64) or 1)
+    trace_id: int = field(default_factory=ids.trace_id)
+    span_id: int = field(default_factory=ids.span_id)
     size: int = 0
     top_ops: list[str] = field(default_factory=list)
     phases: list[str] = field(default_factory=list)

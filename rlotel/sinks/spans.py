@@ -12,13 +12,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from random import getrandbits
 from typing import Any
 
 import numpy as np
 
 from rlotel import attributes as attr
-from rlotel import ranks, vocabulary
+from rlotel import ids, ranks, vocabulary
 from rlotel.drops import Drops
 from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Phase, Step, Trace
@@ -37,7 +36,7 @@ _SAMPLE_KEYS = {
 
 def _span_id(record: Phase) -> int:
     if not record.span_id:
-        record.span_id = getrandbits(64) or 1
+        record.span_id = ids.span_id()
     return record.span_id
 
 
