@@ -195,6 +195,14 @@ DROPPED = MetricSpec(
     "Telemetry inputs dropped, by signal and reason; training is never interrupted.",
     ("signal", "reason"),
 )
+INTEGRATION_EVENTS = MetricSpec(
+    "rlotel_integration_events",
+    "counter",
+    "",
+    "Times each zero-code integration hook fired in this process (verl's timers, Tracking, "
+    "replay batches, worker calls, ...); one that stops counting has stopped firing.",
+    ("hook",),
+)
 
 # Weight versions a sample lags or spans: integers, fine where small, coarser further out.
 STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(
@@ -277,6 +285,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     BOTTLENECK,
     PROFILE_CAPTURES,
     DROPPED,
+    INTEGRATION_EVENTS,
     PHASE_RANK_SPREAD,
     GOODPUT,
     BUCKET_SECONDS,

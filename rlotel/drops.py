@@ -23,10 +23,12 @@ LOG_INTERVAL_S = 60.0
 
 
 class Drops:
-    """Thread-safe drop counters keyed by (signal, reason)."""
+    """Thread-safe drop counters keyed by (signal, reason), and how often each
+    integration hook fired: the health of the telemetry itself."""
 
     def __init__(self, log_interval_s: float = LOG_INTERVAL_S) -> None:
         self._counts: Counter[tuple[str, str]] = Counter()
+        self._hooks: Counter[str] = Counter()
         self.total = 0  # every drop so far; only grows (a cheap "changed?" check for readers)
         self._last_logged: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -55,6 +57,16 @@ class Drops:
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._counts)
+
+    def fired(self, hook: str) -> None:
+        """A zero-code integration hook ran (`rlotel_integration_events_total{hook}`): one
+        that stops counting has stopped firing — the library it patches moved."""
+        with self._lock:
+            self._hooks[hook] += 1
+
+    def hooks(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._hooks)
 
 
 def describe(value: Any) -> str:

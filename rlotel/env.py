@@ -16,6 +16,7 @@ from pathlib import Path
 
 from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
 from opentelemetry.sdk.environment_variables import (
+    OTEL_BSP_SCHEDULE_DELAY,
     OTEL_EXPORTER_OTLP_ENDPOINT,
     OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
@@ -44,6 +45,10 @@ TRACES, METRICS = "TRACES", "METRICS"
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PROMETHEUS_PORT = 9464
 DEFAULT_EXPORT_INTERVAL_MS = 60000.0
+# Span export at most this often (OTEL_BSP_SCHEDULE_DELAY, ms): OTel's 5 s would lose the
+# last seconds of a Ray worker, which Ray ends without running its exit handlers.
+DEFAULT_SPAN_EXPORT_DELAY_MS = 1000.0
+WORKER_SPAN_EXPORT_DELAY_MS = 250.0
 _OTLP = {
     TRACES: (
         OTEL_TRACES_EXPORTER,
@@ -76,6 +81,7 @@ class Environment:
     otlp_traces: str | None  # protocol when OTLP span export is on, else None
     otlp_metrics: str | None
     metric_export_interval_s: float
+    span_export_delay_s: float | None  # OTEL_BSP_SCHEDULE_DELAY; None: rlotel's default
     prometheus_host: str | None
     prometheus_port: int | None
     run: str | None
@@ -94,6 +100,7 @@ class Environment:
             otlp_traces=_otlp(environ, TRACES),
             otlp_metrics=_otlp(environ, METRICS),
             metric_export_interval_s=_interval_s(environ),
+            span_export_delay_s=_milliseconds(environ, OTEL_BSP_SCHEDULE_DELAY, allow_zero=True),
             prometheus_host=environ.get(OTEL_EXPORTER_PROMETHEUS_HOST) or None,
             prometheus_port=_port(environ.get(OTEL_EXPORTER_PROMETHEUS_PORT)),
             run=environ.get(RLOTEL_RUN) or None,
@@ -129,16 +136,23 @@ def _otlp(environ: Mapping[str, str], signal: str) -> str | None:
 
 
 def _interval_s(environ: Mapping[str, str]) -> float:
-    raw = environ.get(OTEL_METRIC_EXPORT_INTERVAL, str(DEFAULT_EXPORT_INTERVAL_MS))
+    seconds = _milliseconds(environ, OTEL_METRIC_EXPORT_INTERVAL)
+    return DEFAULT_EXPORT_INTERVAL_MS / 1000 if seconds is None else seconds
+
+
+def _milliseconds(environ: Mapping[str, str], name: str, allow_zero: bool = False) -> float | None:
+    """A variable in milliseconds, as seconds; None when unset."""
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None
     try:
-        interval_ms = float(raw)
+        milliseconds = float(raw)
     except ValueError:
-        interval_ms = -1.0
-    if not interval_ms > 0:
-        raise ConfigError(
-            f"{OTEL_METRIC_EXPORT_INTERVAL} must be a positive number of milliseconds, got {raw!r}"
-        )
-    return interval_ms / 1000
+        milliseconds = -1.0
+    if not (milliseconds >= 0 if allow_zero else milliseconds > 0):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ConfigError(f"{name} must be a {kind} number of milliseconds, got {raw!r}")
+    return milliseconds / 1000
 
 
 def _port(raw: str | None) -> int | None:

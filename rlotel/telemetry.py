@@ -21,6 +21,7 @@ from rlotel import attributes as attr
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.diagnose import Diagnoser
 from rlotel.drops import Drops, describe, encodable
+from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks, innermost_open
 from rlotel.metrics.recorder import Recorder
@@ -115,8 +116,17 @@ class Telemetry:
         )
         sinks: list[Sink] = [Recorder(store, self.drops)]
         if exporters:
+            delay_s = environment.span_export_delay_s
+            if delay_s is None:
+                delay_s = DEFAULT_SPAN_EXPORT_DELAY_MS / 1000
             sinks.append(
-                SpanSink(config.run, exporters, self.drops, phase_buckets=self._phase_buckets)
+                SpanSink(
+                    config.run,
+                    exporters,
+                    self.drops,
+                    phase_buckets=self._phase_buckets,
+                    delay_s=delay_s,
+                )
             )
             self._traced = True
         if config.prometheus_port is not None:

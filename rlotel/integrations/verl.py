@@ -80,6 +80,23 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
         seconds = record.seconds
         timing_raw[name] = timing_raw.get(name, 0) + seconds
         _count_codetiming(name, seconds)
+        tel.drops.fired("verl_timer")
+        if record is not scope and "gen" in timing_raw and not scope.trace.samples:
+            _warn_once(
+                "no_samples",
+                "rlotel: step %s ran gen but no per-sample metrics were captured (verl's agent "
+                "loop or replay buffer hook did not fire): the tail histograms stay empty",
+                scope.number,
+            )
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
 
 
 def _count_codetiming(name: str, seconds: float) -> None:
@@ -104,6 +121,7 @@ class RlotelBackend:
         log.info("rlotel: verl run %r, metrics at %s", experiment_name, self.tel.metrics_url)
 
     def log(self, data: dict, step: int) -> None:
+        self.tel.drops.fired("verl_tracking_log")
         self.tel.log(data, step)
 
     def finish(self) -> None:
@@ -156,7 +174,9 @@ def _patch_agent_loop(agent_loop_module: Any) -> None:
     def _performance_metrics(self, metrics, output, *args, **kwargs):
         try:
             lengths = _sample_lengths(output)
-            telemetry().record_samples(metrics, **lengths)
+            tel = telemetry()
+            tel.drops.fired("verl_agent_loop_metrics")
+            tel.record_samples(metrics, **lengths)
         except Exception as error:
             log.warning("rlotel: agent-loop samples not recorded: %r", error)
         return original(self, metrics, output, *args, **kwargs)

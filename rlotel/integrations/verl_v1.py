@@ -94,6 +94,7 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     from rlotel.integrations.process import telemetry
 
     tel = telemetry()
+    tel.drops.fired("verl_v1_replay_batch")
     _set_tokens(tel, batch.tags)
     real = [
         (key, tag)
@@ -187,6 +188,7 @@ def _run_agent_loop(original: Any) -> Any:
             return await original(self, *args, **kwargs)
         # V1 dispatches fire-and-forget: the trajectory is a child of the caller's phase
         # (the trainer's `gen`), and its engine calls nest in it.
+        tel.drops.fired("verl_v1_trajectory")
         with tel.phase(vocabulary.TRAJECTORY, context=carrier):
             _trajectory_context.set(tel.current_context().get("traceparent"))
             return await original(self, *args, **kwargs)

@@ -246,7 +246,9 @@ def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterat
         if name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             phase = contextlib.nullcontext()
         else:
-            phase = worker_telemetry(instance, carrier).phase(name, context=carrier)
+            tel = worker_telemetry(instance, carrier)
+            tel.drops.fired("ray_actor_call")
+            phase = tel.phase(name, context=carrier)
     except Exception as error:
         _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
         phase = contextlib.nullcontext()
@@ -347,7 +349,11 @@ def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any
     from rlotel.integrations import ray as ray_integration
 
     environment = Environment.read()
+    if environment.span_export_delay_s is None:  # Ray ends workers without exit handlers
+        delay_s = env.WORKER_SPAN_EXPORT_DELAY_MS / 1000
+        environment = replace(environment, span_export_delay_s=delay_s)
     options: dict[str, Any] = {
+        "environment": environment,
         "run": environment.run or run or "verl",
         "prometheus_addr": environment.prometheus_host or "127.0.0.1",
         "prometheus_port": 0,
@@ -361,9 +367,9 @@ def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any
         # An unwritable traces directory must not stop a worker: it trains, and its spans
         # are counted as dropped (logged once per interval) instead of written.
         log.warning("rlotel: %s; this worker's spans are dropped and counted", error)
+        options["environment"] = replace(environment, traces_dir=None)
         tel = rlotel.init(
             **options,
-            environment=replace(environment, traces_dir=None),
             span_exporters=[_unwritable_exporter(environment.traces_dir)],
         )
     labels = {key.removeprefix("rl."): str(value) for key, value in identity.items()}

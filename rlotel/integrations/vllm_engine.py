@@ -89,6 +89,9 @@ def _engine_init(original: Any) -> Any:
                 kwargs["log_stats"] = True  # vLLM builds request spans from request stats
                 os.environ.setdefault(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
                 os.environ.setdefault(env.OTEL_SERVICE_NAME, ENGINE_SERVICE)
+                os.environ.setdefault(  # vLLM's span processor: Ray skips its exit flush
+                    env.OTEL_BSP_SCHEDULE_DELAY, str(int(env.WORKER_SPAN_EXPORT_DELAY_MS))
+                )
                 _add_resource_attribute(attr.ROLE, vocabulary.VERL_CLASS_ROLES["vLLMHttpServer"])
                 log.info("rlotel: vLLM request tracing on, to %s (%s)", endpoint, protocol)
         except Exception as error:  # the engine must start even if tracing cannot
@@ -108,6 +111,7 @@ def _generate(original: Any) -> Any:
                 carrier = tel.current_context() if tel is not None else None
                 if carrier:
                     kwargs["trace_headers"] = carrier
+                    tel.drops.fired("vllm_request_context")
             except Exception as error:  # never fail a request over its trace context
                 log.debug("rlotel: no trace context for a vLLM request: %r", error)
         return original(self, *args, **kwargs)

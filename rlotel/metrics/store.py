@@ -216,6 +216,9 @@ class SeriesStore:
                 for spec, family in self._histograms.items()
             }
             drops = self._drops.snapshot()
+            hooks = self._drops.hooks()
         for (signal, reason), count in drops.items():
             scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
+        for hook, count in hooks.items():
+            scalars.setdefault(cat.INTEGRATION_EVENTS, {})[(hook,)] = float(count)
         return Snapshot(scalars, histograms, version)

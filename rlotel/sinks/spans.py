@@ -289,9 +289,12 @@ class SpanSink(Sink):
         exporters: dict[str, SpanBatchExporter],
         drops: Drops,
         phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets,
+        delay_s: float = 1.0,
     ) -> None:
         self._build = SpanBuilder(run, phase_buckets)
-        self._queues = [ExportQueue(name, exporter, drops) for name, exporter in exporters.items()]
+        self._queues = [
+            ExportQueue(name, exporter, drops, delay_s) for name, exporter in exporters.items()
+        ]
 
     def _put(self, spans: list[SpanItem]) -> None:
         count = span_count(spans)

@@ -142,10 +142,11 @@ def test_samples_per_step_with_identity_and_worker_times(plugin_on: Path) -> Non
     assert sorted(steps) == list(range(1, STEPS + 1))
     for number, step in steps.items():
         samples = [s for s in trainer if s["name"] == "sample" and s["trace"] == step["trace"]]
-        assert len(samples) == TRAJECTORIES, number
+        assert 1 <= len(samples) <= TRAJECTORIES, number  # the slowest get spans (budget)
         for sample in samples:
             attrs = sample["attrs"]
             assert attrs["rl.sample.uid"] and "rl.sample.session" in attrs
+            assert attrs["rl.sample.turns"] >= 1  # stamped by the agent-loop worker
             assert attrs["rl.sample.generate_sequences_s"] > 0
             assert step["start"] - 60e9 < sample["start"] < sample["end"] <= step["end"]
     number, last = last_scrape(plugin_on)
@@ -175,11 +176,14 @@ def test_worker_spans_under_the_driver_phases(plugin_on: Path) -> None:
 
 def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> None:
     traces = plugin_on / "traces"
-    assert cli.main(["analyze", str(traces)]) == 0
-    table = capsys.readouterr().out
-    for number, data in verl_log(plugin_on).items():
-        assert re.search(rf"\b{number}\b", table)
-        assert f"{data['timing_s/gen']:.2f}" in table or f"{data['timing_s/gen']:.3f}" in table
+    assert cli.main(["analyze", str(traces), "--every", "1"]) == 0
+    tables = capsys.readouterr().out.split("Step ledger, ")[1:]
+    logged = verl_log(plugin_on)
+    assert len(tables) == len(logged)
+    for table, (number, data) in zip(tables, sorted(logged.items()), strict=True):
+        assert table.startswith(f"steps {number}–{number}")
+        for phase in ("gen", "update_actor", "step"):
+            assert re.search(rf"{phase}\s+│\s+{data[f'timing_s/{phase}']:.4f}", table), phase
     assert cli.main(["report", str(traces), "-o", str(tmp_path / "report.html")]) == 0
     assert cli.main(["perfetto", str(traces), "-o", str(tmp_path / "trace.json")]) == 0
     events = json.loads((tmp_path / "trace.json").read_text())
@@ -239,5 +243,5 @@ def test_engine_requests_under_the_trajectory_they_served(plugin_on: Path) -> No
     samples = [s for s in spans_by_role(plugin_on)["trainer"] if s["name"] == "sample"]
     linked = {span for s in samples for _, span, link in s["links"]
               if link.get("rl.link.relation") == "trajectory"}  # fmt: skip
-    assert len(linked) == len(samples) == STEPS * TRAJECTORIES
+    assert samples and len(linked) == len(samples)
     assert linked <= trajectories

@@ -1,0 +1,87 @@
+"""verl's real `main_ppo` with the rlotel plugin on ÷ off, per window, side by side.
+
+Alternating runs (off, on, off, on, ...) of the e2e recipe (`tests/e2e/main_ppo.py`: V1,
+GRPO, vLLM rollout, tiny model, CPU, `unshare -n -m`); each run's windows read from verl's
+own file logger (`timing_s/*`), steps ≥ 2 (step 1 warms vLLM up). Per window: the median
+over a run's steps, then the median over runs of each side; the ratio on ÷ off and the
+difference in milliseconds. Absolute times here are noisy (2 shared cores): read ratios.
+
+    .venv/bin/python benchmarks/verl_e2e.py [--pairs 2] [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlotel import vocabulary as voc  # noqa: E402
+from tests.e2e.main_ppo import run_isolated  # noqa: E402
+
+FIRST_MEASURED_STEP = 2
+
+
+def windows(work: Path) -> dict[str, float]:
+    """Median seconds per window (and `step`) over the run's steps ≥ 2."""
+    per_window: dict[str, list[float]] = {}
+    for line in (work / "verl.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["step"] < FIRST_MEASURED_STEP:
+            continue
+        for name, seconds in voc.timing_from_metrics(record["data"]).items():
+            per_window.setdefault(name, []).append(seconds)
+    return {name: statistics.median(values) for name, values in per_window.items()}
+
+
+def one_run(plugin: bool, steps: int, assets: Path | None) -> tuple[dict[str, float], Path]:
+    work = Path(tempfile.mkdtemp(prefix="rl-bench-", dir="/tmp"))
+    if assets is not None:
+        shutil.copytree(assets, work / "assets")
+    argv = [str(work), "--steps", str(steps), *([] if plugin else ["--off"])]
+    result = run_isolated(argv)
+    if result.returncode != 0:
+        tail = (work / "console.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"main_ppo failed (plugin {'on' if plugin else 'off'}):\n{tail}")
+    return windows(work), work
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6)
+    options = parser.parse_args()
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    assets: Path | None = None
+    made: list[Path] = []
+    try:
+        for pair in range(options.pairs):
+            for plugin in (False, True) if pair % 2 == 0 else (True, False):
+                measured, work = one_run(plugin, options.steps, assets)
+                assets = assets or work / "assets"
+                made.append(work)
+                runs[plugin].append(measured)
+                print(f"pair {pair + 1}, plugin {'on ' if plugin else 'off'}: step "
+                      f"{measured[voc.STEP]:.3f} s", flush=True)  # fmt: skip
+    finally:
+        for work in made:
+            shutil.rmtree(work, ignore_errors=True)
+    names = sorted(set.intersection(*(set(r) for r in runs[False] + runs[True])))
+    names.sort(key=lambda n: (n != voc.STEP, n))
+    print(f"\nverl main_ppo, steps {FIRST_MEASURED_STEP}-{options.steps}, {options.pairs} "
+          "alternating pairs; median of run medians")  # fmt: skip
+    print(f"{'window':<18}{'off s':>10}{'on s':>10}{'on/off':>9}{'Δ ms':>9}")
+    for name in names:
+        off = statistics.median(r[name] for r in runs[False])
+        on = statistics.median(r[name] for r in runs[True])
+        ratio = on / off if off else float("nan")
+        print(f"{name:<18}{off:>10.4f}{on:>10.4f}{ratio:>9.3f}{(on - off) * 1000:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
