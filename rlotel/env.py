@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from opentelemetry.sdk.environment_variables import (
     OTEL_EXPORTER_PROMETHEUS_HOST,
     OTEL_EXPORTER_PROMETHEUS_PORT,
     OTEL_METRIC_EXPORT_INTERVAL,
+    OTEL_RESOURCE_ATTRIBUTES,
     OTEL_SDK_DISABLED,
     OTEL_SERVICE_NAME,
 )
@@ -48,7 +49,7 @@ DEFAULT_EXPORT_INTERVAL_MS = 60000.0
 # Span export at most this often (OTEL_BSP_SCHEDULE_DELAY, ms): OTel's 5 s would lose the
 # last seconds of a Ray worker, which Ray ends without running its exit handlers.
 DEFAULT_SPAN_EXPORT_DELAY_MS = 1000.0
-WORKER_SPAN_EXPORT_DELAY_MS = 250.0
+WORKER_SPAN_EXPORT_DELAY_MS = 250
 _OTLP = {
     TRACES: (
         OTEL_TRACES_EXPORTER,
@@ -181,3 +182,32 @@ def rank(environ: Mapping[str, str] = os.environ) -> int:
 
 def world_size(environ: Mapping[str, str] = os.environ) -> int:
     return _count(environ, WORLD_SIZE, 1)
+
+
+def otlp_traces_endpoint(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
+    """(endpoint URL, protocol) spans go to, for a library that takes one URL (vLLM):
+    `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, else `OTEL_EXPORTER_OTLP_ENDPOINT` with
+    the signal's path for http (OTel's spec); None when OTLP span export is off."""
+    protocol = _otlp(environ, TRACES)
+    if protocol is None:
+        return None
+    endpoint = environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    if not endpoint:
+        endpoint = environ[OTEL_EXPORTER_OTLP_ENDPOINT].rstrip("/")
+        if protocol == "http/protobuf":
+            endpoint += "/v1/traces"
+    return endpoint, protocol
+
+
+def set_default(name: str, value: str, environ: MutableMapping[str, str] = os.environ) -> None:
+    """For a library configured through the environment (vLLM's tracer): unless set."""
+    environ.setdefault(name, value)
+
+
+def add_resource_attribute(
+    key: str, value: str, environ: MutableMapping[str, str] = os.environ
+) -> None:
+    """`OTEL_RESOURCE_ATTRIBUTES` gains `key=value` unless it names `key` already."""
+    given = environ.get(OTEL_RESOURCE_ATTRIBUTES, "")
+    if f"{key}=" not in given:
+        environ[OTEL_RESOURCE_ATTRIBUTES] = ",".join(filter(None, (given, f"{key}={value}")))

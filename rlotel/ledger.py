@@ -203,8 +203,7 @@ class RemotePhase(Phase):
     def _attach(self, ledger: Ledger) -> None:
         trace = self.trace = Trace(self, ledger.last_step_number)
         trace.trace_id, trace.remote_parent = self.remote
-        trace.records.append(self)
-        self._records = trace.records
+        self._records = trace.records  # its children's list: a root is not among them
 
     def _detach(self, ledger: Ledger) -> None:
         if self.trace is not None:

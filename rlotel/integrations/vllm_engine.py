@@ -18,7 +18,6 @@ Installed when the rollout server's class loads (`verl_workers`), where vLLM is 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from rlotel import attributes as attr
@@ -27,28 +26,8 @@ from rlotel import env, vocabulary
 log = logging.getLogger("rlotel")
 
 ENGINE_SERVICE = "vllm"  # service.name of the engine's spans unless OTEL_SERVICE_NAME says
-RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+SERVICE_NAME = "service.name"
 _installed: dict[str, tuple[Any, str, Any]] = {}
-
-
-def _add_resource_attribute(key: str, value: str) -> None:
-    """vLLM's tracer reads its resource from the environment (OTel's Resource.create)."""
-    given = os.environ.get(RESOURCE_ATTRIBUTES, "")
-    if f"{key}=" not in given:
-        os.environ[RESOURCE_ATTRIBUTES] = ",".join(filter(None, (given, f"{key}={value}")))
-
-
-def otlp_traces_endpoint(environ: Any = os.environ) -> tuple[str, str] | None:
-    """(endpoint, protocol) vLLM should export to, from the OTEL_* settings; None if off."""
-    protocol = env.Environment.read(environ).otlp_traces
-    if protocol is None:
-        return None
-    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
-    if not endpoint:
-        endpoint = environ[env.OTEL_EXPORTER_OTLP_ENDPOINT].rstrip("/")
-        if protocol == "http/protobuf":
-            endpoint += "/v1/traces"  # a base endpoint gets the signal's path (OTel spec)
-    return endpoint, protocol
 
 
 def install() -> None:
@@ -80,19 +59,18 @@ def _engine_init(original: Any) -> Any:
     def __init__(self, vllm_config, *args, **kwargs):
         try:
             observability = vllm_config.observability_config
-            target = otlp_traces_endpoint()
+            target = env.otlp_traces_endpoint()
             if target is not None and observability.otlp_traces_endpoint is None:
                 if args:  # log_stats given by position: not ours to change
                     raise TypeError("AsyncLLM called with positional options")
                 endpoint, protocol = target
                 observability.otlp_traces_endpoint = endpoint
                 kwargs["log_stats"] = True  # vLLM builds request spans from request stats
-                os.environ.setdefault(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
-                os.environ.setdefault(env.OTEL_SERVICE_NAME, ENGINE_SERVICE)
-                os.environ.setdefault(  # vLLM's span processor: Ray skips its exit flush
-                    env.OTEL_BSP_SCHEDULE_DELAY, str(int(env.WORKER_SPAN_EXPORT_DELAY_MS))
-                )
-                _add_resource_attribute(attr.ROLE, vocabulary.VERL_CLASS_ROLES["vLLMHttpServer"])
+                env.set_default(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
+                # vLLM's span processor exports this often: Ray skips its exit flush
+                env.set_default(env.OTEL_BSP_SCHEDULE_DELAY, str(env.WORKER_SPAN_EXPORT_DELAY_MS))
+                env.add_resource_attribute(SERVICE_NAME, ENGINE_SERVICE)  # OTEL_SERVICE_NAME wins
+                env.add_resource_attribute(attr.ROLE, vocabulary.VERL_CLASS_ROLES["vLLMHttpServer"])
                 log.info("rlotel: vLLM request tracing on, to %s (%s)", endpoint, protocol)
         except Exception as error:  # the engine must start even if tracing cannot
             log.warning("rlotel: vLLM tracing not switched on: %r", error)

@@ -214,8 +214,9 @@ def otlp_spans(work: Path) -> dict[str, dict]:
 
 
 def ancestry(span: dict, spans: dict[str, dict]) -> list[tuple[str, str]]:
-    chain = []
+    chain: list[tuple[str, str]] = []
     while span is not None:
+        assert len(chain) < 64, f"a cycle of parents: {chain[:8]}"
         chain.append((span["role"] or span["service"], span["name"]))
         span = spans.get(span["parent"])
     return chain
