@@ -48,16 +48,22 @@ def install() -> None:
     if _installed:
         return
     try:
+        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    except Exception as error:  # needs verl's serving extras
+        log.info("rlotel: verl agent loop not available (%r); V1 capture off", error)
+        return
+    # Before V1's modules load: `@ray.remote class AgentLoopWorkerTQ(AgentLoopWorker)` copies
+    # the methods it inherits into Ray's subclass when it is decorated.
+    _patch(AgentLoopWorker, "_run_agent_loop", _run_agent_loop)
+    _patch(AgentLoopWorker, "_compute_score", _compute_score)
+    try:
         from verl.trainer.ppo.v1 import replay_buffer, trainer_base
-    except Exception as error:  # V1 needs transferqueue and verl's serving extras
+    except Exception as error:  # V1 needs transferqueue
         log.info("rlotel: verl V1 trainer not available (%r); V1 capture off", error)
+        uninstall()
         return
     _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
     _patch(trainer_base.PPOTrainer, "fit", _fit)
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-
-    _patch(AgentLoopWorker, "_run_agent_loop", _run_agent_loop)
-    _patch(AgentLoopWorker, "_compute_score", _compute_score)
 
 
 def uninstall() -> None:
