@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlotel import vocabulary as voc  # noqa: E402
-from tests.e2e.main_ppo import run_isolated  # noqa: E402
+from rlotel import vocabulary as voc
+from tests.e2e.main_ppo import run_isolated
 
 FIRST_MEASURED_STEP = 2
 

@@ -266,3 +266,24 @@ def test_a_failing_patch_undoes_the_others(monkeypatch):
         plugin.install()
     assert not plugin.patched()
     assert performance._timer is before_timer and tracking.Tracking.__init__ is before_init
+
+
+def test_patched_agent_loop_workers_still_pickle_for_ray():
+    """Ray pickles an actor class made at run time (`ray.remote(AgentLoopWorker)`, V0) by
+    value, methods included: rlotel's replacements must pickle (by reference), or verl's
+    agent-loop workers never start."""
+    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+    ray = pytest.importorskip("ray")
+    from ray import cloudpickle
+
+    from rlotel.integrations import verl as plugin
+
+    plugin.install()
+    try:
+        actor = ray.remote(agent_loop.AgentLoopWorker)
+        modified = actor.__ray_metadata__.modified_class
+        assert modified._compute_score.__module__ == "rlotel.integrations.verl_v1"
+        restored = cloudpickle.loads(cloudpickle.dumps(modified))
+        assert restored._run_agent_loop.__qualname__ == "run_agent_loop"
+    finally:
+        plugin.uninstall()

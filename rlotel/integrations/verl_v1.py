@@ -54,8 +54,8 @@ def install() -> None:
         return
     # Before V1's modules load: `@ray.remote class AgentLoopWorkerTQ(AgentLoopWorker)` copies
     # the methods it inherits into Ray's subclass when it is decorated.
-    _patch(AgentLoopWorker, "_run_agent_loop", _run_agent_loop)
-    _patch(AgentLoopWorker, "_compute_score", _compute_score)
+    _replace(AgentLoopWorker, "_run_agent_loop", run_agent_loop)
+    _replace(AgentLoopWorker, "_compute_score", compute_score)
     try:
         from verl.trainer.ppo.v1 import replay_buffer, trainer_base
     except Exception as error:  # V1 needs transferqueue
@@ -73,9 +73,12 @@ def uninstall() -> None:
 
 
 def _patch(owner: Any, name: str, make: Any) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    _installed[f"{owner.__name__}.{name}"] = (owner, name, original)
+    _replace(owner, name, make(getattr(owner, name)))
+
+
+def _replace(owner: Any, name: str, replacement: Any) -> None:
+    _installed[f"{owner.__name__}.{name}"] = (owner, name, getattr(owner, name))
+    setattr(owner, name, replacement)
 
 
 def _materialize_batch(original: Any) -> Any:
@@ -181,44 +184,56 @@ def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
 # --- agent-loop worker (the process a trajectory runs in) ----------------------------------
 
 
-def _run_agent_loop(original: Any) -> Any:
-    async def _run_agent_loop(self, *args, **kwargs):
-        if not any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
-            return await original(self, *args, **kwargs)
-        _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
-        import rlotel
-        from rlotel.integrations.verl_workers import call_carrier
-
-        tel, carrier = rlotel.current(), call_carrier()
-        if tel is None or carrier is None:  # no traced call dispatched it
-            return await original(self, *args, **kwargs)
-        # V1 dispatches fire-and-forget: the trajectory is a child of the caller's phase
-        # (the trainer's `gen`), and its engine calls nest in it.
-        tel.drops.fired("verl_v1_trajectory")
-        with tel.phase(vocabulary.TRAJECTORY, context=carrier):
-            _trajectory_context.set(tel.current_context().get("traceparent"))
-            return await original(self, *args, **kwargs)
-
-    return _run_agent_loop
+# Ray pickles an actor class it builds at run time (`ray.remote(AgentLoopWorker)`) by value,
+# methods included: these two are module-level functions (pickled by reference, imported
+# in the worker) that find verl's original there, patched or not.
 
 
-def _compute_score(original: Any) -> Any:
-    async def _compute_score(self, outputs, *args, **kwargs):
-        result = await original(self, outputs, *args, **kwargs)
-        try:
-            start = _trajectory_start.get(None)
-            if start is not None:
-                end = time.time_ns()
-                context = _trajectory_context.get(None)
-                for output in outputs:
-                    output.extra_fields[STAMP_KEY] = [start, end, output.num_turns, context]
-                    if "extra_fields" not in output.model_fields_set:
-                        output.extra_fields = output.extra_fields  # so as_dict() keeps it
-        except Exception as error:  # telemetry never stops a rollout
-            log.warning("rlotel: trajectory times not stamped: %r", error)
-        return result
+def _agent_loop_original(name: str) -> Any:
+    entry = _installed.get(f"AgentLoopWorker.{name}")
+    if entry is not None:
+        return entry[2]
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    return _compute_score
+    return getattr(AgentLoopWorker, name)  # a process where rlotel patched nothing
+
+
+async def run_agent_loop(self, *args, **kwargs):
+    """`AgentLoopWorker._run_agent_loop`: V1 trajectories as spans under the dispatching
+    phase, their real start kept for the stamp."""
+    original = _agent_loop_original("_run_agent_loop")
+    if not any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
+        return await original(self, *args, **kwargs)
+    _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
+    import rlotel
+    from rlotel.integrations.verl_workers import call_carrier
+
+    tel, carrier = rlotel.current(), call_carrier()
+    if tel is None or carrier is None:  # no traced call dispatched it
+        return await original(self, *args, **kwargs)
+    # V1 dispatches fire-and-forget: the trajectory is a child of the caller's phase
+    # (the trainer's `gen`), and its engine calls nest in it.
+    tel.drops.fired("verl_v1_trajectory")
+    with tel.phase(vocabulary.TRAJECTORY, context=carrier):
+        _trajectory_context.set(tel.current_context().get("traceparent"))
+        return await original(self, *args, **kwargs)
+
+
+async def compute_score(self, outputs, *args, **kwargs):
+    """`AgentLoopWorker._compute_score`: stamps the trajectory's times, turns and span."""
+    result = await _agent_loop_original("_compute_score")(self, outputs, *args, **kwargs)
+    try:
+        start = _trajectory_start.get(None)
+        if start is not None:
+            end = time.time_ns()
+            context = _trajectory_context.get(None)
+            for output in outputs:
+                output.extra_fields[STAMP_KEY] = [start, end, output.num_turns, context]
+                if "extra_fields" not in output.model_fields_set:
+                    output.extra_fields = output.extra_fields  # so as_dict() keeps it
+    except Exception as error:  # telemetry never stops a rollout
+        log.warning("rlotel: trajectory times not stamped: %r", error)
+    return result
 
 
 def _fit(original: Any) -> Any:

@@ -1,0 +1,49 @@
+"""verl's other trainers through the real `main_ppo`, plugin on: V0 (`trainer.use_v1=false`)
+and V1's `colocate_async` mode. Each trains ≥ 3 steps; verl's logged windows equal
+rlotel's, and the trace has the workers' spans under the trainer's phases."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlotel import analyze
+from rlotel import vocabulary as voc
+from tests.e2e.test_main_ppo import STEPS, main_ppo, spans_by_role, verl_log
+
+pytestmark = pytest.mark.slow
+
+MODES = {
+    "v0": ["trainer.use_v1=false"],
+    "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODES))
+def mode_run(request) -> Iterator[tuple[str, Path]]:
+    for work in main_ppo(*MODES[request.param]):
+        yield request.param, work
+
+
+def test_windows_equal_verl_and_workers_nest(mode_run: tuple[str, Path]) -> None:
+    mode, work = mode_run
+    logged = verl_log(work)
+    assert len(logged) >= STEPS, mode
+    ours = {step.number: step for step in analyze.load_steps(work / "traces")}
+    assert sorted(ours) == sorted(logged), mode
+    for number, data in logged.items():
+        timing = voc.timing_from_metrics(data)
+        assert {"step", "gen", "update_actor"} <= set(timing), (mode, sorted(timing))
+        for name, seconds in timing.items():
+            assert math.isclose(ours[number].timing_raw[name], seconds, rel_tol=1e-6), name
+    roles = spans_by_role(work)
+    trainer = {span["id"]: span for span in roles["trainer"]}
+    under = {
+        (trainer[span["parent"]]["name"], span["name"])
+        for span in roles.get("actor", [])
+        if span["parent"] in trainer
+    }
+    assert ("update_actor", "update_actor") in under, (mode, under)
