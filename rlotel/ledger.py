@@ -114,7 +114,7 @@ class Phase:
             and ledger._step is None
             and parent._ledger is ledger
             and not parent.end_ns
-            and parent._records
+            and parent._records is not None
         ):
             records = parent._records
         elif parent is not None and (parent.end_ns or parent._records is not records):

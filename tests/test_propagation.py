@@ -62,3 +62,42 @@ def test_bad_carriers_are_counted_not_raised(make_tel):
         if name == "rlotel_telemetry_dropped_total"
     }
     assert reasons["bad_context"] == 4 and reasons["bad_exemplar"] == 1
+
+
+def test_concurrent_remote_calls_keep_their_own_parents(make_tel, span_exporter) -> None:
+    """A worker serving two traced calls at once (asyncio tasks): each call's phase is the
+    root of its own trace under its own caller, and what opens inside nests in it."""
+    import asyncio
+
+    from rlotel.propagation import parse, traceparent
+
+    tel = make_tel(run="remote", span_exporters=[span_exporter])
+    callers = [traceparent(0xA1 + n, 0xB1 + n) for n in range(2)]
+    inner: dict[int, tuple[int, int] | None] = {}
+
+    async def serve(n: int) -> None:
+        with tel.phase("generate", context=callers[n]):
+            await asyncio.sleep(0.01)  # the other call opens meanwhile
+            with tel.phase("decode"):
+                inner[n] = parse(tel.current_context())
+                await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        await asyncio.gather(serve(0), serve(1))
+
+    asyncio.run(main())
+    for n in range(2):
+        trace_id, _ = parse(callers[n])
+        assert inner[n] is not None and inner[n][0] == trace_id
+    assert inner[0][1] != inner[1][1]
+    spans = finished_spans(tel, span_exporter)
+    by_id = {span.context.span_id: span for span in spans}
+    roots = [s for s in spans if s.name == "generate"]
+    assert sorted((s.context.trace_id, s.parent.span_id) for s in roots) == [
+        (0xA1, 0xB1),
+        (0xA2, 0xB2),
+    ]
+    for decode in (s for s in spans if s.name == "decode"):
+        parent = by_id[decode.parent.span_id]
+        assert parent.name == "generate" and parent.context.trace_id == decode.context.trace_id
+    assert len(spans) == 4  # each once
