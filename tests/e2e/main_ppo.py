@@ -230,7 +230,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--off", action="store_true", help="without the rlotel plugin")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
-    options = parser.parse_args()
+    options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
     return run(options.workdir.resolve(), options.steps, not options.off, options.extra)
 

@@ -40,21 +40,31 @@ def main_ppo(*argv: str) -> Iterator[Path]:
     work = Path(tempfile.mkdtemp(prefix="rl-e2e-", dir="/tmp"))
     try:
         result = run_isolated([str(work), "--steps", str(STEPS), *argv])
-        console = (work / "console.log").read_text(errors="replace")
+        log = work / "console.log"
+        console = log.read_text(errors="replace") if log.exists() else ""
         assert result.returncode == 0, result.stderr[-3000:] + console[-6000:]
         yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
+PROFILED_STEP = 2
+PROFILE = (  # verl's torch profiler on the actor for step 2, written under its save_path
+    "global_profiler.tool=torch",
+    f"global_profiler.steps=[{PROFILED_STEP}]",
+    "actor_rollout_ref.actor.profiler.enable=True",
+    "actor_rollout_ref.actor.profiler.all_ranks=True",
+)
+
+
 @pytest.fixture(scope="module")
 def plugin_on() -> Iterator[Path]:
-    yield from main_ppo()
+    yield from main_ppo(*PROFILE)
 
 
 @pytest.fixture(scope="module")
 def plugin_off() -> Iterator[Path]:
-    yield from main_ppo("--off")
+    yield from main_ppo("--off", *PROFILE)
 
 
 def verl_log(work: Path) -> dict[int, dict]:
@@ -191,6 +201,19 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
     assert {"step", "gen", "update_actor", "compute_log_prob"} <= names
 
 
+def test_verl_profiler_capture_linked_from_its_step(plugin_on: Path) -> None:
+    trainer = spans_by_role(plugin_on)["trainer"]
+    steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
+    links = [attrs for _, _, attrs in steps[PROFILED_STEP]["links"]]
+    paths = [Path(attrs["rl.profile.path"]) for attrs in links if "rl.profile.path" in attrs]
+    assert paths, links
+    for path in paths:
+        path = path if path.is_absolute() else plugin_on / path
+        assert path.is_file() and f"step{PROFILED_STEP}" in path.name, path
+    assert not any("rl.profile.path" in a for n, s in steps.items() if n != PROFILED_STEP
+                   for _, _, a in s["links"])  # fmt: skip
+
+
 def test_verdicts_carry_mfu_and_token_evidence(plugin_on: Path) -> None:
     trainer = spans_by_role(plugin_on)["trainer"]
     for step in (s for s in trainer if s["name"] == "step"):
@@ -231,7 +254,11 @@ def test_engine_requests_under_the_trajectory_they_served(plugin_on: Path) -> No
         assert chain[0] == ("vllm.llm_engine", "llm_request") or chain[0][1] == "llm_request"
         names = [name for _, name in chain]
         assert names[1] == "generate" and chain[1][0] == "rollout", chain
-        assert "trajectory" in names and ("trainer", "gen") in chain and names[-1] == "step"
+        # the trajectory runs under the trainer's phase that dispatched it (V1: its step)
+        trajectory = names.index("trajectory")
+        assert chain[trajectory][0] == "agent_loop", chain
+        assert all(role == "trainer" for role, _ in chain[trajectory + 1 :]), chain
+        assert names[-1] == "step", chain
         assert (
             len(
                 {spans[request["id"]]["trace"]}
