@@ -49,8 +49,21 @@ def test_the_plugin_module_loads_no_sdk_prometheus_or_numpy_when_off():
         assert "rlotel.integrations.verl_workers" not in rlotel_modules
 
 
-def test_the_same_check_sees_them_when_on():
-    report = imported("1")  # installs into verl: verl (numpy, torch) and rlotel's hooks load
+def test_when_on_it_patches_what_verl_imports_and_loads_nothing_itself():
+    report = imported("1")  # no verl import: post-import hooks registered, nothing loaded
     assert report["patched"]
-    assert "numpy" in heavy(report["modules"])
+    assert heavy(report["modules"]) == []
     assert "rlotel.integrations.verl_workers" in report["modules"]
+    assert not any(m.startswith("verl.experimental") for m in report["modules"])
+    environ = {**os.environ, "RLOTEL_ENABLE": "1"}
+    script = (
+        "import verl, sys; from verl.utils.profiler import performance; "
+        "print(performance._timer.__module__, 'verl.trainer.ppo.v1.trainer_base' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    module, v1_loaded = out.stdout.split()[-2:]
+    assert module == "rlotel.integrations.verl"  # verl imported it: patched at once
+    assert v1_loaded == "False"  # the V1 trainer is patched when verl imports it, not before

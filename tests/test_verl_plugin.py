@@ -250,8 +250,8 @@ def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
         plugin.uninstall()
 
 
-def test_a_failing_patch_undoes_the_others(monkeypatch):
-    pytest.importorskip("verl")
+def test_a_failing_patch_undoes_the_others(monkeypatch, caplog):
+    pytest.importorskip("verl.experimental.agent_loop.agent_loop")  # imported: hooks run now
     from verl.utils import tracking
     from verl.utils.profiler import performance
 
@@ -262,10 +262,13 @@ def test_a_failing_patch_undoes_the_others(monkeypatch):
 
     monkeypatch.setattr(plugin, "_patch_agent_loop", broken)
     before_timer, before_init = performance._timer, tracking.Tracking.__init__
-    with pytest.raises(RuntimeError, match="verl moved"):
-        plugin.install()
-    assert not plugin.patched()
-    assert performance._timer is before_timer and tracking.Tracking.__init__ is before_init
+    plugin.install()  # never raises into `import verl`
+    try:
+        assert not plugin.patched()
+        assert performance._timer is before_timer and tracking.Tracking.__init__ is before_init
+        assert "patching verl.experimental.agent_loop.agent_loop failed" in caplog.text
+    finally:
+        plugin.uninstall()
 
 
 def test_patched_agent_loop_workers_still_pickle_for_ray():

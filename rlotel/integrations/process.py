@@ -78,6 +78,16 @@ def _get(config: Any, key: str) -> Any:
         return None
 
 
+def flush_driver() -> None:
+    """The trainer loop returned: export its last steps now (bounded). verl's TaskRunner
+    actor may be ended by Ray without exit handlers before the export thread's next turn."""
+    import rlotel
+
+    tel = rlotel.current()
+    if tel is not None:
+        tel.flush()
+
+
 def is_driver() -> bool:
     return bool(_driver)
 

@@ -23,11 +23,17 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 from rlotel import env
-from rlotel.integrations.process import declare_verl_driver, telemetry, verl_profile_config
+from rlotel.integrations.process import (
+    declare_verl_driver,
+    flush_driver,
+    telemetry,
+    verl_profile_config,
+)
 
 log = logging.getLogger("rlotel")
 
@@ -201,13 +207,8 @@ def _sample_lengths(output: Any) -> dict[str, Any]:
 # --- the trainer loop's process --------------------------------------------------------
 
 
-def _patch_v0_fit() -> None:
+def _patch_v0_fit(ray_trainer: ModuleType) -> None:
     """V0's `RayPPOTrainer.fit` (`trainer.use_v1=false`) declares its process the driver."""
-    try:
-        from verl.trainer.ppo import ray_trainer
-    except Exception as error:  # the V0 trainer needs verl's Ray extras
-        log.info("rlotel: verl V0 trainer not available (%r)", error)
-        return
     trainer = ray_trainer.RayPPOTrainer
     original = trainer.fit
 
@@ -216,7 +217,10 @@ def _patch_v0_fit() -> None:
             declare_verl_driver(self.config, self.resource_pool_manager.get_n_gpus())
         except Exception as error:
             log.warning("rlotel: verl trainer config not read: %r", error)
-        return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            flush_driver()
 
     trainer.fit = fit
     _installed["v0_fit"] = (trainer, original)
@@ -249,7 +253,7 @@ def install() -> None:
     """Patch verl's timer hook, Tracking, the agent-loop manager, the trainers and Ray's
     actor calls (idempotent), or nothing: outside the supported versions nothing is
     patched, and a failure part-way undoes what was already patched."""
-    if "timer" in _installed:
+    if "hooks" in _installed:
         return
     outside = unsupported_versions()
     if outside:
@@ -267,33 +271,63 @@ def install() -> None:
 
 
 def _install() -> None:
-    from verl.utils.profiler import performance
+    """Register a post-import hook per module to patch: each runs when verl (or Ray) itself
+    imports that module — at once if it is imported already — so a process pays for what
+    its own role loads, nothing more (`import verl` with the plugin on stays cheap)."""
+    import wrapt
 
+    _installed["hooks"] = set()  # modules patched so far
+    for module, patch in _hooks().items():
+        wrapt.register_post_import_hook(_guarded(module, patch), module)
+
+
+def _hooks() -> dict[str, Callable[[ModuleType], None]]:
+    from rlotel.integrations import verl_v1, verl_workers
+
+    return {
+        "verl.utils.profiler.performance": _patch_timer,
+        "verl.utils.tracking": _patch_tracking,
+        "ray.actor": verl_workers.install_actor_calls,
+        "ray._private.function_manager": verl_workers.install_worker,
+        "verl.single_controller.ray.base": verl_workers.install_worker_groups,
+        # before V1's `@ray.remote class AgentLoopWorkerTQ` copies its inherited methods
+        "verl.experimental.agent_loop.agent_loop": _patch_agent_loop_module,
+        "verl.trainer.ppo.ray_trainer": _patch_v0_fit,
+        "verl.trainer.ppo.v1.trainer_base": verl_v1.patch_trainer,
+        "verl.trainer.ppo.v1.replay_buffer": verl_v1.patch_replay_buffer,
+    }
+
+
+def _guarded(module: str, patch: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def hook(loaded: ModuleType) -> None:
+        patched_modules = _installed.get("hooks")
+        if patched_modules is None or module in patched_modules:
+            return  # uninstalled since, or a hook of an earlier install
+        patched_modules.add(module)
+        try:
+            patch(loaded)
+        except Exception:  # all or nothing: training runs on without rlotel
+            log.exception("rlotel: patching %s failed; the verl plugin is off", module)
+            uninstall()
+
+    return hook
+
+
+def _patch_timer(performance: ModuleType) -> None:
     _installed["timer"] = (performance, performance._timer)
     performance._timer = _timer
-    from verl.utils import tracking
 
-    _patch_tracking(tracking)
-    from verl.single_controller.ray import base as ray_base
 
-    from rlotel.integrations import verl_workers
+def _patch_agent_loop_module(agent_loop: ModuleType) -> None:
+    from rlotel.integrations import verl_v1
 
-    verl_workers.install(ray_base)
-    _installed["workers"] = verl_workers
-    try:
-        from verl.experimental.agent_loop import agent_loop
-    except Exception as error:  # needs verl's optional serving dependencies
-        log.info("rlotel: verl agent loop not available (%r); per-sample capture off", error)
-    else:
-        _patch_agent_loop(agent_loop)
-    _patch_v0_fit()
-    from rlotel.integrations import verl_v1  # V1: replay-buffer batches → samples, mode
-
-    verl_v1.install()
+    verl_v1.patch_agent_loop_worker(agent_loop)
+    _patch_agent_loop(agent_loop)
 
 
 def uninstall() -> None:
-    """Undo every patch (tests; a process that wants verl back as it was)."""
+    """Undo every patch and stop the hooks (tests; a process that wants verl back)."""
+    _installed.pop("hooks", None)
     if "timer" in _installed:
         performance, original = _installed.pop("timer")
         performance._timer = original
@@ -308,11 +342,10 @@ def uninstall() -> None:
     if "v0_fit" in _installed:
         trainer, original = _installed.pop("v0_fit")
         trainer.fit = original
-    from rlotel.integrations import verl_v1
+    from rlotel.integrations import verl_v1, verl_workers
 
     verl_v1.uninstall()
-    if "workers" in _installed:
-        _installed.pop("workers").uninstall()
+    verl_workers.uninstall()
 
 
 def patched() -> bool:

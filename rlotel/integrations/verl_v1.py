@@ -42,28 +42,21 @@ _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar
 )
 
 
-def install() -> None:
-    """Patch V1's replay buffer and trainer (idempotent; needs the
-    `transferqueue` package: without it V1 cannot run and nothing is patched)."""
-    if _installed:
-        return
-    try:
-        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-    except Exception as error:  # needs verl's serving extras
-        log.info("rlotel: verl agent loop not available (%r); V1 capture off", error)
-        return
-    # Before V1's modules load: `@ray.remote class AgentLoopWorkerTQ(AgentLoopWorker)` copies
-    # the methods it inherits into Ray's subclass when it is decorated.
-    _replace(AgentLoopWorker, "_run_agent_loop", run_agent_loop)
-    _replace(AgentLoopWorker, "_compute_score", compute_score)
-    try:
-        from verl.trainer.ppo.v1 import replay_buffer, trainer_base
-    except Exception as error:  # V1 needs transferqueue
-        log.info("rlotel: verl V1 trainer not available (%r); V1 capture off", error)
-        uninstall()
-        return
-    _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
+def patch_agent_loop_worker(agent_loop: Any) -> None:
+    """The agent-loop worker, where a trajectory runs: its span and stamp."""
+    worker = agent_loop.AgentLoopWorker
+    _replace(worker, "_run_agent_loop", run_agent_loop)
+    _replace(worker, "_compute_score", compute_score)
+
+
+def patch_trainer(trainer_base: Any) -> None:
+    """V1's `PPOTrainer.fit`: its process is the driver; the trainer mode sets the buckets."""
     _patch(trainer_base.PPOTrainer, "fit", _fit)
+
+
+def patch_replay_buffer(replay_buffer: Any) -> None:
+    """V1's replay buffer: each training batch's per-sample metrics → record_samples."""
+    _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
 
 
 def uninstall() -> None:
@@ -245,7 +238,10 @@ def _fit(original: Any) -> Any:
             set_mode(getattr(self, "trainer_mode", "sync"))
         except Exception as error:
             log.warning("rlotel: V1 trainer mode not read: %r", error)
-        return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            process.flush_driver()
 
     return fit
 

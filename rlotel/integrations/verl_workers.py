@@ -40,6 +40,7 @@ from rlotel.propagation import run_of, traceparent, with_run
 log = logging.getLogger("rlotel")
 
 RAY_CONTEXT_KWARG = "_ray_trace_ctx"  # Ray's per-call trace-context slot
+TRACEPARENT = "traceparent"
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
 
@@ -55,6 +56,8 @@ _worker_class: list[type] = []  # the actor class this worker process hosts (loa
 
 
 _last_carrier: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, None)
+_run_carrier: dict[str, dict[str, str]] = {}  # run → its baggage-only carrier
+_heard_run: list[str] = []  # the run a caller named before this worker's telemetry started
 
 
 def _carrier(tel: Any) -> dict[str, str] | None:
@@ -68,8 +71,12 @@ def _carrier(tel: Any) -> dict[str, str] | None:
     except Exception as error:
         tel.drops.add("spans", "internal_error", f"worker-group context: {error!r}")
         return None
-    if ids is None:
-        return None
+    if ids is None:  # outside any phase: the run still travels (a worker's first call)
+        run = tel.config.run
+        if _run_carrier.get(run) is None:
+            _run_carrier.clear()
+            _run_carrier[run] = with_run({}, run)
+        return _run_carrier[run]
     last_ids, carrier = _last_carrier
     if ids != last_ids:
         carrier = with_run(traceparent(*ids), tel.config.run)
@@ -145,32 +152,34 @@ def _log_once(key: str, message: str, *args: Any) -> None:
         log.warning(message, *args)
 
 
-def install_driver(ray_base: Any) -> None:
-    """Every actor call made inside a phase carries its context; verl's worker groups bound
-    from now on time each rank's reply."""
-    from ray.actor import ActorMethod
+def install_actor_calls(ray_actor: Any) -> None:
+    """Every Ray actor call made inside a phase carries its context (`ray.actor`)."""
     from ray.util.tracing import tracing_helper
 
     _installed["ray_tracing_on"] = tracing_helper._is_tracing_enabled
-    original_remote = ActorMethod._remote
-    ActorMethod._remote = traced_remote(original_remote, inspect.unwrap(original_remote))
-    original_generator = ray_base.func_generator
+    method = ray_actor.ActorMethod
+    original = method._remote
+    method._remote = traced_remote(original, inspect.unwrap(original))
+    _installed["actor_calls"] = (method, original)
+
+
+def install_worker_groups(ray_base: Any) -> None:
+    """verl's worker groups bound from now on time each rank's reply."""
+    original = ray_base.func_generator
 
     def func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
         execute = traced_execute(execute_fn, blocking)
-        return original_generator(self, method_name, dispatch_fn, collect_fn, execute, blocking)
+        return original(self, method_name, dispatch_fn, collect_fn, execute, blocking)
 
     ray_base.func_generator = func_generator
-    _installed["driver"] = (ray_base, original_generator, ActorMethod, original_remote)
+    _installed["worker_groups"] = (ray_base, original)
 
 
 # --- worker ------------------------------------------------------------------------------
 
 
-def install_worker() -> None:
+def install_worker(function_manager: Any) -> None:
     """Wrap the methods of every actor class Ray loads in this process from now on."""
-    from ray._private import function_manager
-
     original = function_manager._inject_tracing_into_class
 
     def _inject_tracing_into_class(cls):
@@ -219,7 +228,8 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
 
         async def traced(self, *args, **kwargs):
             carrier = kwargs.get(RAY_CONTEXT_KWARG)
-            if not carrier:
+            if not carrier or TRACEPARENT not in carrier:
+                _hear_run(carrier)
                 return await method(self, *args, **kwargs)
             with _worker_phase(self, name, args, carrier):
                 return await method(self, *args, **kwargs)
@@ -228,7 +238,8 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
 
         def traced(self, *args, **kwargs):
             carrier = kwargs.get(RAY_CONTEXT_KWARG)
-            if not carrier:
+            if not carrier or TRACEPARENT not in carrier:
+                _hear_run(carrier)
                 return method(self, *args, **kwargs)
             with _worker_phase(self, name, args, carrier):
                 return method(self, *args, **kwargs)
@@ -236,6 +247,15 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
     functools.update_wrapper(traced, method)
     setattr(traced, _TRACED_MARK, True)
     return traced
+
+
+def _hear_run(carrier: Any) -> None:
+    """A call outside the caller's phases still names the run (baggage): kept for this
+    worker's telemetry, which may start later without a carrier (its own timers)."""
+    if carrier and not _heard_run:
+        run = run_of(carrier)
+        if run:
+            _heard_run.append(run)
 
 
 @contextlib.contextmanager
@@ -339,7 +359,8 @@ def worker_telemetry(instance: Any = None, carrier: Any = None) -> Any:
     with _init_lock:
         tel = rlotel.current()
         if tel is None:
-            tel = _start_worker(process_identity(instance), run_of(carrier))
+            heard = run_of(carrier) or (_heard_run[0] if _heard_run else None)
+            tel = _start_worker(process_identity(instance), heard)
     return tel
 
 
@@ -392,16 +413,13 @@ def _unwritable_exporter(directory: os.PathLike) -> Any:
 # --- lifecycle ---------------------------------------------------------------------------
 
 
-def install(ray_base: Any) -> None:
-    install_driver(ray_base)
-    install_worker()
-
-
 def uninstall() -> None:
-    if "driver" in _installed:
-        ray_base, original_generator, actor_method, original_remote = _installed.pop("driver")
-        ray_base.func_generator = original_generator
-        actor_method._remote = original_remote
+    if "actor_calls" in _installed:
+        method, original = _installed.pop("actor_calls")
+        method._remote = original
+    if "worker_groups" in _installed:
+        ray_base, original = _installed.pop("worker_groups")
+        ray_base.func_generator = original
     if "worker" in _installed:
         function_manager, original = _installed.pop("worker")
         function_manager._inject_tracing_into_class = original
