@@ -58,7 +58,7 @@ test: $(STAMP) system-deps $(ENGINE_STAMP)
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not slow"
 
-bench: $(STAMP)
+bench: $(STAMP) $(ENGINE_STAMP)
 	$(PY) benchmarks/phase_overhead.py
 	$(PY) benchmarks/sample_ingest.py
 	$(PY) benchmarks/demo_overhead.py
@@ -70,3 +70,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.span_export
 	$(PY) benchmarks/plugin_import.py
 	$(PY) benchmarks/propagation.py
+	$(PY) benchmarks/verl_e2e.py
