@@ -16,9 +16,9 @@ from tests.e2e.test_main_ppo import STEPS, main_ppo, spans_by_role, verl_log
 
 pytestmark = pytest.mark.slow
 
-# V0 times `start_profile` into the step's dict before its `step` timer opens: rlotel
-# records it as a root span of its own, outside the step's ledger.
-OUTSIDE_STEP = {"start_profile"}
+# V0 times `start_profile` and `stop_profile` into the step dict around its `step` timer:
+# rlotel records each as a root span of its own, outside the step ledger.
+OUTSIDE_STEP = {"start_profile", "stop_profile"}
 MODES = {
     "v0": ["trainer.use_v1=false"],
     "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
