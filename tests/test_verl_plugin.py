@@ -160,6 +160,8 @@ def test_agent_loop_manager_samples_reach_histograms(make_tel):
         output = DataProto.from_dict(
             tensors={"prompts": torch.zeros(8, 6, dtype=torch.int64), "attention_mask": mask}
         )
+        with tel.phase("testing"):  # V0 validation, before and between steps: not recorded
+            Manager()._performance_metrics(chunks, output)
         with tel.step(1) as step, tel.phase("gen"):
             expected = Manager()._performance_metrics(chunks, output)
     finally:

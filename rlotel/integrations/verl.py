@@ -179,16 +179,25 @@ def _patch_agent_loop(agent_loop_module: Any) -> None:
 
     def _performance_metrics(self, metrics, output, *args, **kwargs):
         try:
-            lengths = _sample_lengths(output)
             tel = telemetry()
             tel.drops.fired("verl_agent_loop_metrics")
-            tel.record_samples(metrics, **lengths)
+            if _is_validation(tel, output):  # `testing`: never in the training histograms
+                tel.drops.fired("verl_agent_loop_validation")
+            else:
+                tel.record_samples(metrics, **_sample_lengths(output))
         except Exception as error:
             log.warning("rlotel: agent-loop samples not recorded: %r", error)
         return original(self, metrics, output, *args, **kwargs)
 
     manager._performance_metrics = _performance_metrics
     _installed["agent_loop"] = (manager, original)
+
+
+def _is_validation(tel: Any, output: Any) -> bool:
+    """V0 validation (`_validate`, under `testing` and outside any step, its batches marked
+    `meta_info["validate"]`) goes through the same agent-loop manager as training."""
+    meta_info = getattr(output, "meta_info", None) or {}
+    return bool(meta_info.get("validate")) or tel.current_step is None
 
 
 def _sample_lengths(output: Any) -> dict[str, Any]:

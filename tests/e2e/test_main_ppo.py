@@ -194,7 +194,22 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
         assert table.startswith(f"steps {number}–{number}")
         for phase in ("gen", "update_actor", "step"):
             assert re.search(rf"{phase}\s+│\s+{data[f'timing_s/{phase}']:.4f}", table), phase
-    assert cli.main(["report", str(traces), "-o", str(tmp_path / "report.html")]) == 0
+    report = tmp_path / "report.html"
+    assert cli.main(["report", str(traces), "-o", str(report)]) == 0
+    from tests.chromium import Chromium, chromium_binary, file_url
+
+    if chromium_binary() is None:
+        pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
+    with Chromium() as browser:
+        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        assert load.console_errors == [] and load.requests == []
+        shown = json.loads(
+            browser.evaluate(
+                "JSON.stringify({charts: document.querySelectorAll('.js-plotly-plot').length,"
+                " steps: [...document.querySelectorAll('#step-select option')].map(e => e.value)})"
+            )
+        )
+    assert shown["charts"] >= 5 and shown["steps"] == [str(n) for n in range(1, STEPS + 1)]
     assert cli.main(["perfetto", str(traces), "-o", str(tmp_path / "trace.json")]) == 0
     events = json.loads((tmp_path / "trace.json").read_text())
     names = {e.get("name") for e in events.get("traceEvents", events)}
