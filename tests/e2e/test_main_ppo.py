@@ -125,7 +125,7 @@ def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
                                            ours[number].timing_raw.items()}}  # fmt: skip
         for key, value in theirs.items():
             if key.startswith(voc.OFF_POLICY):
-                continue  # per-sample: the series below
+                continue  # per-sample means: checked against the histograms below
             assert key in mine, (number, key)
             assert math.isclose(mine[key], value, rel_tol=1e-6, abs_tol=1e-9), (key, value)
     # the exported series, from the last scrape (taken while it trained: some step ≥ 2)
@@ -138,6 +138,16 @@ def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
         if phase == voc.STEP:
             key = ("rlotel_step_time_seconds", frozenset({run}))
         assert math.isclose(last[key], seconds, rel_tol=1e-6), (phase, last.get(key), seconds)
+    # verl's per-step means of staleness and weight spans × trajectories = the histograms' sums
+    for family, key in (
+        ("rlotel_sample_staleness_steps", "trajectory_staleness/mean"),
+        ("rlotel_sample_weight_span_steps", "trajectory_spans/mean"),
+    ):
+        expected = sum(
+            logged[n][f"{voc.OFF_POLICY}{key}"] * TRAJECTORIES for n in logged if n <= number
+        )
+        assert last[(f"{family}_count", frozenset({run}))] == number * TRAJECTORIES
+        assert math.isclose(last[(f"{family}_sum", frozenset({run}))], expected), family
     throughput = last[("rlotel_throughput_tokens_per_second_per_gpu", frozenset({run}))]
     assert math.isclose(throughput, final[voc.THROUGHPUT], rel_tol=1e-6)
     assert math.isclose(
