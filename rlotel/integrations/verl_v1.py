@@ -42,6 +42,19 @@ _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar
 )
 
 
+def install() -> None:
+    """Patch V1 in this process now, from verl's modules (the verl plugin does it through
+    post-import hooks instead, as verl imports them). Idempotent."""
+    if _installed:
+        return
+    from verl.experimental.agent_loop import agent_loop
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+
+    patch_agent_loop_worker(agent_loop)
+    patch_trainer(trainer_base)
+    patch_replay_buffer(replay_buffer)
+
+
 def patch_agent_loop_worker(agent_loop: Any) -> None:
     """The agent-loop worker, where a trajectory runs: its span and stamp."""
     worker = agent_loop.AgentLoopWorker
