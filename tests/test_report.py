@@ -47,7 +47,7 @@ def traced_run(path: Path, steps: int = 4, slow_step: int = 3) -> None:
         with tel.step(number) as step:
             for phase in PHASES:
                 with tel.phase(phase):
-                    work = 3 if phase == "gen" and number == slow_step else 1
+                    work = 12 if phase == "gen" and number == slow_step else 1  # unmistakable
                     sum(range(60_000 * work))
                     if phase == "gen":
                         tel.record_samples(
