@@ -203,6 +203,14 @@ INTEGRATION_EVENTS = MetricSpec(
     "replay batches, worker calls, ...); one that stops counting has stopped firing.",
     ("hook",),
 )
+INTEGRATION_SECONDS = MetricSpec(
+    "rlotel_integration_seconds",
+    "counter",
+    "seconds",
+    "Seconds the hooks that do work in the caller's thread cost it (e.g. the V1 replay "
+    "batch's per-sample read, inside verl's gen window).",
+    ("hook",),
+)
 
 # Weight versions a sample lags or spans: integers, fine where small, coarser further out.
 STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(
@@ -286,6 +294,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     PROFILE_CAPTURES,
     DROPPED,
     INTEGRATION_EVENTS,
+    INTEGRATION_SECONDS,
     PHASE_RANK_SPREAD,
     GOODPUT,
     BUCKET_SECONDS,

@@ -25,6 +25,7 @@ NOT_IN_THE_SYNC_DEMO = {
     "rlotel_replay_evicted_samples": "no replay buffer evicts in sync mode (--async evicts)",
     "rlotel_phase_rank_spread_ratio": "one rank: no spread between ranks",
     "rlotel_integration_events": "the demo calls rlotel's API: no zero-code integration hooks",
+    "rlotel_integration_seconds": "the demo calls rlotel's API: no zero-code integration hooks",
 }
 VERL_PHASES = {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
 

@@ -91,13 +91,24 @@ def _materialize_batch(original: Any) -> Any:
     def _materialize_batch(self, partition_id, *args, **kwargs):
         batch = original(self, partition_id, *args, **kwargs)
         if partition_id == TRAIN_PARTITION:
+            started = time.perf_counter()
             try:
                 record_batch(batch)
             except Exception as error:  # telemetry never stops training
                 log.warning("rlotel: V1 samples not recorded: %r", error)
+            _spent("verl_v1_replay_batch", time.perf_counter() - started)
         return batch
 
     return _materialize_batch
+
+
+def _spent(hook: str, seconds: float) -> None:
+    """The hook ran, on verl's thread, for this long (inside verl's `gen` window here)."""
+    import rlotel
+
+    tel = rlotel.current()
+    if tel is not None:
+        tel.drops.fired(hook, seconds)
 
 
 def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
@@ -109,7 +120,6 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     from rlotel.integrations.process import telemetry
 
     tel = telemetry()
-    tel.drops.fired("verl_v1_replay_batch")
     _set_tokens(tel, batch.tags)
     real = [
         (key, tag)

@@ -217,8 +217,11 @@ class SeriesStore:
             }
             drops = self._drops.snapshot()
             hooks = self._drops.hooks()
+            hook_seconds = self._drops.hook_seconds()
         for (signal, reason), count in drops.items():
             scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
         for hook, count in hooks.items():
             scalars.setdefault(cat.INTEGRATION_EVENTS, {})[(hook,)] = float(count)
+        for hook, seconds in hook_seconds.items():
+            scalars.setdefault(cat.INTEGRATION_SECONDS, {})[(hook,)] = seconds
         return Snapshot(scalars, histograms, version)

@@ -148,6 +148,15 @@ def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
         )
         assert last[(f"{family}_count", frozenset({run}))] == number * TRAJECTORIES
         assert math.isclose(last[(f"{family}_sum", frozenset({run}))], expected), family
+    # the per-sample read rlotel adds inside verl's gen window: ≤ 1 % of gen
+    batches = (
+        "rlotel_integration_events_total",
+        frozenset({run, ("hook", "verl_v1_replay_batch")}),
+    )
+    spent = last[("rlotel_integration_seconds_total", batches[1])]
+    read = int(last[batches])  # one a step; the next step's may be read already
+    gen = sum(logged[n]["timing_s/gen"] for n in logged if n <= read)
+    assert read in (number, number + 1) and 0 < spent <= 0.01 * gen, (read, spent, gen)
     throughput = last[("rlotel_throughput_tokens_per_second_per_gpu", frozenset({run}))]
     assert math.isclose(throughput, final[voc.THROUGHPUT], rel_tol=1e-6)
     assert math.isclose(
