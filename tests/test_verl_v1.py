@@ -155,7 +155,9 @@ def test_v1_trainer_mode_switches_goodput_table():
     tel = rlotel.init(run="mode", prometheus_port=None)
     verl_v1.install()
     try:
-        assert trainer_base.PPOTrainer.fit is not verl_v1._installed["PPOTrainer.fit"][2]
+        assert trainer_base.PPOTrainer.fit is not verl_v1._patches.original(
+            trainer_base.PPOTrainer, "fit"
+        )
         verl_v1.set_mode("separate_async")
         with tel.step(1) as step, tel.phase("gen"):
             pass

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from rlotel import env
+from rlotel.integrations.patches import Patches
 from rlotel.integrations.process import (
     declare_verl_driver,
     flush_driver,
@@ -41,7 +42,8 @@ BACKEND = "rlotel"
 # verl's timers that mark their range themselves (NVTX on CUDA, MSTX on Ascend) before
 # `yield from _timer(...)`; its default `marked_timer` and `simple_timer` do not.
 RANGE_MARKING_TIMERS = ("profiler.nvtx_profile", "profiler.mstx_profile")
-_installed: dict[str, Any] = {}  # what was patched, with the originals (for uninstall)
+_installed: dict[str, Any] = {}  # "hooks": the modules patched since install
+_patches = Patches()  # what was replaced, with the originals (for uninstall)
 
 
 # --- timers ------------------------------------------------------------------------------
@@ -166,8 +168,8 @@ def _patch_tracking(tracking_module: Any) -> None:
             self._rlotel_finished = True
             backend.finish()
 
-    tracking.__init__, tracking.finish = __init__, finish
-    _installed["tracking"] = (tracking, original_init, original_finish)
+    _patches.replace(tracking, "__init__", __init__)
+    _patches.replace(tracking, "finish", finish)
 
 
 # --- agent loop --------------------------------------------------------------------------
@@ -189,8 +191,7 @@ def _patch_agent_loop(agent_loop_module: Any) -> None:
             log.warning("rlotel: agent-loop samples not recorded: %r", error)
         return original(self, metrics, output, *args, **kwargs)
 
-    manager._performance_metrics = _performance_metrics
-    _installed["agent_loop"] = (manager, original)
+    _patches.replace(manager, "_performance_metrics", _performance_metrics)
 
 
 def _is_validation(tel: Any, output: Any) -> bool:
@@ -231,8 +232,7 @@ def _patch_v0_fit(ray_trainer: ModuleType) -> None:
         finally:
             flush_driver()
 
-    trainer.fit = fit
-    _installed["v0_fit"] = (trainer, original)
+    _patches.replace(trainer, "fit", fit)
 
 
 # --- install -----------------------------------------------------------------------------
@@ -323,8 +323,7 @@ def _guarded(module: str, patch: Callable[[ModuleType], None]) -> Callable[[Modu
 
 
 def _patch_timer(performance: ModuleType) -> None:
-    _installed["timer"] = (performance, performance._timer)
-    performance._timer = _timer
+    _patches.replace(performance, "_timer", _timer)
 
 
 def _patch_agent_loop_module(agent_loop: ModuleType) -> None:
@@ -337,20 +336,10 @@ def _patch_agent_loop_module(agent_loop: ModuleType) -> None:
 def uninstall() -> None:
     """Undo every patch and stop the hooks (tests; a process that wants verl back)."""
     _installed.pop("hooks", None)
-    if "timer" in _installed:
-        performance, original = _installed.pop("timer")
-        performance._timer = original
-    if "tracking" in _installed:
-        tracking, original_init, original_finish = _installed.pop("tracking")
-        tracking.__init__, tracking.finish = original_init, original_finish
-        if BACKEND in tracking.supported_backend:
-            tracking.supported_backend.remove(BACKEND)
-    if "agent_loop" in _installed:
-        manager, original = _installed.pop("agent_loop")
-        manager._performance_metrics = original
-    if "v0_fit" in _installed:
-        trainer, original = _installed.pop("v0_fit")
-        trainer.fit = original
+    _patches.undo()
+    tracking = sys.modules.get("verl.utils.tracking")
+    if tracking is not None and BACKEND in tracking.Tracking.supported_backend:
+        tracking.Tracking.supported_backend.remove(BACKEND)
     from rlotel.integrations import verl_v1, verl_workers
 
     verl_v1.uninstall()
@@ -358,7 +347,7 @@ def uninstall() -> None:
 
 
 def patched() -> bool:
-    return bool(_installed)
+    return "hooks" in _installed
 
 
 if env.enabled():

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from rlotel import vocabulary
+from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
 
@@ -35,7 +36,7 @@ TRAIN_PARTITION = "train"
 # extra_fields entry: [start ns, end ns, turns, traceparent of its worker span or None]
 STAMP_KEY = "rlotel_trajectory"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
-_installed: dict[str, tuple[Any, str, Any]] = {}
+_patches = Patches()
 _trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
 _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rlotel_trajectory_context"
@@ -45,7 +46,7 @@ _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar
 def install() -> None:
     """Patch V1 in this process now, from verl's modules (the verl plugin does it through
     post-import hooks instead, as verl imports them). Idempotent."""
-    if _installed:
+    if _patches:
         return
     from verl.experimental.agent_loop import agent_loop
     from verl.trainer.ppo.v1 import replay_buffer, trainer_base
@@ -58,8 +59,8 @@ def install() -> None:
 def patch_agent_loop_worker(agent_loop: Any) -> None:
     """The agent-loop worker, where a trajectory runs: its span and stamp."""
     worker = agent_loop.AgentLoopWorker
-    _replace(worker, "_run_agent_loop", run_agent_loop)
-    _replace(worker, "_compute_score", compute_score)
+    _patches.replace(worker, "_run_agent_loop", run_agent_loop)
+    _patches.replace(worker, "_compute_score", compute_score)
 
 
 def patch_trainer(trainer_base: Any) -> None:
@@ -73,18 +74,11 @@ def patch_replay_buffer(replay_buffer: Any) -> None:
 
 
 def uninstall() -> None:
-    for owner, name, original in _installed.values():
-        setattr(owner, name, original)
-    _installed.clear()
+    _patches.undo()
 
 
 def _patch(owner: Any, name: str, make: Any) -> None:
-    _replace(owner, name, make(getattr(owner, name)))
-
-
-def _replace(owner: Any, name: str, replacement: Any) -> None:
-    _installed[f"{owner.__name__}.{name}"] = (owner, name, getattr(owner, name))
-    setattr(owner, name, replacement)
+    _patches.replace(owner, name, make(getattr(owner, name)))
 
 
 def _materialize_batch(original: Any) -> Any:
@@ -206,12 +200,9 @@ def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
 
 
 def _agent_loop_original(name: str) -> Any:
-    entry = _installed.get(f"AgentLoopWorker.{name}")
-    if entry is not None:
-        return entry[2]
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    return getattr(AgentLoopWorker, name)  # a process where rlotel patched nothing
+    return _patches.original(AgentLoopWorker, name)  # as it is where rlotel patched nothing
 
 
 async def run_agent_loop(self, *args, **kwargs):

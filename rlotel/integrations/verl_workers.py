@@ -35,6 +35,7 @@ from typing import Any
 import rlotel
 from rlotel import attributes as attr
 from rlotel import env, vocabulary
+from rlotel.integrations.patches import Patches
 from rlotel.propagation import run_of, traceparent, with_run
 
 log = logging.getLogger("rlotel")
@@ -44,7 +45,8 @@ TRACEPARENT = "traceparent"
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
 
-_installed: dict[str, Any] = {}
+_installed: dict[str, Any] = {}  # Ray's tracing switch, read once
+_patches = Patches()
 _init_lock = threading.Lock()
 _call_carrier: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "rlotel_call_carrier", default=None
@@ -157,10 +159,10 @@ def install_actor_calls(ray_actor: Any) -> None:
     from ray.util.tracing import tracing_helper
 
     _installed["ray_tracing_on"] = tracing_helper._is_tracing_enabled
-    method = ray_actor.ActorMethod
-    original = method._remote
-    method._remote = traced_remote(original, inspect.unwrap(original))
-    _installed["actor_calls"] = (method, original)
+    original = ray_actor.ActorMethod._remote
+    _patches.replace(
+        ray_actor.ActorMethod, "_remote", traced_remote(original, inspect.unwrap(original))
+    )
 
 
 def install_worker_groups(ray_base: Any) -> None:
@@ -171,8 +173,7 @@ def install_worker_groups(ray_base: Any) -> None:
         execute = traced_execute(execute_fn, blocking)
         return original(self, method_name, dispatch_fn, collect_fn, execute, blocking)
 
-    ray_base.func_generator = func_generator
-    _installed["worker_groups"] = (ray_base, original)
+    _patches.replace(ray_base, "func_generator", func_generator)
 
 
 # --- worker ------------------------------------------------------------------------------
@@ -193,8 +194,7 @@ def install_worker(function_manager: Any) -> None:
             _log_once("wrap", "rlotel: %s methods not traced: %r", cls, error)
         return result
 
-    function_manager._inject_tracing_into_class = _inject_tracing_into_class
-    _installed["worker"] = (function_manager, original)
+    _patches.replace(function_manager, "_inject_tracing_into_class", _inject_tracing_into_class)
 
 
 def _engine_hooks(cls: type) -> None:
@@ -414,12 +414,4 @@ def _unwritable_exporter(directory: os.PathLike) -> Any:
 
 
 def uninstall() -> None:
-    if "actor_calls" in _installed:
-        method, original = _installed.pop("actor_calls")
-        method._remote = original
-    if "worker_groups" in _installed:
-        ray_base, original = _installed.pop("worker_groups")
-        ray_base.func_generator = original
-    if "worker" in _installed:
-        function_manager, original = _installed.pop("worker")
-        function_manager._inject_tracing_into_class = original
+    _patches.undo()

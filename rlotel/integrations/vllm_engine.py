@@ -22,17 +22,18 @@ from typing import Any
 
 from rlotel import attributes as attr
 from rlotel import env, vocabulary
+from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
 
 ENGINE_SERVICE = "vllm"  # service.name of the engine's spans unless OTEL_SERVICE_NAME says
 SERVICE_NAME = "service.name"
-_installed: dict[str, tuple[Any, str, Any]] = {}
+_patches = Patches()
 
 
 def install() -> None:
     """Patch vLLM's `AsyncLLM` and its span exporter factory (idempotent; needs vLLM)."""
-    if _installed:
+    if _patches:
         return
     from vllm.tracing import otel
     from vllm.v1.engine import async_llm
@@ -44,15 +45,11 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    for owner, name, original in _installed.values():
-        setattr(owner, name, original)
-    _installed.clear()
+    _patches.undo()
 
 
 def _patch(owner: Any, name: str, make: Any) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    _installed[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, original)
+    _patches.replace(owner, name, make(getattr(owner, name)))
 
 
 def _engine_init(original: Any) -> Any:
