@@ -1,7 +1,7 @@
 """`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run,
 `replay` turns verl's FileLogger output into backfillable metrics and traces, `report`
 draws a run as one offline HTML page, `perfetto` lays it (and its profiler captures) on one
-timeline."""
+timeline, `compare` says which window changed between two runs (and gates CI on it)."""
 
 from __future__ import annotations
 
@@ -252,6 +252,72 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    """0: no gate crossed; 1: a significant change crossed a `--fail-if`; 2: bad input."""
+    from rlotel import compare
+
+    try:
+        gates = [compare.parse_gate(expression) for expression in args.fail_if]
+        runs = [compare.load(Path(path)) for path in (args.base, args.new)]
+        result = compare.compare_runs(*runs, skip=args.skip, resamples=args.resamples)
+        result = compare.check_gates(result, gates)
+    except compare.CompareError as error:
+        errors.print(f"rlotel: {error}", style="red", markup=False)
+        return 2
+    for side in (result.base, result.new):
+        if side.skipped_lines:
+            errors.print(
+                f"rlotel: {side.skipped_lines} unreadable line(s) in {side.source} skipped",
+                markup=False,
+            )
+    if args.json:
+        sys.stdout.write(json.dumps(result.as_json(), indent=1, allow_nan=False) + "\n")
+    else:
+        console.print(_compare_table(result))
+        console.print(result.verdict, markup=False, soft_wrap=True)
+    if args.html:
+        try:
+            Path(args.html).write_text(compare.render_html(result), encoding="utf-8")
+        except OSError as error:
+            errors.print(f"rlotel: cannot write {args.html}: {error}", style="red", markup=False)
+            return 2
+        (errors if args.json else console).print(f"html: {args.html}", markup=False)
+    for gate in result.failed:
+        errors.print(
+            f"rlotel: --fail-if {gate.expression} failed: "
+            f"{compare.describe(result.windows[gate.window])}",
+            style="red",
+            markup=False,
+        )
+    return 1 if result.failed else 0
+
+
+def _compare_table(result) -> Table:
+    """Per window: base and new medians, the change, its 95 % interval, significance."""
+    from rlotel.compare import format_interval, format_percent, format_value
+
+    sides = (result.base, result.new)
+    table = Table(
+        title=f"Compare, medians over {' / '.join(str(s.kept) for s in sides)} kept steps; "
+        f"bottleneck {' → '.join(s.bottleneck for s in sides)}",
+        caption=f"base {result.base.source} · new {result.new.source}",
+    )
+    for column in ("window", "base", "new", "change", "95 % interval", "sig."):
+        table.add_column(column, justify="left" if column == "window" else "right", no_wrap=True)
+    failed = {gate.window for gate in result.failed}
+    for w in result.windows.values():
+        table.add_row(
+            w.name,
+            format_value(w.base, w.unit),
+            format_value(w.new, w.unit),
+            "n/a" if w.change is None else format_percent(w.change),
+            "" if w.ci95 is None else format_interval(w.ci95),
+            ("FAIL" if w.name in failed else "yes") if w.significant else "",
+            style="bold red" if w.name in failed else ("yellow" if w.significant else None),
+        )
+    return table
+
+
 def _verdict_summary(verdicts: list[Verdict]) -> str:
     """Bottleneck verdicts of a range of steps: how often each, then the last one in full."""
     counts = Counter(v.label for v in verdicts)
@@ -320,6 +386,20 @@ def _step_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected steps like 2,3, got {text!r}") from None
 
 
+def _count(text: str, minimum: int = 0) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+    return value
+
+
+def _resamples(text: str) -> int:
+    return _count(text, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlotel", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -385,6 +465,30 @@ def main(argv: list[str] | None = None) -> int:
     perfetto.add_argument("path", help="run directory or traces.jsonl")
     perfetto.add_argument("-o", "--out", help="trace.json or trace.json.gz (default: beside)")
     perfetto.set_defaults(handler=_perfetto)
+    compare = commands.add_parser(
+        "compare", help="which window changed between two runs, with intervals; a CI gate"
+    )
+    compare.add_argument("base", help="run directory, traces file or directory, verl JSONL")
+    compare.add_argument("new", help="the same kinds as BASE")
+    compare.add_argument(
+        "--skip",
+        type=_count,
+        default=None,
+        help="warm-up steps dropped on each side (default: the first 10 %%, at least 1)",
+    )
+    compare.add_argument("--json", action="store_true", help="the result as JSON on stdout")
+    compare.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
+    compare.add_argument(
+        "--fail-if",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="exit 1 when a significant change crosses it: step>+5%%, throughput<-5%% (repeatable)",
+    )
+    compare.add_argument(
+        "--resamples", type=_resamples, default=2000, help="bootstrap resamples (default 2000)"
+    )
+    compare.set_defaults(handler=_compare)
     args = parser.parse_args(argv)
     return _checked_path(args) or args.handler(args)
 

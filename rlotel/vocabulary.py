@@ -63,10 +63,12 @@ PERF = "perf/"
 MFU = "perf/mfu/"
 AGENT_LOOP = "agent_loop/"
 AGENT_LOOP_SLOWEST = "agent_loop/slowest/"
+GENERATE_SEQUENCES = "generate_sequences"  # the agent loop's generation stage
 TIME_PER_STEP = "perf/time_per_step"
 THROUGHPUT = "perf/throughput"
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 OFF_POLICY = "training/off_policy/"  # + trajectory_{spans,staleness,staleness_worst}/{mean,max,min}
+TRAJECTORY_STALENESS = OFF_POLICY + "trajectory_staleness/"  # + mean|max|min
 # rlotel's own per-step keys (rlotel.goodput): + bucket, + role
 RLOTEL = "rlotel/"  # rlotel's own additions to verl's step metrics
 GOODPUT = RLOTEL + "goodput"
