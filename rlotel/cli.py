@@ -281,7 +281,7 @@ def _compare(args: argparse.Namespace) -> int:
         except OSError as error:
             errors.print(f"rlotel: cannot write {args.html}: {error}", style="red", markup=False)
             return 2
-        (errors if args.json else console).print(f"html: {args.html}", markup=False)
+        (errors if args.json else console).print(f"html: {args.html}", markup=False, soft_wrap=True)
     for gate in result.failed:
         errors.print(
             f"rlotel: --fail-if {gate.expression} failed: "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import zlib
 from collections import Counter, defaultdict
@@ -200,41 +201,39 @@ def default_skip(steps: int) -> int:
 def step_windows(
     steps: Sequence[StepRecord], phases: Sequence[str], samples: Mapping[str, list[float]]
 ) -> list[dict[str, float]]:
-    """Per step, every window's value (phases a step did not run count 0 seconds)."""
+    """Per step, every window's finite value (a phase a step did not run counts 0 s)."""
     rows = []
     for step in steps:
         row = {name: step.timing_raw.get(name, 0.0) for name in phases}
         row.update(_other_windows(step, samples))
-        rows.append({k: v for k, v in row.items() if np.isfinite(v)})
+        rows.append({k: v for k, v in row.items() if math.isfinite(v)})
     return rows
 
 
+_METRIC_WINDOWS: dict[str, str] = {  # a step-metric key → its window
+    voc.THROUGHPUT: THROUGHPUT,
+    **{f"{voc.AGENT_LOOP}{voc.GENERATE_SEQUENCES}/{s}": GEN_SAMPLE + s for s in ("mean", "max")},
+    voc.GOODPUT: GOODPUT,
+    **{voc.TRAJECTORY_STALENESS + s: STALENESS + s for s in ("mean", "max")},
+}
+_PREFIXED_WINDOWS: tuple[tuple[str, str], ...] = ((voc.MFU, MFU), (voc.IDLE_RATIO, IDLE))
+
+
 def _other_windows(step: StepRecord, samples: Mapping[str, list[float]]) -> dict[str, float]:
-    metrics = step.metrics
     row: dict[str, float] = {}
     if voc.STEP in step.timing_raw:
         row[voc.STEP] = step.timing_raw[voc.STEP]
         row[UNACCOUNTED] = windows(step.facts)["overhead-bound"]
-    if voc.THROUGHPUT in metrics:
-        row[THROUGHPUT] = metrics[voc.THROUGHPUT]
-    for key, value in metrics.items():
-        if key.startswith(voc.MFU):
-            row[MFU + key[len(voc.MFU) :]] = value
-    for stat in ("mean", "max"):
-        key = f"{voc.AGENT_LOOP}{voc.GENERATE_SEQUENCES}/{stat}"
-        if key in metrics:
-            row[GEN_SAMPLE + stat] = metrics[key]
-    spans = samples.get(step.span.trace_id, []) if step.span is not None else []
+    for key, value in step.metrics.items():
+        if key in _METRIC_WINDOWS:
+            row[_METRIC_WINDOWS[key]] = value
+            continue
+        for prefix, window in _PREFIXED_WINDOWS:
+            if key.startswith(prefix):
+                row[window + key[len(prefix) :]] = value
+    spans = samples.get(step.span.trace_id, ()) if step.span is not None else ()
     if spans and step.facts.sequences and len(spans) >= step.facts.sequences:
         row[GEN_SAMPLE + "p50"], row[GEN_SAMPLE + "p99"] = np.quantile(spans, [0.5, 0.99])
-    if voc.GOODPUT in metrics:
-        row[GOODPUT] = metrics[voc.GOODPUT]
-    for key, value in metrics.items():
-        if key.startswith(voc.IDLE_RATIO):
-            row[IDLE + key[len(voc.IDLE_RATIO) :]] = value
-    for stat in ("mean", "max"):
-        if voc.TRAJECTORY_STALENESS + stat in metrics:
-            row[STALENESS + stat] = metrics[voc.TRAJECTORY_STALENESS + stat]
     return {k: float(v) for k, v in row.items()}
 
 
@@ -549,7 +548,8 @@ def render_html(comparison: Comparison) -> str:
         f"<li>{html.escape(g.expression)}: {'FAILED' if bad else 'passed'}</li>"
         for g, bad in comparison.gates
     )
-    blob = json.dumps(comparison.as_json(), allow_nan=False).replace("</", "<\\/")
+    # `<` as \u003c: no `</script>` or `<!--` in the data can end or change the script block
+    blob = json.dumps(comparison.as_json(), allow_nan=False).replace("<", "\\u003c")
     title = "rlotel compare"
     return f"""<!doctype html>
 <html lang="en">
