@@ -294,6 +294,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _compare_table(result) -> Table:
     """Per window: base and new medians, the change, its 95 % interval, significance."""
+    from rlotel import compare
     from rlotel.compare import format_interval, format_percent, format_value
 
     sides = (result.base, result.new)
@@ -312,7 +313,7 @@ def _compare_table(result) -> Table:
             format_value(w.new, w.unit),
             "n/a" if w.change is None else format_percent(w.change),
             "" if w.ci95 is None else format_interval(w.ci95),
-            ("FAIL" if w.name in failed else "yes") if w.significant else "",
+            compare.significance(w, failed),
             style="bold red" if w.name in failed else ("yellow" if w.significant else None),
         )
     return table

@@ -42,6 +42,10 @@ from rlotel.otlp_json import SpanRecord
 RESAMPLES = 2000
 SEED = 0
 WARMUP_SHARE = 0.10  # default --skip: this share of a run's steps, at least one
+# A window holding less than this share of the step in both runs is never significant: its
+# change moves the step by less than that, and sub-millisecond windows time mostly the
+# scheduler (two identical runs side by side differ there by 10 % and more).
+NEGLIGIBLE_SHARE = 0.01
 
 # compare's own window names beside the phases (whose names are verl's).
 UNACCOUNTED = "unaccounted"
@@ -83,10 +87,16 @@ class WindowChange:
     ci95: tuple[float, float] | None
     base_steps: int  # steps that had a value
     new_steps: int
+    negligible: bool = False  # a window under NEGLIGIBLE_SHARE of the step in both runs
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.ci95 is not None and (self.ci95[0] > 0 or self.ci95[1] < 0)
 
     @property
     def significant(self) -> bool:
-        return self.ci95 is not None and (self.ci95[0] > 0 or self.ci95[1] < 0)
+        """The interval excludes 0, and the window is not too small to matter."""
+        return self.excludes_zero and not self.negligible
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,7 @@ class Comparison:
             },
             "resamples": self.resamples,
             "seed": self.seed,
+            "negligible": [name for name, w in self.windows.items() if w.negligible],
             "gates": [
                 {"expression": g.expression, "window": g.window, "failed": failed}
                 for g, failed in self.gates
@@ -337,6 +348,7 @@ def compare_runs(
         for steps, run in zip(kept, (base, new), strict=True)
     ]
     names = _order((n for side in rows for row in side for n in row), phases)
+    step_medians = [np.median([row.get(voc.STEP, np.nan) for row in side]) for side in rows]
     results: dict[str, WindowChange] = {}
     for name in names:
         columns = [np.array([row[name] for row in side if name in row]) for side in rows]
@@ -344,8 +356,12 @@ def compare_runs(
         change, ci = (None, None)
         if all(c.size for c in columns):
             change, ci = relative_change(*columns, _window_rng(seed, name), resamples)
+        negligible = (name in phases or name == UNACCOUNTED) and all(
+            (median or 0.0) < NEGLIGIBLE_SHARE * step
+            for median, step in zip(medians, step_medians, strict=True)
+        )
         results[name] = WindowChange(
-            name, _unit(name), *medians, change, ci, columns[0].size, columns[1].size
+            name, _unit(name), *medians, change, ci, *(c.size for c in columns), negligible
         )
     sides = [_side(run, steps) for run, steps in zip((base, new), kept, strict=True)]
     headline = _headline(results, phases)
@@ -484,6 +500,13 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:.4g}" if unit == "s" else f"{value:.3f}"
 
 
+def significance(window: WindowChange, failed: Iterable[str]) -> str:
+    """yes / FAIL (a gate crossed) / `<1%` (excludes 0, but under 1 % of the step)."""
+    if window.significant:
+        return "FAIL" if window.name in failed else "yes"
+    return f"<{NEGLIGIBLE_SHARE:.0%}" if window.excludes_zero else ""
+
+
 def _interval_svg(window: WindowChange, scale: float) -> str:
     """The change and its interval on an axis shared by every row (0 in the middle)."""
     if window.change is None:
@@ -531,7 +554,7 @@ def render_html(comparison: Comparison) -> str:
             f'<td class="num">{format_value(w.base, w.unit)}</td>'
             f'<td class="num">{format_value(w.new, w.unit)}</td>'
             f'<td class="num">{"–" if w.change is None else format_percent(w.change)}</td>'
-            f'<td class="num">{interval}</td><td>{"yes" if w.significant else ""}</td>'
+            f'<td class="num">{interval}</td><td>{significance(w, failed)}</td>'
             f"<td>{_interval_svg(w, scale)}</td></tr>"
         )
     sides = "".join(
@@ -570,7 +593,9 @@ relative change ({comparison.resamples} resamples, seed {comparison.seed})</div>
 <section><table id="windows"><thead><tr><th>window</th><th>unit</th><th>base</th><th>new</th>
 <th>change</th><th>95 % interval</th><th>significant</th><th>change and interval</th></tr></thead>
 <tbody>{"".join(rows)}</tbody></table>
-<p class="note">Significant: the interval excludes 0. Rows share one axis, 0 in the middle,
+<p class="note">Significant: the interval excludes 0 and the window holds at least
+{NEGLIGIBLE_SHARE:.0%} of the step in one of the runs (<{NEGLIGIBLE_SHARE:.0%}: the interval
+excludes 0, but the window is smaller). Rows share one axis, 0 in the middle,
 ±{format_percent(scale).lstrip("+")} at the edges.</p></section>
 </main>
 <script type="application/json" id="rlotel-compare">{blob}</script>

@@ -216,6 +216,27 @@ def test_skip(logs, capsys) -> None:
     assert "--skip 40 leaves no step" in err
 
 
+def test_a_window_under_1_percent_of_the_step_is_never_significant(logs, tmp_path, capsys):
+    doubled = tmp_path / "adv.jsonl"
+    with doubled.open("w") as out:
+        for line in logs["base"].read_text().splitlines():
+            record = json.loads(line)
+            record["data"][f"{voc.TIMING_S}adv"] += 0.01  # 0.01 s of an ~18 s step: x2
+            record["data"][f"{voc.TIMING_S}{voc.STEP}"] += 0.01
+            out.write(json.dumps(record) + "\n")
+    code, out, _ = run_cli(
+        capsys, str(logs["base"]), str(doubled), "--fail-if", "adv>+10%", "--json"
+    )
+    result = json.loads(out)
+    adv = result["windows"]["adv"]
+    assert code == 0
+    assert adv["change"] == pytest.approx(1.0) and adv["ci95"][0] > 0.5  # excludes 0...
+    assert not adv["significant"] and result["negligible"] == ["adv"]  # ...but is tiny
+    assert result["verdict"].startswith("no significant change")
+    code, out, _ = run_cli(capsys, str(logs["base"]), str(doubled))
+    assert re.search(r"│ adv .*│ +<1% │", out), out
+
+
 # --- the gate -----------------------------------------------------------------------------
 
 
