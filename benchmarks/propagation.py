@@ -1,10 +1,12 @@
-"""Propagation cost on the driver: what rlotel adds to a verl worker-group call, and the
+"""Propagation cost: what rlotel adds to a verl worker-group call on each side, and the
 W3C traceparent codec (rlotel's vs OpenTelemetry's TraceContextTextMapPropagator).
 
 Worker-group part: verl 0.9.1's real RayWorkerGroup with 2 CPU workers on a local Ray
-cluster (loopback). The added code — the phase's carrier, once per call, and the context
-slot on each worker's submit — is timed on its own with the group's real actor handles,
-and the whole call (Ray's submit included) with the plugin on and off, interleaved.
+cluster (loopback). Timed on their own: the driver's added code (the phase's carrier, once
+per call, and the context slot on each worker's submit) and the worker's (its traced method
+wrapper: read the carrier, open and close one span under the driver's phase; the span is
+built and exported later, on the publisher). Then the whole call, Ray's submit and the
+worker's wrapper included, with the plugin on and off, interleaved.
 """
 
 from __future__ import annotations
@@ -93,15 +95,18 @@ def worker_group(tel: rlotel.Telemetry) -> None:
         def added_code() -> None:
             carrier = verl_workers._carrier(tel)
             for handle in handles:
-                method = verl_workers._ContextSubmitter(handle, carrier).noop
-                kwargs: dict = {}
-                kwargs[slot] = method._carrier
+                kwargs = {**{}, slot: carrier}
+                handle.noop  # noqa: B018 — the per-worker lookup verl does either way
+                kwargs.clear()
 
         def calls() -> None:
             ray.get([ref for _ in range(CALLS) for ref in group.noop()])
 
         with tel.step(1), tel.phase("update_actor"):
             added = per_call_us(added_code, 20000)
+            carrier = verl_workers._carrier(tel)
+        worker = worker_side(tel, carrier)
+        with tel.step(2), tel.phase("update_actor"):
             on, off = [], []
             for _ in range(ROUNDS):  # interleaved: the same drift on both
                 started = time.perf_counter()
@@ -114,7 +119,12 @@ def worker_group(tel: rlotel.Telemetry) -> None:
                 plugin.install()
         print("worker-group call on 2 workers, inside a phase, µs per call:")
         print(
-            f"  rlotel's added code (carrier + context slot on 2 submits): {added:6.2f}  (goal ≤ 5)"
+            f"  driver: rlotel's added code (carrier + context slot on 2 submits): {added:6.2f}"
+            "  (goal ≤ 5)"
+        )
+        print(
+            f"  worker: traced method with a carrier {worker['traced']:6.2f}, untraced "
+            f"{worker['raw']:6.2f}: +{worker['traced'] - worker['raw']:.2f} per call and rank"
         )
         print(
             f"  whole call with Ray's submit: plugin on {statistics.median(on):8.1f}, "
@@ -122,6 +132,31 @@ def worker_group(tel: rlotel.Telemetry) -> None:
         )
     finally:
         ray.shutdown()
+
+
+def worker_side(tel: rlotel.Telemetry, carrier: dict[str, str]) -> dict[str, float]:
+    """µs per call of a worker method with rlotel's wrapper (the call carries the driver's
+    phase, as from a worker group) and without; run outside any local step, as a worker.
+    Rounds of 500 calls, each followed by a flush, so no span is dropped for a full queue."""
+
+    class Actor:
+        def noop(self, _ray_trace_ctx: dict | None = None) -> None:  # Ray strips the slot
+            return None
+
+    traced = verl_workers._traced(Actor.noop, "noop")
+    actor = Actor()
+
+    def best(call) -> float:
+        rounds = []
+        for _ in range(ROUNDS):
+            rounds.append(timeit.timeit(call, number=500) / 500 * 1e6)
+            tel.flush(10)
+        return min(rounds)
+
+    return {
+        "traced": best(lambda: traced(actor, _ray_trace_ctx=carrier)),
+        "raw": best(lambda: Actor.noop(actor, _ray_trace_ctx=carrier)),
+    }
 
 
 def main() -> None:

@@ -41,9 +41,9 @@ def windows(work: Path) -> dict[str, float]:
 
 def one_run(plugin: bool, steps: int, assets: Path | None) -> tuple[dict[str, float], Path]:
     work = Path(tempfile.mkdtemp(prefix="rl-bench-", dir="/tmp"))
-    if assets is not None:
-        shutil.copytree(assets, work / "assets")
     argv = [str(work), "--steps", str(steps), *([] if plugin else ["--off"])]
+    if assets is not None:
+        argv += ["--assets", str(assets)]
     result = run_isolated(argv)
     if result.returncode != 0:
         tail = (work / "console.log").read_text(errors="replace")[-3000:]

@@ -30,6 +30,7 @@ from verl.single_controller.ray import (  # noqa: E402
 from verl.utils.profiler import marked_timer  # noqa: E402
 
 from rlotel.integrations import verl as plugin  # noqa: E402
+from rlotel.integrations import verl_workers  # noqa: E402
 
 SLOW_RANK = 1
 
@@ -62,8 +63,7 @@ def cluster(tmp_path, monkeypatch):
     """A local Ray cluster whose workers run rlotel (RLOTEL_ENABLE in their environment)."""
     traces = tmp_path / "traces"
     env_vars = {
-        "RLOTEL_ENABLE": "1",
-        "RLOTEL_RUN": "wg",
+        "RLOTEL_ENABLE": "1",  # no RLOTEL_RUN: the workers hear the driver's run (baggage)
         "RLOTEL_TRACES_DIR": str(traces),
         "RLOTEL_PROMETHEUS_SD_DIR": str(tmp_path / "sd"),
     }
@@ -181,15 +181,19 @@ def test_worker_group_calls_join_the_driver_phase_across_processes(cluster):
     tel.shutdown()
 
 
-def test_calls_outside_a_phase_carry_nothing(cluster):
+def test_calls_outside_a_phase_carry_only_the_run_once(cluster):
     tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
     group = worker_group()
-    assert group.update_policy(0.0) == [0, 1]  # no phase open: nothing sent, nothing traced
+    for _ in range(2):  # no phase open: the run only, on the first call to each actor
+        assert group.update_policy(0.0) == [0, 1]
+    told = {actor for run, actor in verl_workers._told_run if run == "wg"}
+    assert told == {worker._ray_actor_id for worker in group.workers}
     with tel.step(1), tel.phase("update_actor"):
         group.update_policy(0.0)
-    spans = wait_for_spans(cluster, {"update_actor": 1, "update_policy": 2, "forward_backward": 4})
+    spans = wait_for_spans(cluster, {"update_actor": 1, "update_policy": 2, "forward_backward": 6})
     loose = [s for s in spans if s.name == "forward_backward" and not s.parent_span_id]
-    assert len(loose) == 2  # the uncarried call's timers: root traces in each worker
+    assert len(loose) == 4  # the uncarried calls' timers: root traces in each worker
+    assert {s.attributes["rl.run"] for s in loose} == {"wg"}  # heard from the first call
 
 
 def test_a_worker_dying_mid_phase_closes_the_phase_with_the_error(cluster):

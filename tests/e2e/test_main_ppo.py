@@ -18,7 +18,7 @@ import pytest
 
 from rlotel import analyze, cli
 from rlotel import vocabulary as voc
-from tests.e2e.main_ppo import ENGINE_PYTHON, EXPERIMENT, run_isolated
+from tests.e2e.main_ppo import EXPERIMENT, run_isolated
 from tests.helpers import file_spans, parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -33,13 +33,11 @@ COMPARED = (voc.TIMING_S, voc.TIMING_PER_TOKEN_MS, voc.OFF_POLICY)
 COMPARED_KEYS = (voc.THROUGHPUT, voc.TIME_PER_STEP, voc.TOTAL_NUM_TOKENS)
 
 
-def main_ppo(*argv: str) -> Iterator[Path]:
-    if not ENGINE_PYTHON.exists():
-        pytest.fail(f"{ENGINE_PYTHON} is missing: `make engine-venv` builds it")
+def main_ppo(assets: Path, *argv: str) -> Iterator[Path]:
     # short: Ray's socket paths under its temp dir must stay below 108 bytes
     work = Path(tempfile.mkdtemp(prefix="rl-e2e-", dir="/tmp"))
     try:
-        result = run_isolated([str(work), "--steps", str(STEPS), *argv])
+        result = run_isolated([str(work), "--steps", str(STEPS), "--assets", str(assets), *argv])
         log = work / "console.log"
         console = log.read_text(errors="replace") if log.exists() else ""
         assert result.returncode == 0, result.stderr[-3000:] + console[-6000:]
@@ -58,13 +56,13 @@ PROFILE = (  # verl's torch profiler on the actor for step 2, written under its 
 
 
 @pytest.fixture(scope="module")
-def plugin_on() -> Iterator[Path]:
-    yield from main_ppo(*PROFILE)
+def plugin_on(e2e_assets: Path) -> Iterator[Path]:
+    yield from main_ppo(e2e_assets, *PROFILE)
 
 
 @pytest.fixture(scope="module")
-def plugin_off() -> Iterator[Path]:
-    yield from main_ppo("--off", *PROFILE)
+def plugin_off(e2e_assets: Path) -> Iterator[Path]:
+    yield from main_ppo(e2e_assets, "--off", *PROFILE)
 
 
 def verl_log(work: Path) -> dict[int, dict]:

@@ -26,8 +26,8 @@ MODES = {
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
-def mode_run(request) -> Iterator[tuple[str, Path]]:
-    for work in main_ppo(*MODES[request.param]):
+def mode_run(request, e2e_assets: Path) -> Iterator[tuple[str, Path]]:
+    for work in main_ppo(e2e_assets, *MODES[request.param]):
         yield request.param, work
 
 
