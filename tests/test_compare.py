@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -398,13 +399,19 @@ def demo(runs: Path, run: str, *knobs: str) -> subprocess.Popen:
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "16", "--seed", "0",
         "--port", "0", "--runs-dir", str(runs), "--run", run, *knobs,
     ]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    os.sched_setaffinity(process.pid, {min(os.sched_getaffinity(0))})  # before its first step
+    return process
 
 
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory) -> Path:
-    """Two identical demo runs at the same time (any load on the machine hits both alike),
-    then one with an eight times heavier update."""
+    """Two identical demo runs at the same time on one core: the scheduler shares it between
+    them, so whatever else loads the machine slows both alike (run one after the other, a
+    load that starts in between is a real difference between them). Then one with an eight
+    times heavier update, alone on that core."""
     pytest.importorskip("torch")
     runs = tmp_path_factory.mktemp("runs")
     for batch in ([("a",), ("b",)], [("epochs8", "--ppo-epochs", "8")]):
