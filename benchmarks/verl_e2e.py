@@ -4,7 +4,8 @@ Alternating runs (off, on, off, on, ...) of the e2e recipe (`tests/e2e/main_ppo.
 GRPO, vLLM rollout, tiny model, CPU, `unshare -n -m`); each run's windows read from verl's
 own file logger (`timing_s/*`), steps ≥ 2 (step 1 warms vLLM up). Per window: the median
 over a run's steps, then the median over runs of each side; the ratio on ÷ off and the
-difference in milliseconds. Absolute times here are noisy (2 shared cores): read ratios.
+difference in milliseconds; and the ratio within each pair (its median and range). Absolute
+times here are noisy (2 shared cores): read ratios.
 
     .venv/bin/python benchmarks/verl_e2e.py [--pairs 2] [--steps 6]
 """
@@ -75,12 +76,16 @@ def main() -> None:
     names.sort(key=lambda n: (n != voc.STEP, n))
     print(f"\nverl main_ppo, steps {FIRST_MEASURED_STEP}-{options.steps}, {options.pairs} "
           "alternating pairs; median of run medians")  # fmt: skip
-    print(f"{'window':<18}{'off s':>10}{'on s':>10}{'on/off':>9}{'Δ ms':>9}")
+    print(f"{'window':<18}{'off s':>10}{'on s':>10}{'on/off':>9}{'Δ ms':>9}   per pair on/off")
     for name in names:
         off = statistics.median(r[name] for r in runs[False])
         on = statistics.median(r[name] for r in runs[True])
         ratio = on / off if off else float("nan")
-        print(f"{name:<18}{off:>10.4f}{on:>10.4f}{ratio:>9.3f}{(on - off) * 1000:>9.1f}")
+        pairs = sorted(
+            a[name] / b[name] for a, b in zip(runs[True], runs[False], strict=True) if b[name]
+        )
+        spread = f"median {statistics.median(pairs):.3f} [{pairs[0]:.3f}, {pairs[-1]:.3f}]"
+        print(f"{name:<18}{off:>10.4f}{on:>10.4f}{ratio:>9.3f}{(on - off) * 1000:>9.1f}   {spread}")
 
 
 if __name__ == "__main__":
