@@ -13,9 +13,11 @@ move a median — and gets a 95 % percentile-bootstrap interval of the relative 
 new/base − 1, resampling steps with replacement on each side independently. The resamples'
 medians are drawn exactly without building the resamples: the k-th smallest of n draws from
 n sorted values is the value at index floor(n·U₍ₖ₎), where U₍ₖ₎ ~ Beta(k, n−k+1) is the k-th
-order statistic of n uniforms (and the next one is U₍ₖ₎ + (1 − U₍ₖ₎)·Beta(1, n−k)). An
-interval so costs O(resamples) whatever the runs' length, and each window's own seed (the
-run seed and its name) makes the output reproducible and independent of the other windows.
+order statistic of n uniforms (and the next one is U₍ₖ₎ + (1 − U₍ₖ₎)·Beta(1, n−k)). So an
+interval costs O(resamples) whatever the runs' length, and each window's own seed (the run
+seed and its name) makes the output reproducible and independent of the other windows.
+A change is significant when its interval excludes 0, unless the window is negligible
+(under `NEGLIGIBLE_SHARE` of the step in both runs).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -323,10 +325,10 @@ def relative_change(
     change = float(np.median(new)) / base_median - 1
     if base.size < 2 or new.size < 2:
         return change, None
-    ratios = bootstrap_medians(new, rng, resamples)
-    denominators = bootstrap_medians(base, rng, resamples)
+    new_medians = bootstrap_medians(new, rng, resamples)
+    base_medians = bootstrap_medians(base, rng, resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = ratios / denominators - 1
+        ratios = new_medians / base_medians - 1
     if not np.isfinite(ratios).all():
         return change, None
     low, high = np.percentile(ratios, [2.5, 97.5])
@@ -474,16 +476,7 @@ def check_gates(comparison: Comparison, gates: Sequence[Gate]) -> Comparison:
                 f"(windows: {known})"
             )
         outcomes.append((gate, gate.crossed(result)))
-    return Comparison(
-        comparison.base,
-        comparison.new,
-        comparison.windows,
-        comparison.verdict,
-        comparison.resamples,
-        comparison.seed,
-        comparison.headline,
-        outcomes,
-    )
+    return replace(comparison, gates=outcomes)
 
 
 # --- the page -----------------------------------------------------------------------------

@@ -503,3 +503,16 @@ def test_demo_comparison_page_in_headless_chromium(demo_runs, tmp_path, capsys) 
     assert dom["verdict"] == result["verdict"]
     assert dom["intervals"] == sum(w["ci95"] is not None for w in result["windows"].values())
     assert dom["width"] > 100  # the interval plots were laid out
+
+
+def test_help_names_the_command_and_its_options(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "compare" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compare", "--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for option in ("--skip", "--json", "--html", "--fail-if", "--resamples", "step>+5%"):
+        assert option in text
