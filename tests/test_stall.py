@@ -1,0 +1,119 @@
+"""Open phases watched while open: a phase past its stall threshold shows on /metrics, in a
+live verdict naming the process and in a partial span, and clears when it closes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import rlotel
+from rlotel import attributes as attr
+from rlotel.errors import ConfigError
+from rlotel.stall import STALLED, StallWatch
+from tests.helpers import finished_spans, parse_exposition, scrape
+
+THRESHOLDS = rlotel.Thresholds(stall_factor=6.0, stall_floor_s=0.5)
+
+
+def series(tel: rlotel.Telemetry, name: str, phase: str) -> float | None:
+    samples = parse_exposition(scrape(tel.metrics_url))
+    return samples.get((name, frozenset({("run", "test"), ("phase", phase)})))
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_phase_past_its_threshold_is_stalled_while_open_and_clears_after(
+    make_tel, span_exporter
+):
+    tel = make_tel(
+        bottleneck_thresholds=THRESHOLDS,
+        resource_attributes={attr.ROLE: "trainer", attr.RANK: 0},
+    )
+    with tel.step(1), tel.phase("gen"):
+        time.sleep(0.05)  # the history: gen takes ~50 ms
+    release = threading.Event()
+
+    def train() -> None:
+        with tel.step(2), tel.phase("gen"):
+            release.wait(30)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        wait_for(lambda: series(tel, "rlotel_phase_stalled", "gen") == 1)
+        assert series(tel, "rlotel_phase_open_seconds", "gen") > 0.5
+        assert series(tel, "rlotel_phase_stalled", "step") == 1  # it holds gen open
+
+        (verdict,) = tel.stalled  # one verdict: the innermost stalled phase, not the step
+        assert verdict.kind == STALLED
+        assert verdict.evidence["role"] == "trainer" and verdict.evidence["rank"] == 0
+        assert verdict.evidence["median_s"] == pytest.approx(0.05, abs=0.04)
+        assert verdict.evidence["open_s"] > 0.5 and verdict.evidence["times_median"] > 6
+        assert "rollout" in verdict.next_read
+
+        partial = {s.name: s for s in finished_spans(tel, span_exporter) if s.attributes.get(attr.STEP) == 2}
+        assert set(partial) == {"step", "gen"}  # the open chain, exported before it closes
+        gen = partial["gen"]
+        assert gen.attributes[attr.STALLED] is True and gen.attributes[attr.INCOMPLETE] is True
+        assert gen.attributes[attr.OPEN_S] > 0.5
+        assert attr.STALLED not in partial["step"].attributes
+        assert gen.parent.span_id == partial["step"].context.span_id
+    finally:
+        release.set()
+        trainer.join(10)
+    wait_for(lambda: series(tel, "rlotel_phase_stalled", "gen") == 0)
+    assert series(tel, "rlotel_phase_open_seconds", "gen") == 0
+    assert tel.stalled == []
+    final = [
+        s
+        for s in finished_spans(tel, span_exporter)
+        if s.attributes.get(attr.STEP) == 2 and s.name == "gen"
+    ]
+    assert len(final) == 2 and final[0].context.span_id == final[1].context.span_id
+    assert attr.INCOMPLETE not in final[-1].attributes  # the complete one came after
+
+
+def test_without_history_the_floor_alone_applies(make_tel):
+    tel = make_tel(bottleneck_thresholds=THRESHOLDS)
+    watch: StallWatch = tel.stalls
+    with tel.phase("checkpoint"):  # a loose phase, never seen closed
+        wait_for(lambda: any(p.name == "checkpoint" and p.stalled for p in watch.check()), 5)
+        (phase,) = [p for p in watch.check() if p.name == "checkpoint"]
+        assert phase.median_s is None and phase.threshold_s == 0.5
+
+
+def test_a_clock_running_backwards_never_gives_a_negative_age():
+    from rlotel.ledger import Ledger, Phase, Trace
+
+    now = [10_000_000_000]
+    watch = StallWatch(THRESHOLDS, {}, clock=lambda: now[0])
+    ledger = Ledger(lambda s: None, lambda t: None, rlotel.drops.Drops(), 1)
+    root = Phase(None, "generate")
+    root.start_ns = now[0] + 5_000_000_000  # started "after" now: the clock stepped back
+    ledger.open_remote[1] = Trace(root, None)
+    watch.ledger = ledger
+    (phase,) = watch.check()
+    assert phase.age_s == 0.0 and not phase.stalled
+
+
+@pytest.mark.parametrize(
+    "thresholds",
+    [
+        {"stall_factor": -1.0},
+        {"stall_floor_s": float("nan")},
+        {"stall_floor_s": float("inf")},
+        {"stall_factor": "6"},
+    ],
+)
+def test_bad_stall_thresholds_fail_at_init(thresholds):
+    with pytest.raises(ConfigError):
+        rlotel.init(
+            run="bad", prometheus_port=None, bottleneck_thresholds=rlotel.Thresholds(**thresholds)
+        )
