@@ -179,6 +179,9 @@ class StallWatch:
         if phase.median_s is not None:
             evidence["median_s"] = round(phase.median_s, 6)
             evidence["times_median"] = round(phase.age_s / phase.median_s, 1)
+        step = self._step_of(phase)
+        if step is not None:
+            evidence["step"] = step
         for key, value in self._identity.items():
             evidence[key.removeprefix("rl.")] = value
         pending = self._pending_ranks(phase)
@@ -188,6 +191,14 @@ class StallWatch:
         if pending:
             look = f"rank(s) {evidence['pending_ranks']} have not replied; " + look
         return Verdict(STALLED, phase.name, "high", 0.0, evidence, look)
+
+    def _step_of(self, phase: OpenPhase) -> int | None:
+        """The open step a stalled phase belongs to (a loose or remote trace has none)."""
+        ledger = self.ledger
+        step = ledger._step if ledger is not None else None
+        if step is not None and phase.trace is step.trace:
+            return step.number
+        return None
 
     def _pending_ranks(self, phase: OpenPhase) -> set[int]:
         pending: set[int] = set()

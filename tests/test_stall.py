@@ -29,9 +29,7 @@ def wait_for(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_phase_past_its_threshold_is_stalled_while_open_and_clears_after(
-    make_tel, span_exporter
-):
+def test_a_phase_past_its_threshold_is_stalled_while_open_and_clears_after(make_tel, span_exporter):
     tel = make_tel(
         bottleneck_thresholds=THRESHOLDS,
         resource_attributes={attr.ROLE: "trainer", attr.RANK: 0},
@@ -58,7 +56,11 @@ def test_a_phase_past_its_threshold_is_stalled_while_open_and_clears_after(
         assert verdict.evidence["open_s"] > 0.5 and verdict.evidence["times_median"] > 6
         assert "rollout" in verdict.next_read
 
-        partial = {s.name: s for s in finished_spans(tel, span_exporter) if s.attributes.get(attr.STEP) == 2}
+        partial = {
+            s.name: s
+            for s in finished_spans(tel, span_exporter)
+            if s.attributes.get(attr.STEP) == 2
+        }
         assert set(partial) == {"step", "gen"}  # the open chain, exported before it closes
         gen = partial["gen"]
         assert gen.attributes[attr.STALLED] is True and gen.attributes[attr.INCOMPLETE] is True
