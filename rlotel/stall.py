@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -93,6 +94,7 @@ class StallWatch:
         self._stalled: set[str] = set()
         self._lock = threading.Lock()
         self._verdicts: dict[str, Verdict] = {}
+        self._actors: dict[str, list[str]] = {}  # stalled phase → Ray actors not started
         self.rank_waits: dict[int, RankWait] = {}  # id → a blocking call's pending ranks
 
     # --- fed on the publisher thread --------------------------------------------------
@@ -136,12 +138,15 @@ class StallWatch:
             phase = OpenPhase(name, age_s, median_s, threshold_s, stalled, onset, record, trace)
             phases.append(phase)
             if named:
+                if onset:  # asked once per stall: Ray's state of the actors not started
+                    self._actors[name] = pending_actors()
                 verdicts[name] = self._verdict(phase)
                 if onset:
                     log.warning("rlotel: %s", self._line(phase, verdicts[name]))
         with self._lock:
             self._verdicts = verdicts
         self._stalled = set(verdicts)
+        self._actors = {name: self._actors[name] for name in verdicts if name in self._actors}
         return phases
 
     def _open_records(self) -> Iterator[tuple[Phase, Trace]]:
@@ -187,9 +192,17 @@ class StallWatch:
         pending = self._pending_ranks(phase)
         if pending:
             evidence["pending_ranks"] = ",".join(map(str, sorted(pending)))
+        actors = self._actors.get(phase.name)
+        if actors:
+            evidence["pending_actors"] = "; ".join(actors)
         look = WHERE_TO_LOOK.get(phase.name, "the process holding it: py-spy dump --pid")
         if pending:
             look = f"rank(s) {evidence['pending_ranks']} have not replied; " + look
+        if actors:
+            look = (
+                f"Ray actor(s) never started: {evidence['pending_actors']} (resources or "
+                "placement group not available: `ray status`); " + look
+            )
         return Verdict(STALLED, phase.name, "high", 0.0, evidence, look)
 
     def _step_of(self, phase: OpenPhase) -> int | None:
@@ -218,6 +231,41 @@ class StallWatch:
             f"phase {phase.name!r} stalled: open {phase.age_s:.1f} s{median}, over "
             f"{phase.threshold_s:.3g} s [{who}]; look at {verdict.next_read}"
         )
+
+
+NOT_STARTED = ("PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING")
+
+
+def pending_actors() -> list[str]:
+    """Ray actors that have not started (their calls wait forever: verl#7381), as
+    "Class(name) id STATE"; [] outside Ray. Ray's state API first (it needs the dashboard),
+    then the GCS actor table every driver can read."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return []
+    try:
+        try:
+            from ray.util.state import list_actors
+
+            found = [
+                (a.class_name, a.name, a.actor_id, a.state)
+                for a in list_actors(filters=[("state", "!=", "ALIVE")], timeout=2)
+            ]
+        except Exception:  # no dashboard: the GCS table
+            from ray._private import state
+
+            found = [
+                (a.get("ActorClassName"), a.get("Name"), a.get("ActorID"), a.get("State"))
+                for a in state.actors().values()
+            ]
+    except Exception as error:
+        log.debug("rlotel: Ray actor states not read: %r", error)
+        return []
+    return [
+        f"{cls}({name}) {actor_id[:12]} {state}" if name else f"{cls} {actor_id[:12]} {state}"
+        for cls, name, actor_id, state in found
+        if state in NOT_STARTED
+    ][:8]
 
 
 def _enclosing(stalled: list[tuple[Phase, Trace]]) -> set[Phase]:

@@ -119,3 +119,38 @@ def test_bad_stall_thresholds_fail_at_init(thresholds):
         rlotel.init(
             run="bad", prometheus_port=None, bottleneck_thresholds=rlotel.Thresholds(**thresholds)
         )
+
+
+@pytest.mark.slow
+def test_an_actor_that_cannot_be_placed_is_named_as_pending_creation(make_tel, monkeypatch):
+    """verl#7381: a call to an actor asking for a resource no node has waits forever."""
+    import ray
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+
+        @ray.remote(resources={"no_such_accelerator": 1})
+        class RolloutServer:
+            def ping(self) -> int:
+                return 1
+
+        tel = make_tel(bottleneck_thresholds=rlotel.Thresholds(stall_floor_s=1.0))
+        server = RolloutServer.options(name="rollout-0").remote()
+
+        def create() -> None:
+            with tel.phase("init_workers"):
+                ray.get(server.ping.remote(), timeout=20)
+
+        creator = threading.Thread(target=create, daemon=True)
+        creator.start()
+        wait_for(lambda: tel.stalled, 15)
+        (verdict,) = tel.stalled
+        assert verdict.detail == "init_workers"
+        assert "RolloutServer(rollout-0)" in verdict.evidence["pending_actors"]
+        assert "PENDING_CREATION" in verdict.evidence["pending_actors"]
+        assert "never started" in verdict.next_read
+        ray.kill(server)
+        creator.join(25)
+    finally:
+        ray.shutdown()
