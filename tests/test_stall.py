@@ -9,6 +9,7 @@ import time
 import pytest
 
 import rlotel
+from rlotel import analyze
 from rlotel import attributes as attr
 from rlotel.errors import ConfigError
 from rlotel.stall import STALLED, StallWatch
@@ -66,6 +67,7 @@ def test_a_phase_past_its_threshold_is_stalled_while_open_and_clears_after(make_
         assert gen.attributes[attr.STALLED] is True and gen.attributes[attr.INCOMPLETE] is True
         assert gen.attributes[attr.OPEN_S] > 0.5
         assert attr.STALLED not in partial["step"].attributes
+        assert partial["step"].attributes[attr.OPEN_S] >= gen.attributes[attr.OPEN_S]
         assert gen.parent.span_id == partial["step"].context.span_id
     finally:
         release.set()
@@ -80,6 +82,22 @@ def test_a_phase_past_its_threshold_is_stalled_while_open_and_clears_after(make_
     ]
     assert len(final) == 2 and final[0].context.span_id == final[1].context.span_id
     assert attr.INCOMPLETE not in final[-1].attributes  # the complete one came after
+
+
+def test_readers_keep_the_complete_span_over_its_partial(make_tel, tmp_path):
+    traces = tmp_path / "traces.jsonl"
+    tel = make_tel(bottleneck_thresholds=THRESHOLDS, traces_file=traces, span_exporters=[])
+    with tel.step(1), tel.phase("gen"):
+        wait_for(lambda: tel.stalled, 5)  # the partial is exported while gen hangs
+        assert tel.flush(10)
+        assert '"rl.stalled"' in traces.read_text()
+    tel.flush(10)
+    run = analyze.load_run(traces)
+    names = sorted(s.name for s in run.spans)
+    assert names == ["gen", "step"]  # each once: the complete versions
+    assert not any(attr.OPEN_S in s.attributes for s in run.spans)
+    (step,) = run.steps
+    assert step.timing_raw["gen"] > 0.5
 
 
 def test_without_history_the_floor_alone_applies(make_tel):

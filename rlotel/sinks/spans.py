@@ -259,7 +259,8 @@ def _sample_key(field: str) -> tuple[str, bool]:
 
 def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
     """The open spans of a stalled phase's trace, as they stand now: each ends now and says
-    `rl.incomplete`; the stalled one also `rl.stalled` and how long it has been open. The
+    `rl.incomplete` and how long it has been open (`rl.open_s`); the stalled one also
+    `rl.stalled`. The
     same span ids come again, complete, if the trace ever closes (readers keep that one).
     Ids are drawn here for spans that have none yet; the training thread draws them the
     same way (a lost race would give one span two ids: a window of a few bytecodes)."""
@@ -273,14 +274,14 @@ def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
     for record in (root, *list(trace.records)):
         if record.end_ns or not record.start_ns:
             continue
-        attributes = {**common, attr.INCOMPLETE: True}
+        attributes = {**common, attr.INCOMPLETE: True, attr.OPEN_S: (now - record.start_ns) / 1e9}
         if record is root:
             parent_id = trace.remote_parent
         else:
             parent_id = _span_id(record.parent) if record.parent is not None else root_id
             attributes[attr.PHASE] = record.name
         if record is phase.record:
-            attributes.update({attr.STALLED: True, attr.OPEN_S: phase.age_s})
+            attributes[attr.STALLED] = True
         spans.append(
             SpanData(
                 trace.trace_id,
