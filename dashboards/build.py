@@ -319,6 +319,19 @@ STEP_BREAKDOWN = Board(
                     unit="none",
                 ),
                 Panel(
+                    "Stalled phases",
+                    (value(cat.PHASE_STALLED, "{{phase}} {{instance}}"),),
+                    kind="stat",
+                    unit="none",
+                    description="1 while a phase is open past its stall threshold "
+                    "(RLPhaseStalled); "
+                    "the process's log line and live verdict name who holds it.",
+                ),
+                Panel(
+                    "Open phases (oldest open span's age)",
+                    (value(cat.PHASE_OPEN, "{{phase}} {{instance}}"),),
+                ),
+                Panel(
                     "Seconds since last step",
                     (value(cat.LAST_STEP_TIMESTAMP, "{{run}}", wrap="time() - max by (run) ({})"),),
                     kind="stat",

@@ -59,6 +59,7 @@ def load_run(path: Path) -> Run:
             for line in lines:
                 if line.strip():
                     _read_line(line, run, logged)
+    run.spans = _without_superseded_partials(run.spans)
     summary_path = path / SUMMARY_FILE if path.is_dir() else None
     if summary_path is not None and summary_path.is_file():
         run.summary = _read_summary(summary_path)
@@ -71,6 +72,28 @@ def load_run(path: Path) -> Run:
         _merge_summary_metrics(steps, run.summary)
     run.steps = sorted(steps, key=lambda s: s.number)
     return run
+
+
+def _without_superseded_partials(spans: list[SpanRecord]) -> list[SpanRecord]:
+    """A stalled phase's partial span (`rl.stalled`, exported while it hung) and its trace's
+    open spans come again, complete, if the trace closed: keep the complete ones."""
+    partial = {
+        (s.trace_id, s.span_id)
+        for s in spans
+        if s.attributes.get(attr.INCOMPLETE) and s.attributes.get(attr.OPEN_S) is not None
+    }
+    if not partial:
+        return spans
+    complete = {
+        (s.trace_id, s.span_id)
+        for s in spans
+        if (s.trace_id, s.span_id) in partial and s.attributes.get(attr.OPEN_S) is None
+    }
+    return [
+        s
+        for s in spans
+        if not ((s.trace_id, s.span_id) in complete and s.attributes.get(attr.OPEN_S) is not None)
+    ]
 
 
 def _read_line(line: str, run: Run, logged: dict[int, dict[str, float]]) -> None:

@@ -217,6 +217,22 @@ STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(
     float(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 )
 
+PHASE_OPEN = MetricSpec(
+    "rlotel_phase_open_seconds",
+    "gauge",
+    "seconds",
+    "Age of the oldest open span of each phase in this process (0 while none is open): a "
+    "stuck step never closes, this shows it while it hangs.",
+    ("phase",),
+)
+PHASE_STALLED = MetricSpec(
+    "rlotel_phase_stalled",
+    "gauge",
+    "",
+    "1 while the phase's oldest open span is older than max(stall_factor x its median "
+    "closed duration, stall_floor_s), else 0.",
+    ("phase",),
+)
 PHASE_RANK_SPREAD = MetricSpec(
     "rlotel_phase_rank_spread_ratio",
     "gauge",
@@ -296,6 +312,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     INTEGRATION_EVENTS,
     INTEGRATION_SECONDS,
     PHASE_RANK_SPREAD,
+    PHASE_OPEN,
+    PHASE_STALLED,
     GOODPUT,
     BUCKET_SECONDS,
     ROLE_IDLE,

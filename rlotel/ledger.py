@@ -204,8 +204,10 @@ class RemotePhase(Phase):
         trace = self.trace = Trace(self, ledger.last_step_number)
         trace.trace_id, trace.remote_parent = self.remote
         self._records = trace.records  # its children's list: a root is not among them
+        ledger.open_remote[id(self)] = trace  # watched for stalls while it is open
 
     def _detach(self, ledger: Ledger) -> None:
+        ledger.open_remote.pop(id(self), None)
         if self.trace is not None:
             ledger._publish_trace(self.trace)
 
@@ -473,6 +475,7 @@ class Ledger:
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None
         self._loose: Trace | None = None
+        self.open_remote: dict[int, Trace] = {}  # the remote calls being served now
         self._step: Step | None = None
         self.last_step_number: int | None = None
 

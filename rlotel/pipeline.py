@@ -8,7 +8,7 @@ written) waits here until the hook releases it. Capture summaries are read once,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rlotel.diagnose import Diagnoser
@@ -30,8 +30,16 @@ class LogRecord:
 
 
 class Pipeline:
-    def __init__(self, sink: Sink, diagnoser: Diagnoser, drops: Drops, top_ops: int) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        diagnoser: Diagnoser,
+        drops: Drops,
+        top_ops: int,
+        closed: Callable[[Trace], None] | None = None,
+    ) -> None:
         self.sink = sink
+        self._closed = closed  # sees every closed trace first (the stall watch's history)
         self._diagnoser = diagnoser
         self._drops = drops
         self._top_ops = top_ops
@@ -46,6 +54,8 @@ class Pipeline:
         self._expect_logs = True
 
     def step(self, step: Step) -> None:
+        if self._closed is not None:
+            self._closed(step.trace)
         if step.held:
             self._held[id(step)] = step
             return
@@ -88,6 +98,8 @@ class Pipeline:
         self._held.clear()
 
     def trace(self, trace: Trace) -> None:
+        if self._closed is not None:
+            self._closed(trace)
         self.sink.on_trace(trace)
 
     def samples(self, batch: SampleBatch) -> None:

@@ -31,8 +31,19 @@ def yield_gil() -> None:
 
 
 class Publisher:
-    def __init__(self, drops: Drops, maxlen: int) -> None:
+    """`tick`, if given, also runs on this thread every `tick_s` seconds (work that watches
+    what is still open, e.g. stalled phases), between items, never while one is handled."""
+
+    def __init__(
+        self,
+        drops: Drops,
+        maxlen: int,
+        tick: Callable[[], None] | None = None,
+        tick_s: float = 1.0,
+    ) -> None:
         self._drops = drops
+        self._tick = tick
+        self._tick_s = tick_s
         self._queue: deque[Any] = deque(maxlen=maxlen)
         self._wake = threading.Event()
         self._idle = threading.Condition()
@@ -51,9 +62,17 @@ class Publisher:
         self._wake.set()
 
     def _run(self) -> None:
+        next_tick = time.monotonic() + self._tick_s
         while True:
-            self._wake.wait()
+            self._wake.wait(max(0.0, next_tick - time.monotonic()) if self._tick else None)
             self._wake.clear()
+            if self._tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self._tick_s
+                try:
+                    self._tick()
+                except Exception:
+                    log.exception("rlotel publisher tick failed; continuing")
+                    self._drops.add("spans", "internal_error", "publisher tick failed")
             while self._queue:
                 try:
                     sequence, handler, item = self._queue.popleft()

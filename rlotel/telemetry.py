@@ -19,7 +19,7 @@ from typing import Any
 from rlotel import active
 from rlotel import attributes as attr
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
-from rlotel.diagnose import Diagnoser
+from rlotel.diagnose import Diagnoser, Verdict
 from rlotel.drops import Drops, describe, encodable
 from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.goodput import PhaseBuckets
@@ -33,6 +33,7 @@ from rlotel.ranks import RankSeconds
 from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
 from rlotel.sinks.base import CompositeSink, Sink
 from rlotel.sinks.export_queue import SpanBatchExporter
+from rlotel.stall import RankWait, StallWatch
 
 log = logging.getLogger("rlotel")
 
@@ -59,10 +60,16 @@ class Telemetry:
             sinks = self._build_sinks()
         self._sink = CompositeSink(sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
+        identity = {**config.resource_attributes, "process.pid": os.getpid()}
+        self.stalls = StallWatch(config.bottleneck_thresholds, identity)
         self._pipeline = Pipeline(
-            self._sink, Diagnoser(config.bottleneck_thresholds), self.drops, top_ops
+            self._sink,
+            Diagnoser(config.bottleneck_thresholds),
+            self.drops,
+            top_ops,
+            closed=self.stalls.closed,
         )
-        self._publisher = Publisher(self.drops, config.queue_size)
+        self._publisher = Publisher(self.drops, config.queue_size, tick=self._watch_open)
         submit = self._publisher.submit
         self.ledger = Ledger(
             functools.partial(submit, self._pipeline.step),
@@ -71,6 +78,7 @@ class Telemetry:
             config.n_gpus,
             verdict_wait_s=config.shutdown_timeout_s,
         )
+        self.stalls.ledger = self.ledger
         self._hooks = self._build_hooks()
         self.ledger.hooks = tuple(self._hooks)
         self.ledger.phase_buckets = PhaseBuckets(overrides=config.phase_buckets or {})
@@ -309,6 +317,32 @@ class Telemetry:
             record.add(seconds_by_rank)
         except Exception as error:
             self.drops.add("spans", "internal_error", f"rank seconds: {error!r}")
+
+    def waiting_on_ranks(self, pending: set[int]) -> RankWait | None:
+        """A blocking call on several ranks starts inside the innermost open phase: until
+        `pending` empties (the caller discards ranks as they reply), a stall of that phase
+        names the ranks still pending. Remove it with `done_waiting`."""
+        step = self.ledger.current_step
+        phase = innermost_open(step.trace.records) if step is not None else None
+        if phase is None:
+            return None
+        wait = RankWait(phase.name, time.perf_counter_ns(), pending)
+        self.stalls.rank_waits[id(wait)] = wait
+        return wait
+
+    def done_waiting(self, wait: RankWait | None) -> None:
+        if wait is not None:
+            self.stalls.rank_waits.pop(id(wait), None)
+
+    @property
+    def stalled(self) -> list[Verdict]:
+        """Live verdicts of the phases stalled now (open past their threshold), one each."""
+        return self.stalls.verdicts
+
+    def _watch_open(self) -> None:
+        """The publisher's tick: open phases to the sinks (gauges, partial spans)."""
+        if getattr(self, "ledger", None) is not None:  # the first tick may come early
+            self._sink.on_open_phases(self.stalls.check())
 
     def _attach_remote(self, batch: SampleBatch, carrier: Any, span_budget: int) -> None:
         ids = parse(carrier)

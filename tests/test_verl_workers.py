@@ -3,6 +3,7 @@ processes with no carrier in user code, a file per process, straggler ranks, fau
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -56,6 +57,10 @@ class TimedWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def hang(self) -> None:
         time.sleep(3600)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hang_one(self) -> None:
+        time.sleep(3600 if self.rank == SLOW_RANK else 0.05)
 
 
 @pytest.fixture
@@ -234,5 +239,53 @@ def test_a_hung_worker_never_hangs_the_driver_telemetry(cluster):
     (phase,) = by_name(spans, "update_actor")
     assert phase.status_code == STATUS_ERROR
     assert [s.attributes["rl.step"] for s in by_name(spans, "step")] == [1, 2]
+    for worker in group.workers:
+        ray.kill(worker)
+
+
+def test_a_rank_hung_in_update_actor_is_named_by_the_driver_and_its_own_metrics(cluster):
+    tel = rlotel.init(
+        run="wg",
+        prometheus_port=None,
+        resource_attributes={"rl.role": "driver"},
+        bottleneck_thresholds=rlotel.Thresholds(stall_floor_s=2.0),
+    )
+    group = worker_group()
+    with tel.phase("init_model"):  # the workers start their telemetry (not timed below)
+        group.update_policy(0.0)
+    with tel.step(1), tel.phase("update_actor"):
+        group.update_policy(0.0)  # update_actor's history: well under the floor
+
+    def train() -> None:
+        with tel.step(2), tel.phase("update_actor"):
+            group.hang_one()
+
+    threading.Thread(target=train, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stalled = [v for v in tel.stalled if v.evidence.get("step") == 2]
+        if stalled:
+            break
+        time.sleep(0.1)
+    (verdict,) = stalled
+    assert verdict.detail == "update_actor"
+    assert verdict.evidence["pending_ranks"] == str(SLOW_RANK)  # the rank that never replied
+    assert verdict.evidence["role"] == "driver"
+    assert f"rank(s) {SLOW_RANK}" in verdict.next_read
+
+    # The hung rank's own /metrics: its traced method has been open since the call.
+    targets = [
+        entry
+        for path in (cluster.parent / "sd").glob("*.json")
+        for entry in json.loads(path.read_text())
+    ]
+    ages = {}
+    for entry in targets:
+        samples = parse_exposition(scrape(f"http://{entry['targets'][0]}/metrics"))
+        for (name, labels), value in samples.items():
+            if name == "rlotel_phase_open_seconds" and ("phase", "hang_one") in labels:
+                ages[entry["labels"]["rank"]] = value
+    assert ages[str(SLOW_RANK)] > 1.0  # still open, seen from the worker itself (1 s ticks)
+    assert ages.get(str(1 - SLOW_RANK), 0.0) == 0.0  # the other rank replied: closed
     for worker in group.workers:
         ray.kill(worker)

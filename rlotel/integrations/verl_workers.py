@@ -113,21 +113,28 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
 
 def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
     """Seconds until each rank's reply, waited for here instead of in verl's `ray.get`
-    (which then returns at once): the driver is blocked on them either way."""
+    (which then returns at once): the driver is blocked on them either way. Meanwhile the
+    ranks not yet replied are known, so a stall of the phase names them."""
+    wait = None
     try:
         import ray
 
         seconds: dict[int, float] = {}
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
+        wait = tel.waiting_on_ranks(set(rank_of.values()))
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             now = time.perf_counter()
             for ref in ready:
                 seconds[rank_of[ref]] = now - started
+                if wait is not None:
+                    wait.pending.discard(rank_of[ref])
         tel.record_rank_seconds(seconds)
     except Exception as error:  # timing is never worth failing the call for
         tel.drops.add("spans", "internal_error", f"worker-group reply timing: {error!r}")
+    finally:
+        tel.done_waiting(wait)
 
 
 def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Callable[..., Any]:

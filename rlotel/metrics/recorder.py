@@ -8,8 +8,8 @@ metrics sink, on the publisher thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
 from rlotel.sinks.base import Sink
 
+if TYPE_CHECKING:
+    from rlotel.stall import OpenPhase
+
 
 class Recorder(Sink):
     """Maps closed steps, sample batches, captures and `tel.log` dicts onto the store."""
@@ -31,6 +34,7 @@ class Recorder(Sink):
         self.store = store
         self._drops = drops
         self._phases_seen: set[str] = set()
+        self._open_seen: set[str] = set()  # phases whose open age was ever exposed
         self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
         self._last_counted = -1
 
@@ -51,6 +55,15 @@ class Recorder(Sink):
 
     def on_capture(self, capture: Capture) -> None:
         self.store.inc(cat.PROFILE_CAPTURES, 1.0, capture.tool)
+
+    def on_open_phases(self, phases: Sequence[OpenPhase]) -> None:
+        """Each watched phase's open age and stall flag; 0 once it has no open span."""
+        store, open_now = self.store, {phase.name: phase for phase in phases}
+        self._open_seen.update(open_now)
+        for name in self._open_seen:
+            phase = open_now.get(name)
+            store.set(cat.PHASE_OPEN, phase.age_s if phase else 0.0, name)
+            store.set(cat.PHASE_STALLED, 1.0 if phase and phase.stalled else 0.0, name)
 
     # --- closed steps (publisher thread) ---------------------------------------------------
 

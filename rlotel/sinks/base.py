@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rlotel.ledger import Step, Trace
     from rlotel.profile.capture import Capture
     from rlotel.samples import SampleBatch
+    from rlotel.stall import OpenPhase
 
 log = logging.getLogger("rlotel")
 
@@ -47,6 +48,10 @@ class Sink:
 
     def on_capture(self, capture: Capture) -> None:
         """A profiler output, already summarised; steps that link to it follow."""
+
+    def on_open_phases(self, phases: Sequence[OpenPhase]) -> None:
+        """Every tick (about once a second): each phase name with an open span now, its
+        oldest span's age and whether it stalled (`onset`: on this tick)."""
 
     def force_flush(self, deadline: float) -> bool:
         """Push what was received so far; True when done before `deadline`."""
@@ -84,6 +89,9 @@ class CompositeSink(Sink):
 
     def on_capture(self, capture: Capture) -> None:
         self._each("on_capture", capture)
+
+    def on_open_phases(self, phases: Sequence[OpenPhase]) -> None:
+        self._each("on_open_phases", phases)
 
     def force_flush(self, deadline: float) -> bool:
         done = True

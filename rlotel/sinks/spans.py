@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBat
 from rlotel.sinks.base import Sink
 from rlotel.sinks.export_queue import ExportQueue, SpanBatchExporter
 from rlotel.sinks.span_data import LinkData, SampleBlock, SpanData, SpanItem, span_count
+
+if TYPE_CHECKING:
+    from rlotel.stall import OpenPhase
 
 # Per-sample column → (span attribute, written as an integer).
 _SAMPLE_KEYS = {
@@ -51,7 +54,7 @@ class SpanBuilder:
     # beyond any off-policy window verl keeps, and bounded within the first few hundred steps
 
     def __init__(self, run: str, phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets) -> None:
-        self._run = run
+        self.run = run
         self._phase_buckets = phase_buckets  # read per trace: an integration may set the mode
         self._step_spans: OrderedDict[int, tuple[int, int]] = OrderedDict()  # step → ids
 
@@ -65,7 +68,7 @@ class SpanBuilder:
         """`offset_ns` maps the records' clock to Unix time: perf_counter's now (one
         offset per trace, so durations stay exact), or 0 for records already in Unix ns."""
         offset = time.time_ns() - time.perf_counter_ns() if offset_ns is None else offset_ns
-        common: dict[str, Any] = {attr.RUN: self._run}
+        common: dict[str, Any] = {attr.RUN: self.run}
         if trace.step is not None:
             common[attr.STEP] = trace.step
         trace_id = trace.trace_id
@@ -178,7 +181,7 @@ class SpanBuilder:
         """Sample spans whose parent phase lives in another process (propagated context)."""
         offset = time.time_ns() - time.perf_counter_ns()
         return self._samples(
-            batch, batch.trace_id, batch.parent_span_id, 0, offset, {attr.RUN: self._run}, True
+            batch, batch.trace_id, batch.parent_span_id, 0, offset, {attr.RUN: self.run}, True
         )
 
     def capture(self, capture: Capture) -> SpanData:
@@ -191,7 +194,7 @@ class SpanBuilder:
             attr.CAPTURE_SPAN,
             capture.start_ns + offset,
             max(capture.end_ns, capture.start_ns) + offset,
-            {attr.RUN: self._run, **capture.attributes()},
+            {attr.RUN: self.run, **capture.attributes()},
         )
 
     def _samples(
@@ -254,6 +257,48 @@ def _sample_key(field: str) -> tuple[str, bool]:
     return f"{attr.SAMPLE_PREFIX}{field}", field in INTEGER_FIELDS
 
 
+def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
+    """The open spans of a stalled phase's trace, as they stand now: each ends now and says
+    `rl.incomplete` and how long it has been open (`rl.open_s`); the stalled one also
+    `rl.stalled`. The
+    same span ids come again, complete, if the trace ever closes (readers keep that one).
+    Ids are drawn here for spans that have none yet; the training thread draws them the
+    same way (a lost race would give one span two ids: a window of a few bytecodes)."""
+    trace, now = phase.trace, time.perf_counter_ns()
+    offset = time.time_ns() - now
+    common: dict[str, Any] = {attr.RUN: builder.run}
+    if trace.step is not None:
+        common[attr.STEP] = trace.step
+    root, root_id = trace.root, _span_id(trace.root)
+    spans: list[SpanItem] = []
+    for record in (root, *list(trace.records)):
+        if record.end_ns or not record.start_ns:
+            continue
+        attributes = {**common, attr.INCOMPLETE: True, attr.OPEN_S: (now - record.start_ns) / 1e9}
+        if record is root:
+            parent_id = trace.remote_parent
+        else:
+            parent_id = _span_id(record.parent) if record.parent is not None else root_id
+            attributes[attr.PHASE] = record.name
+        if record is phase.record:
+            attributes[attr.STALLED] = True
+        spans.append(
+            SpanData(
+                trace.trace_id,
+                _span_id(record),
+                parent_id,
+                record.name,
+                record.start_ns + offset,
+                now + offset,
+                attributes,
+                (),
+                None,
+                record is root and bool(trace.remote_parent),
+            )
+        )
+    return spans
+
+
 def step_attributes(step: Step) -> dict[str, Any]:
     """What the `step` span says about the step (tokens, throughput, MFU, verdict)."""
     result: dict[str, Any] = {attr.UNACCOUNTED_S: step.unaccounted_seconds}
@@ -313,6 +358,11 @@ class SpanSink(Sink):
 
     def on_capture(self, capture: Capture) -> None:
         self._put([self._build.capture(capture)])
+
+    def on_open_phases(self, phases: Sequence[OpenPhase]) -> None:
+        for phase in phases:
+            if phase.onset:  # once per stall: where the trace hangs, before it closes
+                self._put(_partial(self._build, phase))
 
     def force_flush(self, deadline: float) -> bool:
         done = True
