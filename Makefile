@@ -70,4 +70,6 @@ bench: $(STAMP) $(ENGINE_STAMP)
 	$(PY) -m benchmarks.span_export
 	$(PY) benchmarks/plugin_import.py
 	$(PY) benchmarks/propagation.py
+	$(PY) benchmarks/compare_speed.py
 	$(PY) benchmarks/verl_e2e.py
+	$(PY) benchmarks/verl_worker_profile.py
