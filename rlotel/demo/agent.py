@@ -68,7 +68,7 @@ def rollout(
     tool_seconds = torch.zeros(batch, dtype=torch.float64)
     turns: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
     tools: list[list[tuple[str, int, int]]] = [[] for _ in range(batch)]
-    turn_started = [0] * batch  # Unix ns of the open turn's first decoding step, 0: none
+    turn_started = torch.zeros(batch, dtype=torch.int64)  # Unix ns its open turn began; 0: none
     for position in range(P.MAX_RESPONSE):
         started, position_ns = perf_counter(), time_ns()
         logits = policy(tokens)[:, -1, : P.TOOL + 1]  # digits, EOS or TOOL
@@ -79,9 +79,7 @@ def rollout(
         sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
         decoding = alive & ~awaiting_tool
         generate_seconds[decoding] += perf_counter() - started
-        for index in torch.nonzero(decoding).flatten().tolist():
-            if not turn_started[index]:
-                turn_started[index] = position_ns
+        turn_started[decoding & (turn_started == 0)] = position_ns
         next_token = torch.where(alive, sampled, torch.full_like(sampled, P.EOS))
         if position == CHECK_AT:
             agent_call = checked & decoding & ~tool_used
@@ -100,8 +98,8 @@ def rollout(
             turn_over = decoding
         ended_ns = time_ns()
         for index in torch.nonzero(turn_over).flatten().tolist():
-            turns[index].append((turn_started[index], ended_ns))
-            turn_started[index] = 0
+            turns[index].append((int(turn_started[index]), ended_ns))
+        turn_started[turn_over] = 0
         alive &= next_token != P.EOS
         awaiting_tool = tool_call
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
