@@ -29,8 +29,43 @@ BOTTLENECK_PREFIX = "rl.bottleneck."  # + evidence name
 SAMPLE_SPAN = "sample"  # span name of one trajectory
 SAMPLE_INDEX = "rl.sample.index"
 SAMPLE_PREFIX = "rl.sample."
+
+# --- OpenTelemetry GenAI semantic conventions (status "Development"), pinned -------------
+# Every `gen_ai.*` name rlotel emits is spelled here and nowhere else, as published in
+# semantic conventions GENAI_SEMCONV (the `opentelemetry-semantic-conventions` Python
+# package GENAI_SEMCONV_PACKAGE generates them: tests/test_genai.py checks each name
+# against the installed package, so a rename upstream fails the build). A trajectory is
+# an `invoke_agent` operation; its turns `chat`, its tool calls `execute_tool {tool}`.
+GENAI_SEMCONV = "1.44.0"
+GENAI_SCHEMA_URL = f"https://opentelemetry.io/schemas/{GENAI_SEMCONV}"
+GENAI_SEMCONV_PACKAGE = "0.66b2"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+OPERATION = "gen_ai.operation.name"
+CONVERSATION_ID = "gen_ai.conversation.id"
+TOOL_NAME = "gen_ai.tool.name"
+OPERATION_INVOKE_AGENT = "invoke_agent"  # a trajectory (the `sample` span)
+OPERATION_CHAT = "chat"  # one model turn of it
+OPERATION_EXECUTE_TOOL = "execute_tool"  # one tool call of it
+CHAT_SPAN = OPERATION_CHAT  # span names: `{operation} {target}` where there is one
+TOOL_SPAN_PREFIX = OPERATION_EXECUTE_TOOL + " "  # + gen_ai.tool.name
+EVALUATION_EVENT = "gen_ai.evaluation.result"  # the reward, an event on the trajectory
+EVALUATION_NAME = "gen_ai.evaluation.name"
+EVALUATION_SCORE = "gen_ai.evaluation.score.value"
+REWARD_EVALUATION = "reward"  # gen_ai.evaluation.name of the RL reward
+GENAI_ATTRIBUTES = (
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    OPERATION,
+    CONVERSATION_ID,
+    TOOL_NAME,
+    EVALUATION_NAME,
+    EVALUATION_SCORE,
+)
+GENAI_OPERATIONS = (OPERATION_INVOKE_AGENT, OPERATION_CHAT, OPERATION_EXECUTE_TOOL)
+GENAI_TRAJECTORY_PARTS = (OPERATION_CHAT, OPERATION_EXECUTE_TOOL)  # children of a sample
+# Prompts and responses (gen_ai.input.messages, gen_ai.output.messages, tool call
+# arguments and results) are never exported: rlotel records timings, lengths and scores.
 # A trajectory's identity (verl V1 keys `{uid}_{session}_{index}`, `num_turns`).
 SAMPLE_UID = "rl.sample.uid"
 SAMPLE_SESSION = "rl.sample.session"

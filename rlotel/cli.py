@@ -40,6 +40,7 @@ def _demo(args: argparse.Namespace) -> int:
             traces_file=traces,
             profile_steps=args.profile_steps,
             profile_dir=traces.parent / "profile" if args.profile_steps else None,
+            max_sample_spans=args.sample_spans,
         )
     except rlotel.ConfigError as error:
         errors.print(f"[red]rlotel: {error}[/red]")
@@ -430,6 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1.0,
         help="with --async: F× the rollout's real work (a slow rollout starves the trainer)",
+    )
+    demo.add_argument(
+        "--sample-spans",
+        type=int,
+        default=rlotel.Config.max_sample_spans,
+        help="the slowest N trajectories per step get a span (with its turns, tool calls "
+        "and reward); 256 spans every one",
     )
     demo.add_argument(
         "--profile-steps",

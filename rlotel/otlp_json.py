@@ -26,6 +26,13 @@ class SpanLink:
 
 
 @dataclass(frozen=True, slots=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class SpanRecord:
     """One span with decoded attributes; `resource` is shared by the spans of a resource."""
 
@@ -39,6 +46,7 @@ class SpanRecord:
     resource: dict[str, Any]
     links: tuple[SpanLink, ...] = ()
     status_code: int = 0
+    events: tuple[SpanEvent, ...] = ()  # the reward's gen_ai.evaluation.result, exceptions
 
     @property
     def seconds(self) -> float:
@@ -94,6 +102,14 @@ def _decode_span(span: Mapping[str, Any], resource: dict[str, Any]) -> SpanRecor
         SpanLink(link["traceId"], link["spanId"], decode_attributes(link.get("attributes", [])))
         for link in span.get("links", [])
     )
+    events = tuple(
+        SpanEvent(
+            str(event.get("name", "")),
+            int(event.get("timeUnixNano", 0)),
+            decode_attributes(event.get("attributes", [])),
+        )
+        for event in span.get("events", ())
+    )
     return SpanRecord(
         trace_id=span["traceId"],
         span_id=span["spanId"],
@@ -105,6 +121,7 @@ def _decode_span(span: Mapping[str, Any], resource: dict[str, Any]) -> SpanRecor
         resource=resource,
         links=links,
         status_code=int(span.get("status", {}).get("code", 0)),
+        events=events,
     )
 
 

@@ -88,8 +88,8 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
         pid = builder.process(
             key[0] if _unique_label(key, by_process) else f"{key[0]} {key[1][:8]}"
         )
-        phases = [s for s in spans if s.name not in (attr.SAMPLE_SPAN, attr.CAPTURE_SPAN)]
-        samples = [s for s in spans if s.name == "sample"]
+        phases = [s for s in spans if s.name != attr.CAPTURE_SPAN and not _in_samples(s)]
+        samples = [s for s in spans if _in_samples(s)]  # trajectories, their turns and tools
         captures = [s for s in spans if s.name == attr.CAPTURE_SPAN]
         builder.spans(pid, "phases", phases, "rl.phase", sort_base=0)
         builder.spans(pid, "samples", samples, "rl.sample", sort_base=100)
@@ -122,6 +122,14 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
     )
 
 
+def _in_samples(span: SpanRecord) -> bool:
+    """A trajectory's span, or one of its `chat` turns and `execute_tool` calls."""
+    return (
+        span.name == attr.SAMPLE_SPAN
+        or span.attributes.get(attr.OPERATION) in attr.GENAI_TRAJECTORY_PARTS
+    )
+
+
 def _unique_label(key: tuple[str, str], processes: Iterable[tuple[str, str]]) -> bool:
     return sum(1 for other in processes if other[0] == key[0]) == 1
 
@@ -135,7 +143,8 @@ def _covered_phases(capture: SpanRecord, spans: Sequence[SpanRecord]) -> list[Sp
     return [
         s
         for s in spans
-        if s.name not in (attr.SAMPLE_SPAN, attr.CAPTURE_SPAN)
+        if s.name != attr.CAPTURE_SPAN
+        and not _in_samples(s)
         and isinstance(s.attributes.get("rl.step"), int)
         and first <= s.attributes["rl.step"] <= last
     ]
@@ -312,6 +321,16 @@ def _args(span: SpanRecord) -> dict[str, Any]:
         args["links"] = [link.span_id for link in span.links]
     if span.status_code == otlp_json.STATUS_ERROR:
         args["status"] = "ERROR"
-    return {
-        k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in args.items()
-    }
+    if span.events:  # the reward's gen_ai.evaluation.result, an exception
+        args["events"] = [
+            {"name": event.name, **{k: _finite(v) for k, v in event.attributes.items()}}
+            for event in span.events
+        ]
+    return {k: _finite(v) for k, v in args.items()}
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinities: those floats as text."""
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value

@@ -38,7 +38,12 @@ IDENTITY_FIELDS = {  # field → span attribute
 TIME_FIELDS = ("start_time_ns", "end_time_ns")  # real Unix times of the trajectory
 GENERATED_STEP = "generated_step"
 TRAJECTORY = "trajectory_context"  # carrier of the span the trajectory ran under (worker)
-SPAN_FIELDS = (*IDENTITY_FIELDS, *TIME_FIELDS, GENERATED_STEP, TRAJECTORY)
+REWARD = "reward"  # the trajectory's score: a gen_ai.evaluation.result event
+TURN_TIMES = "turn_times_ns"  # per sample: (start, end) Unix ns of each model turn
+TOOL_TIMES = "tool_times_ns"  # per sample: (tool name, start, end) of each tool call
+PART_FIELDS = (TURN_TIMES, TOOL_TIMES)  # one entry per sample, itself a sequence
+MAX_PARTS = 256  # turns, and tool calls, kept per trajectory span (the rest counted)
+SPAN_FIELDS = (*IDENTITY_FIELDS, *TIME_FIELDS, GENERATED_STEP, TRAJECTORY, REWARD, *PART_FIELDS)
 UNKNOWN_PREEMPTIONS = -1.0  # verl's AgentLoopMetrics default: "not available"
 
 
@@ -66,6 +71,9 @@ class SpanExtras(NamedTuple):
     end_ns: int = 0
     generated_step: int | None = None
     trajectory: tuple[int, int] | None = None  # (trace id, span id) where it ran
+    reward: float | None = None
+    turns: tuple[tuple[int, int], ...] = ()  # (start, end) Unix ns of each model turn
+    tools: tuple[tuple[str, int, int], ...] = ()  # (tool name, start, end) of each call
 
 
 class SampleBatch:
@@ -324,8 +332,8 @@ def _span_fields(values: dict[str, Any], sizes: set[int], drops: Drops) -> dict[
     for name, column in values.items():
         if column is None:
             continue
-        size = _length(column)
-        if sizes and {size} != sizes:
+        size = _samples_in(column) if name in PART_FIELDS else _length(column)
+        if size is None or (sizes and {size} != sizes):
             drops.add(
                 "samples",
                 "length_mismatch",
@@ -336,8 +344,17 @@ def _span_fields(values: dict[str, Any], sizes: set[int], drops: Drops) -> dict[
     return kept
 
 
+def _samples_in(column: Any) -> int | None:
+    """How many samples a per-sample sequence field covers (its first axis)."""
+    try:
+        return len(column)
+    except TypeError:
+        return None
+
+
 def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
-    """One sample's identity, real times and generating step (bad entries counted)."""
+    """One sample's identity, real times, generating step, reward, turns and tool calls
+    (bad entries dropped and counted; the span keeps the rest)."""
     attributes: dict[str, Any] = {}
     for name, key in IDENTITY_FIELDS.items():
         if name in per_sample:
@@ -348,6 +365,12 @@ def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
                 attributes[key] = whole
             elif value is not None:
                 drops.add("samples", "bad_identity", f"{name}={value!r} of sample {index}")
+    if attr.SAMPLE_UID in attributes:  # verl V1's trajectory key `{uid}_{session}_{index}`
+        attributes[attr.CONVERSATION_ID] = "_".join(
+            str(attributes[key])
+            for key in (attr.SAMPLE_UID, attr.SAMPLE_SESSION, attr.SAMPLE_OUTPUT)
+            if key in attributes
+        )
     if MIN_VERSION in per_sample:
         low, high = int(per_sample[MIN_VERSION][index]), int(per_sample[MAX_VERSION][index])
         if low != INVALID_VERSION:
@@ -364,7 +387,67 @@ def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
     ran_under = parse(trajectory)
     if trajectory is not None and ran_under is None:
         drops.add("samples", "bad_context", f"sample {index}: trajectory context {trajectory!r}")
-    return SpanExtras(attributes, start, end, generated, ran_under)
+    reward = None
+    if REWARD in per_sample:
+        given_reward = _item(per_sample[REWARD], index)
+        reward, why = as_finite_float(given_reward) if given_reward is not None else (None, "")
+        if why:
+            drops.add("samples", "bad_reward", f"sample {index}: reward {given_reward!r} ({why})")
+    turns = _parts(per_sample, TURN_TIMES, index, drops)
+    tools = _parts(per_sample, TOOL_TIMES, index, drops)
+    return SpanExtras(attributes, start, end, generated, ran_under, reward, turns, tools)
+
+
+def _parts(per_sample: dict[str, Any], name: str, index: int, drops: Drops) -> tuple:
+    """One sample's turns ((start, end) Unix ns) or tool calls ((name, start, end)): the
+    well-formed entries, at most MAX_PARTS; the others dropped with one counted line."""
+    column = per_sample.get(name)
+    value = None if column is None else column[index]
+    if value is None:
+        return ()  # not measured, not bad
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch tensor
+        value = value.detach().cpu().numpy()
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    named = name == TOOL_TIMES
+    reason = "bad_tool" if named else "bad_turn"
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        drops.add("samples", reason, f"sample {index}: {name} {value!r} is not a list")
+        return ()
+    entries = list(value)
+    kept = [part for part in (_part(entry, named) for entry in entries) if part is not None]
+    bad = len(entries) - len(kept)
+    if len(kept) > MAX_PARTS:
+        kept = kept[:MAX_PARTS]
+    dropped = len(entries) - len(kept)
+    if dropped:
+        shape = "(tool name, start_ns, end_ns)" if named else "(start_ns, end_ns)"
+        over = f", {dropped - bad} beyond the {MAX_PARTS} kept" if dropped > bad else ""
+        drops.add(
+            "samples",
+            reason,
+            f"sample {index}: {bad} of {len(entries)} {name} entries not {shape} with "
+            f"0 <= start <= end{over}",
+            dropped,
+        )
+    return tuple(kept)
+
+
+def _part(entry: Any, named: bool) -> tuple | None:
+    if hasattr(entry, "tolist"):
+        entry = entry.tolist()
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2 + named:
+        return None
+    if named:
+        tool, *times = entry
+        if not isinstance(tool, str) or not tool:
+            return None
+    else:
+        times = entry
+    start, end = (_whole(value.item() if hasattr(value, "item") else value) for value in times)
+    if start is None or end is None or end < start:
+        return None
+    return (tool, start, end) if named else (start, end)
 
 
 def _item(column: Any, index: int) -> Any:

@@ -259,6 +259,20 @@ class Telemetry:
         `trajectory_context` (a carrier of the span the trajectory ran as in another
         process, e.g. an agent-loop worker's: the span links it).
 
+        A sample span is a GenAI `invoke_agent` operation (OpenTelemetry GenAI semantic
+        conventions, pinned in `rlotel.attributes`); its `gen_ai.conversation.id` is the
+        trajectory key `{uid}_{session}_{output}` (as many parts as given). Also read only
+        for the samples with spans: `reward` (a number per sample: a
+        `gen_ai.evaluation.result` event on the span, `gen_ai.evaluation.name` "reward"),
+        `turn_times_ns` (per sample a list of `(start_ns, end_ns)` Unix times, one per model
+        turn: child `chat` spans) and `tool_times_ns` (per sample a list of
+        `(tool_name, start_ns, end_ns)`, one per tool call: child `execute_tool {tool_name}`
+        spans with `gen_ai.tool.name`); None for a sample means not measured. Malformed
+        entries (not a pair/triple, negative or non-whole times, end before start, an
+        empty tool name, beyond 256 a sample) are dropped and counted, the span stays.
+        A span placed by its stage seconds widens to enclose its turns and tool calls.
+        Prompts and responses are never exported.
+
         `context`: a carrier from `current_context()` in another process; the slowest
         samples' spans become children of that remote phase. `exemplar_spans`: sample index
         → span id of spans another process already made (returned by its own call); they

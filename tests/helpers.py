@@ -99,6 +99,10 @@ def file_spans(path, run: str | None = None) -> list[dict]:
                                 (link["traceId"], link["spanId"], _attributes(link))
                                 for link in span.get("links", [])
                             ],
+                            "events": [
+                                (event["name"], _attributes(event))
+                                for event in span.get("events", [])
+                            ],
                         }
                     )
     return spans

@@ -103,6 +103,10 @@ def test_demo_end_to_end(tmp_path):
         samples = [s for s in spans if s["parent"] == children["gen"]["id"]]
         assert samples and all(s["name"] == "sample" for s in samples)
         assert all("gen_ai.usage.output_tokens" in s["attrs"] for s in samples)
+        for sample in samples:  # GenAI trajectories: tests/test_genai.py checks them whole
+            assert sample["attrs"]["gen_ai.operation.name"] == "invoke_agent"
+            assert [name for name, _ in sample["events"]] == ["gen_ai.evaluation.result"]
+            assert [s["name"] for s in spans if s["parent"] == sample["id"]].count("chat") >= 1
 
 
 def test_demo_reports_busy_port(tmp_path, capsys):
@@ -138,6 +142,11 @@ def test_demo_with_ray_parents_worker_samples_under_gen(tmp_path):
             gen = gens[sample["parent"]]  # parented under the driver's gen span
             assert sample["trace"] == gen["trace"]
             assert gen["start"] <= sample["end"] <= gen["end"] + 5_000_000  # clocks: same host
+            assert sample["attrs"]["gen_ai.conversation.id"] == sample["attrs"]["rl.sample.uid"]
+            assert [name for name, _ in sample["events"]] == ["gen_ai.evaluation.result"]
+            parts = [s for s in spans if s["parent"] == sample["id"]]  # in the worker's file
+            assert "chat" in {s["name"] for s in parts}
+            assert all(s["trace"] == gen["trace"] for s in parts)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert all(step["rollout_synced"] and step["actor_changed"] for step in summary["steps"])
 
@@ -176,6 +185,12 @@ def test_async_demo_flips_who_is_idle(tmp_path, knob, starved):
     for sample in samples:
         attrs = sample["attrs"]
         assert {"rl.sample.uid", "rl.sample.session", "rl.sample.turns"} <= set(attrs)
+        key = f"{attrs['rl.sample.uid']}_{attrs['rl.sample.session']}"
+        assert attrs["gen_ai.conversation.id"] == key
+        assert [name for name, _ in sample["events"]] == ["gen_ai.evaluation.result"]
+        parts = [s for s in spans if s["parent"] == sample["id"]]
+        assert "chat" in {s["name"] for s in parts}
+        assert all(sample["start"] <= s["start"] <= s["end"] <= sample["end"] for s in parts)
         assert attrs["rl.sample.staleness"] == (
             attrs["rl.step"] - 1 - attrs["rl.sample.weight_version.max"]
         )

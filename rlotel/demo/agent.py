@@ -5,13 +5,15 @@ result back, a second turn; the policy may also call it by itself. Like verl's a
 every sample reports `generate_sequences`, `tool_calls` and
 `compute_score` seconds: a sample is charged each decoding step while it is still being
 generated (what its latency is under continuous batching), the calculator tool's own time
-for its call, and the time of its own reward computation.
+for its call, and the time of its own reward computation. It also keeps when each sample's
+turns (its decoding between tool calls) and its calculator calls really ran, in Unix ns:
+the trajectory spans' `chat` and `execute_tool calculator` children.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from time import perf_counter
+from dataclasses import dataclass, field
+from time import perf_counter, time_ns
 
 import torch
 
@@ -27,6 +29,9 @@ class Rollout:
     generate_seconds: torch.Tensor  # (B,)
     tool_seconds: torch.Tensor  # (B,)
     tool_used: torch.Tensor  # (B,) bool
+    # Per sample: (start, end) Unix ns of each turn; (tool, start, end) of each tool call.
+    turn_times_ns: list[list[tuple[int, int]]] = field(default_factory=list)
+    tool_times_ns: list[list[tuple[str, int, int]]] = field(default_factory=list)
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -39,6 +44,7 @@ def calculator(row: torch.Tensor) -> int:
 
 
 CHECK_AT = 1  # agent-checked samples call the calculator after their first digit
+TOOL_NAME = "calculator"
 
 
 @torch.no_grad()
@@ -60,8 +66,11 @@ def rollout(
     loss_mask = torch.zeros(batch, P.MAX_RESPONSE, dtype=torch.long)
     generate_seconds = torch.zeros(batch, dtype=torch.float64)
     tool_seconds = torch.zeros(batch, dtype=torch.float64)
+    turns: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
+    tools: list[list[tuple[str, int, int]]] = [[] for _ in range(batch)]
+    turn_started = torch.zeros(batch, dtype=torch.int64)  # Unix ns its open turn began; 0: none
     for position in range(P.MAX_RESPONSE):
-        started = perf_counter()
+        started, position_ns = perf_counter(), time_ns()
         logits = policy(tokens)[:, -1, : P.TOOL + 1]  # digits, EOS or TOOL
         if position == 0:
             logits[:, P.EOS] = -torch.inf  # at least one digit
@@ -70,18 +79,27 @@ def rollout(
         sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
         decoding = alive & ~awaiting_tool
         generate_seconds[decoding] += perf_counter() - started
+        turn_started[decoding & (turn_started == 0)] = position_ns
         next_token = torch.where(alive, sampled, torch.full_like(sampled, P.EOS))
         if position == CHECK_AT:
             agent_call = checked & decoding & ~tool_used
             next_token[agent_call] = P.TOOL
         for index in torch.nonzero(awaiting_tool).flatten().tolist():
-            started = perf_counter()
+            started, call_ns = perf_counter(), time_ns()
             next_token[index] = calculator(tokens[index])
             tool_seconds[index] += perf_counter() - started
+            tools[index].append((TOOL_NAME, call_ns, time_ns()))
         response_mask[:, position] = alive.long()
         loss_mask[:, position] = decoding.long()
         tool_call = decoding & (next_token == P.TOOL)
         tool_used |= tool_call
+        turn_over = tool_call | (decoding & (next_token == P.EOS))
+        if position == P.MAX_RESPONSE - 1:
+            turn_over = decoding
+        ended_ns = time_ns()
+        for index in torch.nonzero(turn_over).flatten().tolist():
+            turns[index].append((int(turn_started[index]), ended_ns))
+        turn_started[turn_over] = 0
         alive &= next_token != P.EOS
         awaiting_tool = tool_call
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
@@ -93,6 +111,8 @@ def rollout(
         generate_seconds=generate_seconds,
         tool_seconds=tool_seconds,
         tool_used=tool_used,
+        turn_times_ns=turns,
+        tool_times_ns=tools,
     )
 
 

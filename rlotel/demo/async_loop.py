@@ -62,6 +62,9 @@ class Generated:
             "start_time_ns": [self.window_ns[0]] * size,  # decoded together: one window
             "end_time_ns": [self.window_ns[1]] * size,
             "generated_step": [self.version + 1] * size,  # weights v: published by step v
+            "reward": self.scores.tolist(),
+            "turn_times_ns": self.rollout.turn_times_ns,  # GenAI chat / execute_tool spans
+            "tool_times_ns": self.rollout.tool_times_ns,
         }
 
 

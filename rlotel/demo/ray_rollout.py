@@ -18,7 +18,7 @@ import torch
 
 from rlotel.demo import agent
 from rlotel.demo import policy as P
-from rlotel.demo.rollout import weights_digest
+from rlotel.demo.rollout import trajectories, weights_digest
 
 
 @ray.remote(num_cpus=1)
@@ -35,6 +35,7 @@ class RolloutWorker:
         )
         self.policy = P.TinyPolicy()
         self.generator = torch.Generator().manual_seed(seed * 1000 + rank)
+        self.rank, self.batches = rank, 0
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> str:
         """update_weights: the actor's new weights into this rollout copy."""
@@ -61,16 +62,25 @@ class RolloutWorker:
             )
         ]
         lengths = rollout.response_lengths.tolist()
+        self.batches += 1
         spans = self.tel.record_samples(
             metrics,
             prompt_length=[P.PROMPT_LEN] * len(lengths),
             response_length=lengths,
             context=carrier,
+            **trajectories(rollout, scores, f"w{self.rank}-b{self.batches}"),
         )
         return rollout, scores, metrics, spans
 
     def shutdown(self) -> None:
         self.tel.shutdown()
+
+
+def _joined(parts: list[Any]) -> Any:
+    """The workers' shares of one Rollout field, in order (tensors or per-sample lists)."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    return [item for part in parts for item in part]
 
 
 class RayRollout:
@@ -115,7 +125,7 @@ class RayRollout:
             offset += len(sample_metrics)
         merged = agent.Rollout(
             **{
-                f.name: torch.cat([getattr(r, f.name) for r in rollouts])
+                f.name: _joined([getattr(r, f.name) for r in rollouts])
                 for f in dataclasses.fields(agent.Rollout)
             }
         )

@@ -32,6 +32,17 @@ class Generation(Protocol):
     def shutdown(self) -> None: ...
 
 
+def trajectories(rollout: agent.Rollout, scores: torch.Tensor, batch_id: str) -> dict:
+    """record_samples' trajectory fields: each sample's uid, reward, and when its turns
+    and calculator calls ran (the GenAI `chat` / `execute_tool` spans)."""
+    return {
+        "uid": [f"{batch_id}-{index}" for index in range(len(scores))],
+        "reward": scores.tolist(),
+        "turn_times_ns": rollout.turn_times_ns,
+        "tool_times_ns": rollout.tool_times_ns,
+    }
+
+
 def weights_digest(module: torch.nn.Module) -> str:
     """SHA-256 of a module's weights: equal digests mean equal weights, across processes."""
     digest = hashlib.sha256()
@@ -66,6 +77,7 @@ class LocalRollout:
             response_length=rollout.response_lengths.numpy(),
             min_weight_version=[version] * batch,
             max_weight_version=[version] * batch,
+            **trajectories(rollout, scores, f"step{version + 1}"),
         )
         return rollout, scores
 

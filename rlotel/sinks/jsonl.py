@@ -34,6 +34,7 @@ from rlotel.sinks.span_data import (
 KIND_INTERNAL = 1
 STATUS_ERROR = 2
 SCOPE = {"name": "rlotel"}
+SCHEMA_URL = attr.GENAI_SCHEMA_URL  # the semantic conventions the standard names follow
 MAX_CACHED = 65536  # encoded pieces kept (attribute pairs, key prefixes, names)
 
 _prefixes: dict[tuple[str, str], str] = {}
@@ -139,7 +140,7 @@ def _span_template(shape: tuple, name: str, has_parent: bool) -> str:
 
 def _plain_span(span: SpanData) -> str | None:
     """The templated encoding, or None when the span needs the general one."""
-    if span.links or span.error is not None:
+    if span.links or span.error is not None or span.events:
         return None
     shape = []
     values: list[Any] = [span.trace_id, span.span_id]
@@ -177,12 +178,19 @@ def encode_span(span: SpanData) -> str:
         extra += f',"links":[{links}]'
     status = "{}"
     error = span.error
+    events = [
+        f'{{"timeUnixNano":"{event.time_ns}","name":{orjson.dumps(event.name).decode()},'
+        f'"attributes":{key_values(event.attributes)}}}'
+        for event in span.events
+    ]
     if error is not None:
         status = orjson.dumps({"code": STATUS_ERROR, "message": status_message(error)}).decode()
-        extra += (
-            f',"events":[{{"timeUnixNano":"{span.end_ns}","name":"exception",'
-            f'"attributes":{key_values(exception_attributes(error))}}}]'
+        events.append(
+            f'{{"timeUnixNano":"{span.end_ns}","name":"exception",'
+            f'"attributes":{key_values(exception_attributes(error))}}}'
         )
+    if events:
+        extra += f',"events":[{",".join(events)}]'
     return (
         f'{{"traceId":"{span.trace_id:032x}","spanId":"{span.span_id:016x}",{parent}'
         f'"name":{name},"kind":{KIND_INTERNAL},"startTimeUnixNano":"{span.start_ns}",'
@@ -234,7 +242,8 @@ def encode_request(resource: Mapping[str, Any], spans: Sequence[SpanItem]) -> st
     """One `ExportTraceServiceRequest` with one resource and rlotel's scope, as text."""
     return (
         f'{{"resourceSpans":[{{"resource":{{"attributes":{key_values(resource)}}},'
-        f'"scopeSpans":[{{"scope":{orjson.dumps(SCOPE).decode()},"spans":['
+        f'"scopeSpans":[{{"scope":{orjson.dumps(SCOPE).decode()},"schemaUrl":"{SCHEMA_URL}",'
+        '"spans":['
         + ",".join(
             [
                 encode_block(item) if type(item) is SampleBlock else encode_span(item)

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from rlotel import attributes as attr
 from rlotel.sinks.span_data import (
     SampleBlock,
     SpanData,
@@ -25,7 +26,7 @@ from rlotel.sinks.span_data import (
 )
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_SCOPE = InstrumentationScope("rlotel")
+_SCOPE = InstrumentationScope("rlotel", schema_url=attr.GENAI_SCHEMA_URL)
 _UNSET = Status(StatusCode.UNSET)
 
 
@@ -43,10 +44,11 @@ def readable_span(span: SpanData, resource: Resource) -> ReadableSpan:
         if span.parent_span_id
         else None
     )
-    status, events = _UNSET, ()
+    status = _UNSET
+    events = [Event(event.name, event.attributes, event.time_ns) for event in span.events]
     if span.error is not None:
         status = Status(StatusCode.ERROR, status_message(span.error))
-        events = (Event("exception", exception_attributes(span.error), span.end_ns),)
+        events.append(Event("exception", exception_attributes(span.error), span.end_ns))
     return ReadableSpan(
         name=span.name,
         context=SpanContext(span.trace_id, span.span_id, False, _SAMPLED),

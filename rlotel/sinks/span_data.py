@@ -19,6 +19,14 @@ class LinkData(NamedTuple):
     attributes: dict[str, Any]
 
 
+class EventData(NamedTuple):
+    """A span event (the reward's `gen_ai.evaluation.result`); time in Unix ns."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
 class SpanData(NamedTuple):
     """One finished span, backend-neutral; times are Unix nanoseconds."""
 
@@ -32,6 +40,7 @@ class SpanData(NamedTuple):
     links: Sequence[LinkData] = ()
     error: BaseException | None = None
     remote_parent: bool = False
+    events: Sequence[EventData] = ()  # besides the exception event of an error
 
 
 def exception_attributes(error: BaseException) -> dict[str, Any]:

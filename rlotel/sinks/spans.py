@@ -22,10 +22,17 @@ from rlotel.drops import Drops
 from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Phase, Step, Trace
 from rlotel.profile.capture import Capture
-from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBatch
+from rlotel.samples import DURATION_FIELDS, INTEGER_FIELDS, PREEMPTED, SampleBatch, SpanExtras
 from rlotel.sinks.base import Sink
 from rlotel.sinks.export_queue import ExportQueue, SpanBatchExporter
-from rlotel.sinks.span_data import LinkData, SampleBlock, SpanData, SpanItem, span_count
+from rlotel.sinks.span_data import (
+    EventData,
+    LinkData,
+    SampleBlock,
+    SpanData,
+    SpanItem,
+    span_count,
+)
 
 if TYPE_CHECKING:
     from rlotel.stall import OpenPhase
@@ -133,9 +140,10 @@ class SpanBuilder:
             self._step_spans.popitem(last=False)
 
     def _enriched(self, block: SampleBlock, batch: SampleBatch, step: int | None) -> list[SpanData]:
-        """Sample spans with identity, real times and a link to the step that generated
-        them (V1: consumed steps after): one `SpanData` each (a step has a few)."""
-        result = []
+        """Sample spans with identity, real times, a link to the step that generated them
+        (V1: consumed steps after), the reward as an event and turns and tool calls as
+        child spans: one `SpanData` each (a step has a few)."""
+        result: list[SpanData] = []
         for span, index in zip(block.spans(), (s.index for s in batch.spans), strict=True):
             extras = batch.span_extras.get(index)
             if extras is None:
@@ -159,9 +167,28 @@ class SpanBuilder:
             start, end = span.start_ns, span.end_ns
             if extras.end_ns:  # its real times
                 start, end = extras.start_ns, extras.end_ns
+            children = _trajectory_parts(span, extras, block.common)
+            if children and not extras.end_ns:  # placed by its stage seconds: enclose them
+                start = min(start, *(child.start_ns for child in children))
+                end = max(end, *(child.end_ns for child in children))
+            events: tuple[EventData, ...] = ()
+            if extras.reward is not None:
+                events = (
+                    EventData(
+                        attr.EVALUATION_EVENT,
+                        end,
+                        {
+                            attr.EVALUATION_NAME: attr.REWARD_EVALUATION,
+                            attr.EVALUATION_SCORE: extras.reward,
+                        },
+                    ),
+                )
             result.append(
-                span._replace(start_ns=start, end_ns=end, attributes=attributes, links=links)
+                span._replace(
+                    start_ns=start, end_ns=end, attributes=attributes, links=links, events=events
+                )
             )
+            result.extend(children)
         return result
 
     def step(self, step: Step) -> list[SpanItem]:
@@ -235,7 +262,7 @@ class SpanBuilder:
             end,
             starts.tolist(),
             [span.span_id for span in spans],
-            common,
+            {**common, attr.OPERATION: attr.OPERATION_INVOKE_AGENT},  # a trajectory
             tuple(keys),
             tuple(integral),
             list(zip(*columns, strict=True)),
@@ -243,6 +270,38 @@ class SpanBuilder:
         if batch.span_extras:
             return self._enriched(block, batch, common.get(attr.STEP))
         return [block]
+
+
+def _trajectory_parts(
+    sample: SpanData, extras: SpanExtras, common: dict[str, Any]
+) -> list[SpanData]:
+    """A trajectory's model turns as `chat` spans and its tool calls as `execute_tool
+    {tool}` spans, children of its sample span, at their real times."""
+    if not extras.turns and not extras.tools:
+        return []
+    base = {**common, attr.OPERATION: attr.OPERATION_CHAT}
+    conversation = extras.attributes.get(attr.CONVERSATION_ID)
+    if conversation is not None:
+        base[attr.CONVERSATION_ID] = conversation
+    trace_id, parent = sample.trace_id, sample.span_id
+    children = [
+        SpanData(trace_id, ids.span_id(), parent, attr.CHAT_SPAN, start, end, base)
+        for start, end in extras.turns
+    ]
+    tool_base = {**base, attr.OPERATION: attr.OPERATION_EXECUTE_TOOL}
+    for tool, start, end in extras.tools:
+        children.append(
+            SpanData(
+                trace_id,
+                ids.span_id(),
+                parent,
+                attr.TOOL_SPAN_PREFIX + tool,
+                start,
+                end,
+                {**tool_base, attr.TOOL_NAME: tool},
+            )
+        )
+    return children
 
 
 def _at(column: np.ndarray, indices: np.ndarray) -> np.ndarray:
