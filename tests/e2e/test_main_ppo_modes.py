@@ -5,6 +5,8 @@ rlotel's, and the trace has the workers' spans under the trainer's phases."""
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +21,10 @@ pytestmark = pytest.mark.slow
 # V0 times `start_profile` and `stop_profile` into the step dict around its `step` timer:
 # rlotel records each as a root span of its own, outside the step ledger.
 OUTSIDE_STEP = {"start_profile", "stop_profile"}
+UNREACHABLE = "http://127.0.0.1:9"  # nothing listens there in the run's own network namespace
 MODES = {
-    "v0": ["trainer.use_v1=false"],
+    # V0 also meets a collector that refuses every connection, in every process
+    "v0": ["trainer.use_v1=false", "--otlp-endpoint", UNREACHABLE],
     "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
 }
 
@@ -59,3 +63,21 @@ def test_windows_equal_verl_and_workers_nest(mode_run: tuple[str, Path]) -> None
         if span["parent"] in trainer
     }
     assert ("update_actor", "update_actor") in under, (mode, under)
+
+
+def test_an_unreachable_collector_costs_a_line_per_process_and_nothing_else(
+    mode_run: tuple[str, Path],
+) -> None:
+    """It trained (the fixture checked the exit code), every step is in the traces, and
+    each process said so in one counted-drop line per interval, never a traceback."""
+    mode, work = mode_run
+    if mode != "v0":
+        pytest.skip("the v0 run is the one pointed at an unreachable collector")
+    console = (work / "console.log").read_text(errors="replace")
+    failed = [line for line in console.splitlines() if "(export_failed)" in line]
+    assert failed, "no process said its spans could not be exported"
+    assert all("rlotel dropped" in line and "otlp" in line for line in failed)
+    per_process = Counter(re.search(r"pid=(\d+)", line)[1] for line in failed)
+    assert max(per_process.values()) <= 3, per_process  # once per interval, not per batch
+    assert not re.search(r'File "[^"]*/rlotel/', console)  # no traceback through rlotel
+    assert len(verl_log(work)) >= STEPS
