@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlotel import attributes as attr
-from rlotel import ids
+from rlotel import ids, trajectory
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
 from rlotel.propagation import parse
@@ -25,7 +25,8 @@ PREEMPTED = "num_preempted"
 LENGTH_KINDS = {"prompt_length": "prompt", "response_length": "response"}
 MIN_VERSION, MAX_VERSION = "min_weight_version", "max_weight_version"
 VERSION_FIELDS = (MIN_VERSION, MAX_VERSION)  # verl's min/max_global_steps per trajectory
-FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS)
+REWARD = "reward"  # per sample, any sign: the async-bias comparison (rlotel.async_bias)
+FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS, REWARD)
 INTEGER_FIELDS = frozenset({PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS})
 INVALID_VERSION = -1  # in a version column: dropped (counted) when the batch was built
 # Per-sample facts only the samples that get a span need: read for those, never copied.
@@ -76,12 +77,16 @@ class SampleBatch:
         "_pending",
         "_totals",
         "columns",
+        "discarded",
         "end_ns",
         "exported_elsewhere",
         "parent",
         "parent_span_id",
+        "replica",
         "span_extras",
         "spans",
+        "times",
+        "token_versions",
         "trace_id",
         "versions",
     )
@@ -98,6 +103,17 @@ class SampleBatch:
         self.exported_elsewhere = False  # spans made by the worker that measured them
         self.end_ns = 0
         self._totals: np.ndarray | None = None
+        self.discarded: str | None = None  # generated, never trained: why (async bias)
+        self.times: tuple[np.ndarray, np.ndarray] | None = None  # every sample's Unix ns
+        self.replica: str | np.ndarray | None = None  # the rollout replica(s) it ran on
+        self.token_versions: tuple[float, float] | None = None  # Σ tokens, Σ tokens × oldest
+
+    @property
+    def size(self) -> int:
+        sizes = [column.size for column in self.columns.values()]
+        if not sizes and self.versions is not None:
+            return self.versions.low.size
+        return max(sizes, default=0)
 
     def settle(self) -> None:
         """End of the `record_samples` call: keep what the samples with spans need from
@@ -130,7 +146,13 @@ class SampleBatch:
         return self._totals
 
 
-def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> SampleBatch | None:
+def build_batch(
+    records: Any,
+    fields: Mapping[str, Any],
+    drops: Drops,
+    discarded: str | None = None,
+    replica: Any = None,
+) -> SampleBatch | None:
     """Columns from keyword arrays and/or verl's per-sample dicts (flat or per worker chunk)."""
     raw: dict[str, Any] = {}
     span_values = {name: fields[name] for name in SPAN_FIELDS if name in fields}
@@ -158,6 +180,18 @@ def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> Sample
         if tallies is not None:
             low, high, spans = tallies
             batch.versions = Versions(low, high, spans.shifted(1))
+    cleaned = trajectory.annotate(
+        batch,
+        drops,
+        size=next(iter(sizes)) if len(sizes) == 1 else None,
+        discarded=discarded,
+        replica=replica,
+        times=(per_sample.get(TIME_FIELDS[0]), per_sample.get(TIME_FIELDS[1])),
+        oldest=per_sample.get(MIN_VERSION),
+        response=columns.get("response_length"),
+    )
+    if cleaned is not None:  # checked and counted once: spans read the clean pairs
+        per_sample[TIME_FIELDS[0]], per_sample[TIME_FIELDS[1]] = cleaned
     if per_sample:
         batch._pending = (per_sample, drops)
     if len(sizes) > 1:
@@ -247,6 +281,8 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
             if not reason and not whole.all():
                 reason = "non_integer"
             valid &= whole
+    elif name == REWARD:
+        valid = finite
     else:
         valid = finite & (column >= 0)
     n_bad = column.size - int(np.count_nonzero(valid))

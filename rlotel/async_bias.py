@@ -1,0 +1,64 @@
+"""Async bias: does the trained batch still look like what the rollout generated?
+
+In async training slow, long, hard problems finish late and are discarded (stale, evicted
+from the replay buffer, filtered), so the trainer quietly sees easier ones. Per step, the
+samples the step trained are compared with every sample generated in its window (trained
+plus those recorded as discarded, `record_samples(..., discarded=reason)`): the two-sample
+Kolmogorov-Smirnov statistic of response length and of reward (0: the same distribution,
+1: disjoint), and the share of generated samples never trained, per reason. Computed when
+the step closes, off the training thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlotel import vocabulary as voc
+from rlotel.samples import SampleBatch
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample KS statistic: the largest gap between the two empirical CDFs (as scipy's
+    `ks_2samp(a, b).statistic`). Both samples non-empty."""
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    gap = np.searchsorted(a, grid, side="right") / a.size
+    gap -= np.searchsorted(b, grid, side="right") / b.size
+    return float(np.abs(gap).max())
+
+
+def _valid(batches: Sequence[SampleBatch], field: str) -> np.ndarray:
+    values = [batch.valid(field) for batch in batches if field in batch.columns]
+    if not values:
+        return np.empty(0)
+    return values[0] if len(values) == 1 else np.concatenate(values)
+
+
+def bias_metrics(batches: Sequence[SampleBatch], is_async: bool) -> dict[str, float]:
+    """`rlotel/async_bias/ks/<quantity>` and `rlotel/samples_discarded/<reason>` of one
+    step (in async modes, or wherever samples were recorded as discarded)."""
+    trained = [batch for batch in batches if batch.discarded is None]
+    discarded = [batch for batch in batches if batch.discarded is not None]
+    if not discarded and not is_async:
+        return {}
+    generated = sum(batch.size for batch in batches)
+    if not generated:
+        return {}
+    metrics: dict[str, float] = {}
+    counts = dict.fromkeys(voc.DISCARD_REASONS[:-1], 0)
+    for batch in discarded:
+        counts[batch.discarded] = counts.get(batch.discarded, 0) + batch.size
+    for reason, count in counts.items():
+        metrics[f"{voc.SAMPLES_DISCARDED}{reason}"] = count / generated
+    for quantity in voc.BIAS_QUANTITIES:
+        kept = _valid(trained, quantity)
+        if not kept.size:
+            continue
+        dropped = _valid(discarded, quantity)
+        everything = np.concatenate([kept, dropped]) if dropped.size else kept
+        metrics[f"{voc.ASYNC_BIAS_KS}{quantity}"] = (
+            ks_statistic(kept, everything) if dropped.size else 0.0
+        )
+    return metrics
