@@ -10,8 +10,8 @@ for its call, and the time of its own reward computation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from time import perf_counter
+from dataclasses import dataclass, field, fields, replace
+from time import perf_counter, time_ns
 
 import torch
 
@@ -27,10 +27,25 @@ class Rollout:
     generate_seconds: torch.Tensor  # (B,)
     tool_seconds: torch.Tensor  # (B,)
     tool_used: torch.Tensor  # (B,) bool
+    # Real Unix times of each trajectory: all start together (batched decoding); each ends
+    # at the decoding step that finished it (EOS or the length cap).
+    start_ns: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    end_ns: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     @property
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The trajectories at `rows` (a batch with some dropped)."""
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name)[rows]
+                for f in fields(self)
+                if getattr(self, f.name).numel()
+            },
+        )
 
 
 def calculator(row: torch.Tensor) -> int:
@@ -47,9 +62,12 @@ def rollout(
     prompts: torch.Tensor,
     generator: torch.Generator,
     checked: torch.Tensor | None = None,
+    extra_passes: float = 0.0,
 ) -> Rollout:
     """Decode a batch; `checked` samples (bool mask) have the agent call the calculator
-    mid-answer, and any sample may call it itself by emitting TOOL (once)."""
+    mid-answer, and any sample may call it itself by emitting TOOL (once).
+    `extra_passes`: more real forward passes per decoding step (a slower engine: a long
+    trajectory then takes longer in real time than a short one)."""
     batch = prompts.shape[0]
     checked = torch.zeros(batch, dtype=torch.bool) if checked is None else checked
     tokens = prompts
@@ -60,8 +78,15 @@ def rollout(
     loss_mask = torch.zeros(batch, P.MAX_RESPONSE, dtype=torch.long)
     generate_seconds = torch.zeros(batch, dtype=torch.float64)
     tool_seconds = torch.zeros(batch, dtype=torch.float64)
+    start_ns = torch.full((batch,), time_ns(), dtype=torch.long)
+    end_ns = torch.zeros(batch, dtype=torch.long)
+    owed = 0.0
     for position in range(P.MAX_RESPONSE):
         started = perf_counter()
+        owed += extra_passes
+        while owed >= 1:
+            policy(tokens)
+            owed -= 1
         logits = policy(tokens)[:, -1, : P.TOOL + 1]  # digits, EOS or TOOL
         if position == 0:
             logits[:, P.EOS] = -torch.inf  # at least one digit
@@ -82,9 +107,12 @@ def rollout(
         loss_mask[:, position] = decoding.long()
         tool_call = decoding & (next_token == P.TOOL)
         tool_used |= tool_call
+        finished = alive & (next_token == P.EOS)
+        end_ns[finished] = time_ns()
         alive &= next_token != P.EOS
         awaiting_tool = tool_call
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+    end_ns[end_ns == 0] = time_ns()  # ran to the length cap
     return Rollout(
         tokens=tokens,
         response_mask=response_mask,
@@ -93,6 +121,8 @@ def rollout(
         generate_seconds=generate_seconds,
         tool_seconds=tool_seconds,
         tool_used=tool_used,
+        start_ns=start_ns,
+        end_ns=end_ns,
     )
 
 

@@ -66,6 +66,9 @@ class LocalRollout:
             response_length=rollout.response_lengths.numpy(),
             min_weight_version=[version] * batch,
             max_weight_version=[version] * batch,
+            reward=scores.numpy(),
+            start_time_ns=rollout.start_ns.numpy(),  # each trajectory's real times: occupancy
+            end_time_ns=rollout.end_ns.numpy(),
         )
         return rollout, scores
 
