@@ -4,9 +4,10 @@ buffer with the weights it has while the trainer updates (verl's fully-async sha
 Weight versions are real: version v is the actor after step v; the rollout picks up a new
 version between batches, every sample carries the version it was generated with, and the
 trainer evicts batches staler than `evict_staleness` (counted as verl's replay buffer does).
-With `max_staleness` N, a GRPO group whose last trajectory completes after the trainer has
-published more than N newer versions is discarded as stale (verl's staleness threshold):
-in a slow rollout those are the groups with the long answers, so the trained batch drifts
+With `max_staleness` N, a trajectory that completes after the trainer has published more
+than N newer versions is discarded as stale (verl's staleness threshold; GRPO then
+normalises over the rest of its group): in a slow rollout those are the long answers,
+so the trained batch drifts
 from what was generated (rlotel's async-bias statistics show it). Every discarded sample
 is recorded with its reason. `rollout_slowdown` multiplies the rollout's real compute (per
 decoding step: long trajectories take longer) and `ppo_epochs` the update's, so either side
@@ -58,7 +59,7 @@ class Generated:
     score_seconds: list[float]
     number: int  # the rollout's batch counter: prompt uids are `b<number>-<prompt>`
     window_ns: tuple[int, int]  # Unix start and end of its (batched) generation
-    stale: torch.Tensor  # (prompts,) bool: the group completed too many versions behind
+    stale: torch.Tensor  # (B,) bool: the trajectory completed too many versions behind
 
     def identity(self, group_size: int, rows: torch.Tensor) -> dict[str, list]:
         """record_samples' span-only fields of the trajectories at `rows`: who each is,
@@ -136,7 +137,7 @@ class RolloutWorker(threading.Thread):
         extra = max(0.0, self.config.rollout_slowdown - 1) * _FULL_OVER_MEAN_LENGTH
         rollout = agent.rollout(self.policy, prompts, self._generator, checked, extra)
         scores, score_seconds = agent.score(rollout)
-        stale = self._stale_groups(rollout.end_ns.view(base.prompts_per_step, -1).amax(-1))
+        stale = self._stale(rollout.end_ns)
         self._batches += 1
         return Generated(
             self.version,
@@ -149,8 +150,8 @@ class RolloutWorker(threading.Thread):
             stale,
         )
 
-    def _stale_groups(self, completed_ns: torch.Tensor) -> torch.Tensor:
-        """Groups that completed after the trainer published more than `max_staleness`
+    def _stale(self, completed_ns: torch.Tensor) -> torch.Tensor:
+        """Trajectories that completed after the trainer published more than `max_staleness`
         versions newer than the one they were generated with."""
         limit = self.config.max_staleness
         if limit is None:
@@ -225,7 +226,7 @@ def _next_batch(
             _record(tel, batch, rows, group_size, "evicted")
             evicted += rows.numel()
             continue
-        stale = batch.stale.repeat_interleave(group_size)
+        stale = batch.stale
         if stale.any():
             _record(tel, batch, rows[stale], group_size, "stale")
         if not stale.all():
@@ -272,9 +273,10 @@ def _step(
             batch, rows, evicted = _next_batch(tel, worker, number, config)
             _record(tel, batch, rows, base.group_size)
             rollout, scores, size = batch.rollout.select(rows), batch.scores[rows], rows.numel()
+            groups = torch.unique(rows // base.group_size, return_inverse=True)[1]
         update = train_on(
             tel, rollout, scores, actor, reference, optimizer, base, generator,
-            size // base.group_size,
+            int(groups.max()) + 1, groups,
         )  # fmt: skip
         with tel.phase(voc.PARAM_SYNC):
             synced = worker.publish_weights(number, actor)
