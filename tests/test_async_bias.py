@@ -3,6 +3,7 @@ response length and reward), discards by reason, token-weighted oldest-version s
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -192,3 +193,22 @@ def test_async_demo_max_staleness_discards_the_long_groups_and_shows_the_bias():
     without = np.mean([s.metrics[KS + "response_length"] for s in unfiltered.steps[1:]])
     assert with_filter > without
     assert all(s.metrics["rlotel/samples_discarded/stale"] == 0 for s in unfiltered.steps)
+
+
+@pytest.mark.slow
+def test_async_demo_cli_max_staleness_counts_discards_and_the_report_shows_them(tmp_path):
+    pytest.importorskip("torch")
+    from tests.test_occupancy import report_async_rows, run_demo
+
+    run = run_demo(
+        tmp_path, "--async", "--rollout-slowdown", "4", "--max-staleness", "0", "--steps", "5"
+    )
+    steps = json.loads((run / "summary.json").read_text())["steps"]
+    assert sum(s["metrics"]["rlotel/samples_discarded/stale"] for s in steps) > 0
+    for step in steps:
+        assert 0 <= step["metrics"][KS + "response_length"] <= 1
+        assert 0 <= step["metrics"][KS + "reward"] <= 1
+    rows = report_async_rows(run / "report.html")
+    assert float(rows["discarded stale (share generated)"][2]) > 0  # the max over steps
+    assert 0 <= float(rows["KS response_length (trained vs generated)"][0]) <= 1
+    assert "chart-bias" in rows["plots"]

@@ -3,6 +3,12 @@ tail seconds moved from productive to idle, the rollout-tail verdict."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -135,3 +141,51 @@ def test_demo_loop_measures_occupancy_in_range():
     for step in result.steps:
         assert 0 < step.metrics["rlotel/rollout_occupancy"] <= 1
         assert 0 <= step.metrics["rlotel/rollout_tail_seconds"] <= step.timing_raw["gen"]
+
+
+def report_async_rows(report: Path) -> dict[str, list[str]]:
+    """The async-bias/occupancy table of a report as headless Chromium renders it."""
+    from tests.chromium import Chromium, chromium_binary, file_url
+
+    if chromium_binary() is None:
+        pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
+    with Chromium() as browser:
+        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        assert load.console_errors == [] and load.requests == []
+        found = browser.evaluate(
+            """JSON.stringify({
+              hidden: document.getElementById('async-bias').hidden,
+              rows: [...document.querySelectorAll('#async-summary tr')].slice(1)
+                      .map(r => [...r.cells].map(c => c.textContent)),
+              plots: [...document.querySelectorAll('#async-bias .js-plotly-plot')].map(e => e.id),
+            })"""
+        )
+    found = json.loads(found)
+    assert not found["hidden"]
+    return {row[0]: row[1:] for row in found["rows"]} | {"plots": found["plots"]}
+
+
+def run_demo(runs: Path, *args: str) -> Path:
+    command = [
+        sys.executable, "-m", "rlotel.cli", "demo", "--port", "0", "--runs-dir", str(runs),
+        *args,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rollout occupancy" in result.stdout
+    return runs / "demo"
+
+
+@pytest.mark.slow
+def test_demo_occupancy_is_in_range_and_the_report_shows_it(tmp_path):
+    pytest.importorskip("torch")
+    run = run_demo(tmp_path, "--steps", "3")
+    steps = json.loads((run / "summary.json").read_text())["steps"]
+    values = [s["metrics"]["rlotel/rollout_occupancy"] for s in steps]
+    assert all(0 < v <= 1 for v in values), values
+    rows = report_async_rows(run / "report.html")
+    shown = float(rows["rollout occupancy (mean in flight ÷ peak)"][0])
+    assert shown == pytest.approx(sum(values) / len(values), rel=1e-3)
+    assert "chart-occupancy" in rows["plots"]
