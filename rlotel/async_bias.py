@@ -53,12 +53,17 @@ def bias_metrics(batches: Sequence[SampleBatch], is_async: bool) -> dict[str, fl
     for reason, count in counts.items():
         metrics[f"{voc.SAMPLES_DISCARDED}{reason}"] = count / generated
     for quantity in voc.BIAS_QUANTITIES:
+        if not any(quantity in batch.columns for batch in trained):
+            continue
+        dropped = _valid(discarded, quantity)
+        if not dropped.size:  # what was trained is all that was generated
+            metrics[f"{voc.ASYNC_BIAS_KS}{quantity}"] = 0.0
+            continue
         kept = _valid(trained, quantity)
         if not kept.size:
             continue
-        dropped = _valid(discarded, quantity)
-        everything = np.concatenate([kept, dropped]) if dropped.size else kept
-        metrics[f"{voc.ASYNC_BIAS_KS}{quantity}"] = (
-            ks_statistic(kept, everything) if dropped.size else 0.0
-        )
+        # generated = trained ∪ discarded, so F_generated − F_trained is the discarded
+        # share times F_discarded − F_trained: one comparison of the two parts, no union.
+        share = dropped.size / (kept.size + dropped.size)
+        metrics[f"{voc.ASYNC_BIAS_KS}{quantity}"] = share * ks_statistic(kept, dropped)
     return metrics
