@@ -285,6 +285,38 @@ REPLAY_EVICTED = MetricSpec(
     "rollout_failure, ...).",
     ("reason",),
 )
+ASYNC_BIAS_KS = MetricSpec(
+    "rlotel_async_bias_ks",
+    "gauge",
+    "",
+    "Two-sample KS statistic (0 to 1) of the last step's trained samples against every sample "
+    "generated in its window (trained plus discarded), by quantity (response_length, reward).",
+    ("quantity",),
+)
+SAMPLES_DISCARDED = MetricSpec(
+    "rlotel_samples_discarded",
+    "counter",
+    "",
+    "Generated samples never trained, by reason (stale, evicted, filtered, other), as "
+    "recorded with record_samples(..., discarded=reason).",
+    ("reason",),
+)
+ROLLOUT_OCCUPANCY = MetricSpec(
+    "rlotel_rollout_occupancy_ratio",
+    "gauge",
+    "ratio",
+    "Last step's rollout occupancy per replica, from trajectories' real start/end times: mean "
+    "in-flight trajectories divided by the peak in flight (1 = all ran to the end together).",
+    ("replica",),
+)
+ROLLOUT_TAIL = MetricSpec(
+    "rlotel_rollout_tail_seconds",
+    "gauge",
+    "seconds",
+    "Seconds of the last step during which a rollout replica had fewer than half its peak "
+    "trajectories in flight (waiting for the last long samples).",
+    ("replica",),
+)
 
 # Every spec defined above, in definition order: a family cannot be defined and left out.
 CATALOGUE: tuple[MetricSpec, ...] = tuple(

@@ -74,12 +74,19 @@ def _demo(args: argparse.Namespace) -> int:
         if args.async_mode:
             from rlotel.demo.async_loop import AsyncConfig, train_async
 
+            limit = "" if args.max_staleness is None else f", max staleness {args.max_staleness}"
             progress.console.print(
                 "async: a rollout thread fills a 2-batch buffer "
-                f"(rollout ×{args.rollout_slowdown}, ppo epochs {args.ppo_epochs})"
+                f"(rollout ×{args.rollout_slowdown}, ppo epochs {args.ppo_epochs}{limit})"
             )
             outcome = train_async(
-                tel, AsyncConfig(config, rollout_slowdown=args.rollout_slowdown), on_step
+                tel,
+                AsyncConfig(
+                    config,
+                    rollout_slowdown=args.rollout_slowdown,
+                    max_staleness=args.max_staleness,
+                ),
+                on_step,
             )
         elif args.ray:
             from rlotel.demo.ray_rollout import RayRollout
@@ -373,6 +380,11 @@ def _goodput_table(steps) -> Table:
         *((f"idle ratio {r}", f"{voc.IDLE_RATIO}{r}") for r in (goodput.TRAINER, goodput.ROLLOUT)),
         ("staleness mean (steps)", f"{voc.OFF_POLICY}trajectory_staleness/mean"),
         ("staleness max (steps)", f"{voc.OFF_POLICY}trajectory_staleness/max"),
+        ("oldest-version staleness, token-weighted", voc.STALENESS_WORST_TOKEN_WEIGHTED),
+        *((f"discarded {r} (share)", f"{voc.SAMPLES_DISCARDED}{r}") for r in voc.DISCARD_REASONS),
+        *((f"async bias KS {q}", f"{voc.ASYNC_BIAS_KS}{q}") for q in voc.BIAS_QUANTITIES),
+        ("rollout occupancy (in flight ÷ peak)", voc.ROLLOUT_OCCUPANCY),
+        ("rollout tail seconds", voc.ROLLOUT_TAIL_SECONDS),
     ]
     for label, key in keys:
         values = [s.metrics[key] for s in steps if key in s.metrics]
@@ -438,6 +450,14 @@ def main(argv: list[str] | None = None) -> int:
         default=rlotel.Config.max_sample_spans,
         help="the slowest N trajectories per step get a span (with its turns, tool calls "
         "and reward); 256 spans every one",
+    )
+    demo.add_argument(
+        "--max-staleness",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="with --async: discard trajectories completing more than N weight versions "
+        "behind the trainer (verl's staleness threshold; the async-bias statistics show it)",
     )
     demo.add_argument(
         "--profile-steps",

@@ -60,6 +60,9 @@ NEXT_READ = {
     "(separate_async/switch/*), fewer switches per step, cheaper KV-cache release/resume",
     "staleness-limited": "samples are too stale and evicted: staleness threshold, "
     "parameter_sync_step, rollout vs trainer speed (rlotel_sample_staleness_steps)",
+    "async-bias": "the trained batch no longer looks like what was generated: the discarded "
+    "samples (rlotel_samples_discarded_total by reason) are the long or hard ones; allow more "
+    "staleness, partial rollouts, or re-queue stale prompts instead of dropping them",
     "balanced": "no single window dominates: look at trends across steps instead",
 }
 SUB_NEXT_READ = {
@@ -67,6 +70,9 @@ SUB_NEXT_READ = {
     "max_tokens, partial rollout / over-sampling",
     "tool-call-tail": "tool latency of the slowest samples; tool timeouts and concurrency",
     "compute-score-tail": "compute_score of the slowest samples; async or batched rewards",
+    "rollout-tail": "the rollout sat mostly empty waiting for its last long trajectories "
+    "(rlotel_rollout_occupancy_ratio): partial rollouts, over-sampling and dropping the "
+    "slowest, length caps, or async rollout",
     "controller-overhead": "gen window is high but samples are not: agent-loop controller, "
     "scheduling and output merge",
     "compute-bound": "MFU is high: more GPUs or a smaller model/batch, not tuning",
@@ -92,6 +98,8 @@ class Thresholds:
     straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
     stall_factor: float = 6.0  # an open phase is stalled past this x its median duration...
     stall_floor_s: float = 60.0  # ...and never before this many seconds
+    async_bias_ks: float = 0.2  # KS of trained vs generated at which the batch is biased
+    tail_share: float = 0.5  # rollout tail seconds ÷ gen at which the tail is the story
 
     def validated(self) -> Thresholds:
         """Raises `ConfigError` (at init) for a threshold the verdict cannot work with."""
@@ -109,7 +117,15 @@ class Thresholds:
                 or value < 0
             ):
                 raise ConfigError(f"Thresholds.{name} must be a finite number ≥ 0, got {value!r}")
-        for name in ("dominant_share", "samples_cover", "high_mfu", "low_mfu", "idle_share"):
+        for name in (
+            "dominant_share",
+            "samples_cover",
+            "high_mfu",
+            "low_mfu",
+            "idle_share",
+            "async_bias_ks",
+            "tail_share",
+        ):
             if getattr(self, name) > 1:
                 raise ConfigError(
                     f"Thresholds.{name} is a share in [0, 1], got {getattr(self, name)!r}"
@@ -137,6 +153,10 @@ class StepFacts:
     staleness_max: float | None = None  # verl trajectory_staleness/max
     # phase → (slowest rank, slowest ÷ median) of phases that ran on several ranks
     stragglers: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    async_bias: Mapping[str, float] = field(default_factory=dict)  # quantity → KS statistic
+    discarded: Mapping[str, float] = field(default_factory=dict)  # reason → share generated
+    rollout_tail_seconds: float | None = None  # measured (rlotel.occupancy)
+    rollout_occupancy: float | None = None
 
     @classmethod
     def from_metrics(
@@ -147,16 +167,22 @@ class StepFacts:
             for key, value in metrics.items()
             if key.startswith(voc.MFU)
         }
-        agent_loop, idle, evicted = {}, {}, 0.0
+        agent_loop, idle, evicted, bias, discarded = {}, {}, 0.0, {}, {}
         for key, value in metrics.items():
             name = key.removeprefix(voc.TIMING_S)
             if name.startswith(voc.AGENT_LOOP):
                 agent_loop[name] = float(value)
             elif key.startswith(voc.IDLE_RATIO):
                 idle[key[len(voc.IDLE_RATIO) :]] = float(value)
+            elif key.startswith(voc.ASYNC_BIAS_KS):
+                bias[key[len(voc.ASYNC_BIAS_KS) :]] = float(value)
+            elif key.startswith(voc.SAMPLES_DISCARDED):
+                discarded[key[len(voc.SAMPLES_DISCARDED) :]] = float(value)
             elif voc.eviction_reason(key) == "staleness":
                 evicted += float(value)
         stale = metrics.get(f"{voc.OFF_POLICY}trajectory_staleness/max")
+        tail = metrics.get(voc.ROLLOUT_TAIL_SECONDS)
+        occupancy = metrics.get(voc.ROLLOUT_OCCUPANCY)
         return cls(
             number,
             dict(timing_raw),
@@ -165,6 +191,10 @@ class StepFacts:
             idle=idle,
             evicted=evicted,
             staleness_max=None if stale is None else float(stale),
+            async_bias=bias,
+            discarded=discarded,
+            rollout_tail_seconds=None if tail is None else float(tail),
+            rollout_occupancy=None if occupancy is None else float(occupancy),
             **extra,
         )
 
@@ -220,6 +250,9 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         return Verdict(
             "balanced", "", "low", 0.0, {"reason": "no step time"}, NEXT_READ["balanced"]
         )
+    bias = _bias(facts, limits)
+    if bias is not None:
+        return bias
     if facts.idle:
         verdict = _async(facts, step, limits)
         if verdict is not None:
@@ -289,6 +322,25 @@ def _straggler(facts: StepFacts, limits: Thresholds, evidence: dict[str, float |
     )
 
 
+def _bias(facts: StepFacts, limits: Thresholds) -> Verdict | None:
+    """The trained samples differ from what was generated (KS past the threshold): the
+    step is fast or slow, but it learns from a biased batch, which matters more."""
+    if not facts.async_bias:
+        return None
+    quantity = max(facts.async_bias, key=facts.async_bias.get)
+    statistic = facts.async_bias[quantity]
+    if statistic < limits.async_bias_ks or statistic <= 0:
+        return None
+    evidence: dict[str, float | str] = {
+        f"ks_{name}": round(value, 4) for name, value in facts.async_bias.items()
+    }
+    for reason, share in facts.discarded.items():
+        if share:
+            evidence[f"discarded_{reason}"] = round(share, 4)
+    confidence = "high" if statistic >= 2 * limits.async_bias_ks else "medium"
+    return Verdict("async-bias", quantity, confidence, statistic, evidence, NEXT_READ["async-bias"])
+
+
 def _async(facts: StepFacts, step: float, limits: Thresholds) -> Verdict | None:
     """Async modes: who waits for whom. Starved trainer (stale samples evicted: limited by
     staleness), idle rollout, or switching hybrid replicas; None when nobody is stuck."""
@@ -336,6 +388,13 @@ def _rollout(
 ) -> tuple[str, str]:
     loop = facts.agent_loop
     slowest = {s: loop.get(f"{voc.AGENT_LOOP_SLOWEST}{s}") for s in STAGES}
+    tail = facts.rollout_tail_seconds
+    if tail is not None and gen_seconds > 0:
+        evidence["rollout_tail_share"] = round(min(tail, gen_seconds) / gen_seconds, 4)
+        if facts.rollout_occupancy is not None:
+            evidence["rollout_occupancy"] = round(facts.rollout_occupancy, 4)
+        if tail >= limits.tail_share * gen_seconds:
+            return "rollout-tail", "high"  # measured: most of gen waited for a few samples
     if slowest["generate_sequences"] is None:
         return "", "low"  # no per-sample evidence
     total = sum(v for v in slowest.values() if v is not None)

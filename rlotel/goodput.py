@@ -136,10 +136,20 @@ def role_of(name: str) -> str:
 
 
 def step_metrics(
-    windows: Iterable[Window], start_ns: int, end_ns: int, buckets: PhaseBuckets
+    windows: Iterable[Window],
+    start_ns: int,
+    end_ns: int,
+    buckets: PhaseBuckets,
+    rollout_tail_s: float = 0.0,
 ) -> dict[str, float]:
     """`rlotel/goodput`, `rlotel/bucket_seconds/<bucket>` and, in async modes or when a
-    rollout recorded windows, `rlotel/idle_ratio/{trainer,rollout}` of one closed step."""
+    rollout recorded windows, `rlotel/idle_ratio/{trainer,rollout}` of one closed step.
+
+    `rollout_tail_s`: measured rollout tail (rlotel.occupancy: fewer than half the peak
+    trajectories in flight): generation time that waited for the last samples, moved from
+    productive to idle — in the rollout's own windows where it records them, else in sync
+    `gen` (at most its seconds); where the rollout runs elsewhere in an async mode, added
+    to its inferred idle."""
     wall = end_ns - start_ns
     if wall <= 0:
         return {}
@@ -154,9 +164,24 @@ def step_metrics(
         names_by_role.setdefault(role, []).append((name, start, end))
     totals = dict.fromkeys(BUCKETS, 0)
     idle_ns: dict[str, int] = {}
+    tail_ns = max(0, round(rollout_tail_s * 1e9))
     for role, intervals in by_role.items():
         uncovered = OVERHEAD if role == TRAINER else IDLE
         split = _sweep(intervals, start_ns, end_ns, uncovered)
+        if tail_ns and (role == ROLLOUT or (ROLLOUT not in by_role and not buckets.is_async)):
+            gen = (
+                split[PRODUCTIVE]
+                if role == ROLLOUT
+                else _sweep(
+                    [(PRODUCTIVE, s, e) for n, s, e in names_by_role[role] if n == "gen"],
+                    start_ns,
+                    end_ns,
+                    IDLE,
+                )[PRODUCTIVE]
+            )
+            moved = min(tail_ns, gen, split[PRODUCTIVE])
+            split[PRODUCTIVE] -= moved
+            split[IDLE] += moved
         for bucket, ns in split.items():
             totals[bucket] += ns
         idle_ns[role] = split[IDLE]
@@ -167,6 +192,7 @@ def step_metrics(
         if ROLLOUT not in by_role:  # the rollout runs elsewhere: read it off the trainer's
             blocked = [(IDLE, s, e) for n, s, e in names_by_role[TRAINER] if _blocks(n, buckets)]
             idle_ns[ROLLOUT] = _sweep(blocked, start_ns, end_ns, PRODUCTIVE)[IDLE]
+            idle_ns[ROLLOUT] = min(wall, idle_ns[ROLLOUT] + tail_ns)
         for role in (TRAINER, ROLLOUT):
             metrics[f"{voc.IDLE_RATIO}{role}"] = min(1.0, idle_ns[role] / wall)
     return metrics
@@ -208,11 +234,15 @@ def _sweep(
 
 
 def trace_metrics(
-    top_level: Iterable[Window], start_ns: int, end_ns: int, buckets: PhaseBuckets
+    top_level: Iterable[Window],
+    start_ns: int,
+    end_ns: int,
+    buckets: PhaseBuckets,
+    rollout_tail_s: float = 0.0,
 ) -> dict[str, float]:
     """`step_metrics` of a closed step: its top-level windows (plus a concurrent role's,
     from the buckets' timeline) against the step's own window."""
     windows = list(top_level)
     if buckets.timeline is not None:
         windows.extend(buckets.timeline.between(start_ns, end_ns))
-    return step_metrics(windows, start_ns, end_ns, buckets)
+    return step_metrics(windows, start_ns, end_ns, buckets, rollout_tail_s)

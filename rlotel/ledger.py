@@ -15,7 +15,18 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from rlotel import formulas, goodput, ids, nvtx, ranks, samples, staleness, vocabulary
+from rlotel import (
+    async_bias,
+    formulas,
+    goodput,
+    ids,
+    nvtx,
+    occupancy,
+    ranks,
+    samples,
+    staleness,
+    vocabulary,
+)
 from rlotel.diagnose import StepFacts, Verdict
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.samples import SampleBatch
@@ -255,6 +266,7 @@ class Derived(NamedTuple):
     metrics: dict[str, float]
     unaccounted: float
     consumed: staleness.Consumed | None
+    occupancy: dict[str, occupancy.Occupancy] | None = None  # by rollout replica
 
 
 class Step:
@@ -367,6 +379,11 @@ class Step:
         return self._derive().consumed
 
     @property
+    def occupancy(self) -> dict[str, occupancy.Occupancy]:
+        """Rollout occupancy by replica, from the real times of this step's trajectories."""
+        return self._derive().occupancy or {}
+
+    @property
     def verdict(self) -> Verdict | None:
         """Bottleneck verdict (rlotel.diagnose), with trends over the run's previous steps.
 
@@ -421,11 +438,18 @@ class Step:
         metrics = formulas.timing_metrics(timing, self.prompt_tokens, self.response_tokens)
         metrics.update(formulas.throughput_metrics(timing, self.total_tokens, self._n_gpus))
         metrics.update(formulas.mfu_metrics(self.mfu))
-        consumed = None
+        consumed, replicas = None, None
+        buckets = self._ledger.phase_buckets
         if self.trace.samples:
-            metrics.update(samples.verl_aggregates(self.trace.samples))
-            consumed = staleness.consumed(self.number, self.trace.samples)
-            metrics.update(staleness.off_policy_metrics(consumed))
+            trained = [batch for batch in self.trace.samples if batch.discarded is None]
+            if trained:
+                metrics.update(samples.verl_aggregates(trained))
+                consumed = staleness.consumed(self.number, trained)
+                metrics.update(staleness.off_policy_metrics(consumed))
+                metrics.update(staleness.token_weighted(self.number, trained))
+            metrics.update(async_bias.bias_metrics(self.trace.samples, buckets.is_async))
+            replicas = occupancy.by_replica(self.trace.samples)
+            metrics.update(occupancy.step_metrics(replicas))
         root = self.trace.root
         top_level = (
             (r.name, r.start_ns, r.end_ns)
@@ -433,13 +457,19 @@ class Step:
             if r.parent is None and r.end_ns
         )
         metrics.update(
-            goodput.trace_metrics(top_level, root.start_ns, root.end_ns, self._ledger.phase_buckets)
+            goodput.trace_metrics(
+                top_level,
+                root.start_ns,
+                root.end_ns,
+                buckets,
+                metrics.get(vocabulary.ROLLOUT_TAIL_SECONDS, 0.0),
+            )
         )
         covered = vocabulary.covered_by_intervals(
             (r.start_ns, r.end_ns) for r in self.trace.records if r.parent is None and r.end_ns
         )
         unaccounted = vocabulary.unaccounted(timing[vocabulary.STEP], covered)
-        return Derived(timing, metrics, unaccounted, consumed)
+        return Derived(timing, metrics, unaccounted, consumed, replicas)
 
 
 def _length(values: Any) -> int:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlotel import attributes as attr
-from rlotel import ids
+from rlotel import ids, trajectory
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float
 from rlotel.propagation import parse
@@ -25,7 +25,8 @@ PREEMPTED = "num_preempted"
 LENGTH_KINDS = {"prompt_length": "prompt", "response_length": "response"}
 MIN_VERSION, MAX_VERSION = "min_weight_version", "max_weight_version"
 VERSION_FIELDS = (MIN_VERSION, MAX_VERSION)  # verl's min/max_global_steps per trajectory
-FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS)
+REWARD = "reward"  # per sample, any sign: async bias (a column) and the span's evaluation event
+FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS, REWARD)
 INTEGER_FIELDS = frozenset({PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS})
 INVALID_VERSION = -1  # in a version column: dropped (counted) when the batch was built
 # Per-sample facts only the samples that get a span need: read for those, never copied.
@@ -38,7 +39,6 @@ IDENTITY_FIELDS = {  # field → span attribute
 TIME_FIELDS = ("start_time_ns", "end_time_ns")  # real Unix times of the trajectory
 GENERATED_STEP = "generated_step"
 TRAJECTORY = "trajectory_context"  # carrier of the span the trajectory ran under (worker)
-REWARD = "reward"  # the trajectory's score: a gen_ai.evaluation.result event
 TURN_TIMES = "turn_times_ns"  # per sample: (start, end) Unix ns of each model turn
 TOOL_TIMES = "tool_times_ns"  # per sample: (tool name, start, end) of each tool call
 PART_FIELDS = (TURN_TIMES, TOOL_TIMES)  # one entry per sample, itself a sequence
@@ -84,12 +84,16 @@ class SampleBatch:
         "_pending",
         "_totals",
         "columns",
+        "discarded",
         "end_ns",
         "exported_elsewhere",
         "parent",
         "parent_span_id",
+        "replica",
         "span_extras",
         "spans",
+        "times",
+        "token_versions",
         "trace_id",
         "versions",
     )
@@ -106,6 +110,17 @@ class SampleBatch:
         self.exported_elsewhere = False  # spans made by the worker that measured them
         self.end_ns = 0
         self._totals: np.ndarray | None = None
+        self.discarded: str | None = None  # generated, never trained: why (async bias)
+        self.times: tuple[np.ndarray, np.ndarray] | None = None  # every sample's Unix ns
+        self.replica: str | np.ndarray | None = None  # the rollout replica(s) it ran on
+        self.token_versions: tuple[float, float] | None = None  # Σ tokens, Σ tokens × oldest
+
+    @property
+    def size(self) -> int:
+        sizes = [column.size for column in self.columns.values()]
+        if not sizes and self.versions is not None:
+            return self.versions.low.size
+        return max(sizes, default=0)
 
     def settle(self) -> None:
         """End of the `record_samples` call: keep what the samples with spans need from
@@ -138,14 +153,20 @@ class SampleBatch:
         return self._totals
 
 
-def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> SampleBatch | None:
+def build_batch(
+    records: Any,
+    fields: Mapping[str, Any],
+    drops: Drops,
+    discarded: str | None = None,
+    replica: Any = None,
+) -> SampleBatch | None:
     """Columns from keyword arrays and/or verl's per-sample dicts (flat or per worker chunk)."""
     raw: dict[str, Any] = {}
     span_values = {name: fields[name] for name in SPAN_FIELDS if name in fields}
     if records is not None:
         raw.update(_columns_from_records(records, drops))
     for name, values in fields.items():
-        if name in span_values:
+        if name in span_values and name not in FIELDS:  # reward is both: column and span
             continue
         if name not in FIELDS:
             drops.add("samples", "unknown_field", f"record_samples({name}=...) is not a field")
@@ -166,6 +187,18 @@ def build_batch(records: Any, fields: Mapping[str, Any], drops: Drops) -> Sample
         if tallies is not None:
             low, high, spans = tallies
             batch.versions = Versions(low, high, spans.shifted(1))
+    cleaned = trajectory.annotate(
+        batch,
+        drops,
+        size=next(iter(sizes)) if len(sizes) == 1 else None,
+        discarded=discarded,
+        replica=replica,
+        times=(per_sample.get(TIME_FIELDS[0]), per_sample.get(TIME_FIELDS[1])),
+        oldest=per_sample.get(MIN_VERSION),
+        response=columns.get("response_length"),
+    )
+    if cleaned is not None:  # checked and counted once: spans read the clean pairs
+        per_sample[TIME_FIELDS[0]], per_sample[TIME_FIELDS[1]] = cleaned
     if per_sample:
         batch._pending = (per_sample, drops)
     if len(sizes) > 1:
@@ -255,6 +288,8 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
             if not reason and not whole.all():
                 reason = "non_integer"
             valid &= whole
+    elif name == REWARD:
+        valid = finite
     else:
         valid = finite & (column >= 0)
     n_bad = column.size - int(np.count_nonzero(valid))
@@ -390,9 +425,9 @@ def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
     reward = None
     if REWARD in per_sample:
         given_reward = _item(per_sample[REWARD], index)
-        reward, why = as_finite_float(given_reward) if given_reward is not None else (None, "")
-        if why:
-            drops.add("samples", "bad_reward", f"sample {index}: reward {given_reward!r} ({why})")
+        # A bad reward is counted once, by its column (it is also the async-bias input):
+        # here the span only goes without its evaluation event.
+        reward, _ = as_finite_float(given_reward) if given_reward is not None else (None, "")
     turns = _parts(per_sample, TURN_TIMES, index, drops)
     tools = _parts(per_sample, TOOL_TIMES, index, drops)
     return SpanExtras(attributes, start, end, generated, ran_under, reward, turns, tools)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from rlotel.samples import SampleBatch
 from rlotel.tally import Tally
-from rlotel.vocabulary import OFF_POLICY
+from rlotel.vocabulary import OFF_POLICY, STALENESS_WORST_TOKEN_WEIGHTED
 
 
 class Consumed(NamedTuple):
@@ -60,3 +60,15 @@ def off_policy_metrics(versions: Consumed | None) -> dict[str, float]:
         metrics[prefix + "max"] = tally.max()
         metrics[prefix + "min"] = tally.min()
     return metrics
+
+
+def token_weighted(step: int, batches: Iterable[SampleBatch]) -> dict[str, float]:
+    """verl#7569: staleness from the oldest version behind each trajectory, weighted by
+    its response tokens: Σ tokens × ((step − 1) − min) ÷ Σ tokens (needs versions and
+    response lengths in the same call)."""
+    pairs = [batch.token_versions for batch in batches if batch.token_versions is not None]
+    tokens = sum(pair[0] for pair in pairs)
+    if not tokens:
+        return {}
+    oldest = sum(pair[1] for pair in pairs) / tokens
+    return {STALENESS_WORST_TOKEN_WEIGHTED: (step - 1) - oldest}

@@ -241,6 +241,8 @@ class Telemetry:
         *,
         context: Mapping[str, str] | None = None,
         exemplar_spans: Mapping[int, Any] | None = None,
+        discarded: str | None = None,
+        replica: Any = None,
         **fields: Any,
     ) -> dict[int, str]:
         """Per-sample agent-loop timings and lengths, one entry per sample.
@@ -277,14 +279,19 @@ class Telemetry:
         samples' spans become children of that remote phase. `exemplar_spans`: sample index
         → span id of spans another process already made (returned by its own call); they
         become this process's exemplars and no spans are made here.
+        `reward`: per-sample reward (any sign). `discarded`: these samples were generated
+        and never trained, and why (`stale`, `evicted`, `filtered`): recorded in the step
+        that dropped them, they are its async-bias reference (no spans, no histograms, not
+        in verl's keys). `replica`: the rollout replica they ran on (one label, or one per
+        sample) for occupancy, which `start_time_ns`/`end_time_ns` of every sample measure.
         Returns sample index → span id (hex) of the samples that got a span here.
         """
         try:
-            batch = build_batch(records, fields, self.drops)
+            batch = build_batch(records, fields, self.drops, discarded, replica)
             if batch is None:
                 return {}
             span_budget = self.config.max_sample_spans if self._traced else 0
-            if exemplar_spans is not None:
+            if exemplar_spans is not None or batch.discarded is not None:
                 span_budget = 0
             if context is not None:
                 self._attach_remote(batch, context, span_budget)

@@ -74,6 +74,17 @@ RLOTEL = "rlotel/"  # rlotel's own additions to verl's step metrics
 GOODPUT = RLOTEL + "goodput"
 BUCKET_SECONDS = RLOTEL + "bucket_seconds/"
 IDLE_RATIO = RLOTEL + "idle_ratio/"
+# Async bias (rlotel.async_bias): trained samples against every sample generated in the
+# step's window, two-sample KS per quantity; the share never trained, per reason.
+ASYNC_BIAS_KS = RLOTEL + "async_bias/ks/"  # + response_length | reward
+BIAS_QUANTITIES = ("response_length", "reward")
+SAMPLES_DISCARDED = RLOTEL + "samples_discarded/"  # + reason
+DISCARD_REASONS = ("stale", "evicted", "filtered", "other")  # other: an unknown reason given
+# verl#7569: staleness from the oldest version behind each trajectory, weighted by tokens.
+STALENESS_WORST_TOKEN_WEIGHTED = RLOTEL + "off_policy/trajectory_staleness_worst/token_mean"
+# Rollout occupancy measured from trajectories' real times (rlotel.occupancy).
+ROLLOUT_OCCUPANCY = RLOTEL + "rollout_occupancy"  # mean in flight ÷ peak, mean of replicas
+ROLLOUT_TAIL_SECONDS = RLOTEL + "rollout_tail_seconds"  # in flight < half the peak
 # verl V1 replay-buffer counts, `{training|validation}/...`: → rlotel_replay_evicted_samples
 REPLAY_EVICTION_KEYS: dict[str, str] = {
     "off_policy/evicted_samples": "staleness",

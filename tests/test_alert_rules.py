@@ -31,6 +31,7 @@ ALERTS = (
     "RLEngineKVCacheSaturated",
     "RLEngineQueueTimeHigh",
     "RLPhaseStalled",
+    "RLAsyncBias",
 )
 # Judged in-process (rlotel.Thresholds.stall_factor / stall_floor_s): the rule reads the flag.
 JUDGED_IN_PROCESS = {"RLPhaseStalled"}

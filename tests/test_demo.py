@@ -26,6 +26,8 @@ NOT_IN_THE_SYNC_DEMO = {
     "rlotel_phase_rank_spread_ratio": "one rank: no spread between ranks",
     "rlotel_integration_events": "the demo calls rlotel's API: no zero-code integration hooks",
     "rlotel_integration_seconds": "the demo calls rlotel's API: no zero-code integration hooks",
+    "rlotel_async_bias_ks": "trained vs generated is an async question (rlotel demo --async)",
+    "rlotel_samples_discarded": "the sync demo trains every sample (--async --max-staleness)",
 }
 VERL_PHASES = {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
 

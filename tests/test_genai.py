@@ -279,9 +279,9 @@ def test_bad_turns_and_tool_calls_are_counted_and_the_span_stays(
     assert drops == {
         "bad_turn": len(BAD_TURNS) + 1,
         "bad_tool": len(BAD_TOOLS) + 1,
-        "bad_reward": 2,
+        "non_finite": 2,  # the reward column's count: nan and "high", once each
     }
-    for reason in ("bad_turn", "bad_tool", "bad_reward"):  # one line per reason, not per entry
+    for reason in ("bad_turn", "bad_tool", "non_finite"):  # one line per reason, not per entry
         assert sum(f"({reason})" in r.getMessage() for r in caplog.records) == 1
     trajectories = {s.attributes[attr.SAMPLE_INDEX]: s for s in spans if s.name == "sample"}
     assert sorted(trajectories) == [0, 1, 2]  # every span stays

@@ -12,7 +12,7 @@ the trajectory spans' `chat` and `execute_tool calculator` children.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from time import perf_counter, time_ns
 
 import torch
@@ -32,10 +32,26 @@ class Rollout:
     # Per sample: (start, end) Unix ns of each turn; (tool, start, end) of each tool call.
     turn_times_ns: list[list[tuple[int, int]]] = field(default_factory=list)
     tool_times_ns: list[list[tuple[str, int, int]]] = field(default_factory=list)
+    # Real Unix times of each trajectory: all start together (batched decoding); each ends
+    # at the decoding step that finished it (EOS or the length cap).
+    start_ns: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    end_ns: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     @property
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The trajectories at `rows` (a batch with some dropped)."""
+        indices = rows.nonzero().flatten().tolist() if rows.dtype == torch.bool else rows.tolist()
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):  # per-sample lists (turn and tool times)
+                picked[f.name] = [value[i] for i in indices] if value else value
+            elif value.numel():
+                picked[f.name] = value[rows]
+        return replace(self, **picked)
 
 
 def calculator(row: torch.Tensor) -> int:
@@ -53,9 +69,12 @@ def rollout(
     prompts: torch.Tensor,
     generator: torch.Generator,
     checked: torch.Tensor | None = None,
+    extra_passes: float = 0.0,
 ) -> Rollout:
     """Decode a batch; `checked` samples (bool mask) have the agent call the calculator
-    mid-answer, and any sample may call it itself by emitting TOOL (once)."""
+    mid-answer, and any sample may call it itself by emitting TOOL (once).
+    `extra_passes`: more real forward passes per decoding step (a slower engine: a long
+    trajectory then takes longer in real time than a short one)."""
     batch = prompts.shape[0]
     checked = torch.zeros(batch, dtype=torch.bool) if checked is None else checked
     tokens = prompts
@@ -69,8 +88,15 @@ def rollout(
     turns: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
     tools: list[list[tuple[str, int, int]]] = [[] for _ in range(batch)]
     turn_started = torch.zeros(batch, dtype=torch.int64)  # Unix ns its open turn began; 0: none
+    start_ns = torch.full((batch,), time_ns(), dtype=torch.long)
+    end_ns = torch.zeros(batch, dtype=torch.long)
+    owed = 0.0
     for position in range(P.MAX_RESPONSE):
         started, position_ns = perf_counter(), time_ns()
+        owed += extra_passes
+        while owed >= 1:
+            policy(tokens)
+            owed -= 1
         logits = policy(tokens)[:, -1, : P.TOOL + 1]  # digits, EOS or TOOL
         if position == 0:
             logits[:, P.EOS] = -torch.inf  # at least one digit
@@ -100,9 +126,12 @@ def rollout(
         for index in torch.nonzero(turn_over).flatten().tolist():
             turns[index].append((int(turn_started[index]), ended_ns))
         turn_started[turn_over] = 0
+        finished = alive & (next_token == P.EOS)
+        end_ns[finished] = time_ns()
         alive &= next_token != P.EOS
         awaiting_tool = tool_call
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+    end_ns[end_ns == 0] = time_ns()  # ran to the length cap
     return Rollout(
         tokens=tokens,
         response_mask=response_mask,
@@ -113,6 +142,8 @@ def rollout(
         tool_used=tool_used,
         turn_times_ns=turns,
         tool_times_ns=tools,
+        start_ns=start_ns,
+        end_ns=end_ns,
     )
 
 

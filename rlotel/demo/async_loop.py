@@ -3,9 +3,15 @@ buffer with the weights it has while the trainer updates (verl's fully-async sha
 
 Weight versions are real: version v is the actor after step v; the rollout picks up a new
 version between batches, every sample carries the version it was generated with, and the
-trainer evicts batches staler than `max_staleness` (counted as verl's replay buffer does).
-`rollout_slowdown` multiplies the rollout's real compute and `ppo_epochs` the update's, so
-either side can be made the one that waits.
+trainer evicts batches staler than `evict_staleness` (counted as verl's replay buffer does).
+With `max_staleness` N, a trajectory that completes after the trainer has published more
+than N newer versions is discarded as stale (verl's staleness threshold; GRPO then
+normalises over the rest of its group): in a slow rollout those are the long answers,
+so the trained batch drifts
+from what was generated (rlotel's async-bias statistics show it). Every discarded sample
+is recorded with its reason. `rollout_slowdown` multiplies the rollout's real compute (per
+decoding step: long trajectories take longer) and `ppo_epochs` the update's, so either side
+can be made the one that waits.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from time import perf_counter
 
 import torch
 
@@ -28,6 +33,9 @@ from rlotel.demo import policy as P
 from rlotel.demo.loop import DemoConfig, DemoResult, StepResult, train_on
 
 MODE = "fully_async"
+# Decoding passes see the growing sequence; extra passes per step are scaled by this so
+# that a slowdown of F is F× the decoding work.
+_FULL_OVER_MEAN_LENGTH = (P.PROMPT_LEN + P.MAX_RESPONSE) / (P.PROMPT_LEN + (P.MAX_RESPONSE - 1) / 2)
 WAIT_S = 60.0  # the longest the trainer waits for one batch before it gives up
 
 
@@ -36,7 +44,8 @@ class AsyncConfig:
     base: DemoConfig = field(default_factory=DemoConfig)
     rollout_slowdown: float = 1.0  # F× the rollout's work (extra real forward passes)
     buffer_batches: int = 2  # the bounded buffer between rollout and trainer
-    max_staleness: int = 3  # batches staler than this (in versions) are evicted
+    evict_staleness: int = 3  # batches staler than this (in versions) are evicted when sampled
+    max_staleness: int | None = None  # groups completing > N versions behind: discarded
 
 
 @dataclass
@@ -50,21 +59,21 @@ class Generated:
     score_seconds: list[float]
     number: int  # the rollout's batch counter: prompt uids are `b<number>-<prompt>`
     window_ns: tuple[int, int]  # Unix start and end of its (batched) generation
+    stale: torch.Tensor  # (B,) bool: the trajectory completed too many versions behind
 
-    def identity(self, group_size: int) -> dict[str, list]:
-        """record_samples' span-only fields: who each sample is, when it really ran, and
-        the trainer step its weights came from (the step its span links)."""
-        size = self.rollout.tokens.shape[0]
+    def identity(self, group_size: int, rows: torch.Tensor) -> dict[str, list]:
+        """record_samples' span-only fields of the trajectories at `rows`: who each is,
+        when it really ran, and the trainer step its weights came from (its span's link)."""
+        indices = rows.tolist()
         return {
-            "uid": [f"b{self.number}-{i // group_size}" for i in range(size)],
-            "session": [i % group_size for i in range(size)],
-            "turns": (2 + 2 * self.rollout.tool_used.long()).tolist(),  # + tool call, answer
-            "start_time_ns": [self.window_ns[0]] * size,  # decoded together: one window
-            "end_time_ns": [self.window_ns[1]] * size,
-            "generated_step": [self.version + 1] * size,  # weights v: published by step v
-            "reward": self.scores.tolist(),
-            "turn_times_ns": self.rollout.turn_times_ns,  # GenAI chat / execute_tool spans
-            "tool_times_ns": self.rollout.tool_times_ns,
+            "uid": [f"b{self.number}-{i // group_size}" for i in indices],
+            "session": [i % group_size for i in indices],
+            "turns": (2 + 2 * self.rollout.tool_used[rows].long()).tolist(),  # + tool, answer
+            "start_time_ns": self.rollout.start_ns[rows].tolist(),  # batched: together
+            "end_time_ns": self.rollout.end_ns[rows].tolist(),  # each at its last token
+            "generated_step": [self.version + 1] * len(indices),  # weights v: from step v
+            "turn_times_ns": [self.rollout.turn_times_ns[i] for i in indices],  # GenAI spans
+            "tool_times_ns": [self.rollout.tool_times_ns[i] for i in indices],
         }
 
 
@@ -84,6 +93,7 @@ class RolloutWorker(threading.Thread):
         self._lock = threading.Lock()
         self._generator = torch.Generator().manual_seed(config.base.seed + 1)
         self._batches = 0
+        self._published: list[tuple[int, int]] = []  # (version, Unix ns) the trainer published
 
     def publish_weights(self, version: int, actor: P.TinyPolicy) -> bool:
         """The trainer's param_sync: a copy of the new weights for the next batch.
@@ -91,6 +101,7 @@ class RolloutWorker(threading.Thread):
         state = {k: v.detach().clone() for k, v in actor.state_dict().items()}
         with self._lock:
             self._pending = (version, state)
+            self._published.append((version, time.time_ns()))
         return all(torch.equal(state[k], v) for k, v in actor.state_dict().items())
 
     def run(self) -> None:
@@ -123,14 +134,12 @@ class RolloutWorker(threading.Thread):
         prompts = P.make_prompts(base.prompts_per_step, self._generator)
         prompts = prompts.repeat_interleave(base.group_size, 0)
         checked = torch.arange(prompts.shape[0]) // base.group_size % 2 == 1
-        rollout = agent.rollout(self.policy, prompts, self._generator, checked)
-        extra = round((self.config.rollout_slowdown - 1) * P.MAX_RESPONSE)
-        if extra > 0:  # a slower engine: more real decoding work per sample
-            started = perf_counter()
-            for _ in range(extra):
-                self.policy(rollout.tokens)
-            rollout.generate_seconds += perf_counter() - started  # batched: all wait
+        # A slower engine: more real decoding work per step (scaled so that F× is F× the
+        # work of decoding, whose passes see the growing sequence).
+        extra = max(0.0, self.config.rollout_slowdown - 1) * _FULL_OVER_MEAN_LENGTH
+        rollout = agent.rollout(self.policy, prompts, self._generator, checked, extra)
         scores, score_seconds = agent.score(rollout)
+        stale = self._stale(rollout.end_ns)
         self._batches += 1
         return Generated(
             self.version,
@@ -140,7 +149,21 @@ class RolloutWorker(threading.Thread):
             score_seconds,
             self._batches,
             (started_ns, time.time_ns()),
+            stale,
         )
+
+    def _stale(self, completed_ns: torch.Tensor) -> torch.Tensor:
+        """Trajectories that completed after the trainer published more than `max_staleness`
+        versions newer than the one they were generated with."""
+        limit = self.config.max_staleness
+        if limit is None:
+            return torch.zeros(completed_ns.shape, dtype=torch.bool)
+        with self._lock:
+            published = [(v, t) for v, t in self._published if v > self.version]
+        behind = torch.zeros(completed_ns.shape, dtype=torch.long)
+        for version, at_ns in published:
+            behind = torch.where(completed_ns >= at_ns, version - self.version, behind)
+        return behind > limit
 
 
 def train_async(
@@ -179,6 +202,7 @@ class AsyncStepResult(StepResult):
     verdict: rlotel.Verdict | None = None
     evicted: int = 0
     versions: list[int] = field(default_factory=list)
+    trained: int = 0  # samples trained on (the rest of what was generated was discarded)
 
     def as_json(self) -> dict:
         data = super().as_json()
@@ -187,17 +211,52 @@ class AsyncStepResult(StepResult):
         return data
 
 
-def _next_batch(worker: RolloutWorker, number: int, max_staleness: int) -> tuple[Generated, int]:
-    """The oldest batch fresh enough for step `number`, and how many were evicted first."""
-    evicted = 0
+def _next_batch(
+    tel: rlotel.Telemetry, worker: RolloutWorker, number: int, config: AsyncConfig
+) -> tuple[Generated, torch.Tensor, int]:
+    """The oldest batch fresh enough for step `number` with the rows of its groups that
+    are not stale, and how many samples were evicted first. Every sample dropped on the
+    way is recorded with its reason."""
+    evicted, group_size = 0, config.base.group_size
     while True:
         try:
             batch = worker.buffer.get(timeout=WAIT_S)
         except queue.Empty:
             raise RuntimeError(f"no batch from the rollout in {WAIT_S:.0f}s") from worker.error
-        if (number - 1) - batch.version <= max_staleness:
-            return batch, evicted
-        evicted += batch.rollout.tokens.shape[0]
+        rows = torch.arange(batch.rollout.tokens.shape[0])
+        if (number - 1) - batch.version > config.evict_staleness:
+            _record(tel, batch, rows, group_size, "evicted")
+            evicted += rows.numel()
+            continue
+        stale = batch.stale
+        if stale.any():
+            _record(tel, batch, rows[stale], group_size, "stale")
+        if not stale.all():
+            return batch, rows[~stale], evicted
+
+
+def _record(
+    tel: rlotel.Telemetry,
+    batch: Generated,
+    rows: torch.Tensor,
+    group_size: int,
+    discarded: str | None = None,
+) -> None:
+    """The trajectories at `rows`: trained (`discarded` None) or dropped, and why."""
+    rollout, size = batch.rollout, rows.numel()
+    tel.record_samples(
+        generate_sequences=rollout.generate_seconds[rows].numpy(),
+        tool_calls=rollout.tool_seconds[rows].numpy(),
+        compute_score=[batch.score_seconds[i] for i in rows.tolist()],
+        num_preempted=[0] * size,
+        prompt_length=[P.PROMPT_LEN] * size,
+        response_length=rollout.response_lengths[rows].numpy(),
+        min_weight_version=[batch.version] * size,
+        max_weight_version=[batch.version] * size,
+        reward=batch.scores[rows].numpy(),
+        discarded=discarded,
+        **batch.identity(group_size, rows),
+    )
 
 
 def _step(
@@ -213,22 +272,13 @@ def _step(
     base = config.base
     with tel.step(number) as step:
         with tel.phase(voc.WAIT_FOR_ENOUGH_SAMPLES):
-            batch, evicted = _next_batch(worker, number, config.max_staleness)
-            rollout, size = batch.rollout, batch.rollout.tokens.shape[0]
-            tel.record_samples(
-                generate_sequences=rollout.generate_seconds.numpy(),
-                tool_calls=rollout.tool_seconds.numpy(),
-                compute_score=batch.score_seconds,
-                num_preempted=[0] * size,
-                prompt_length=[P.PROMPT_LEN] * size,
-                response_length=rollout.response_lengths.numpy(),
-                min_weight_version=[batch.version] * size,
-                max_weight_version=[batch.version] * size,
-                **batch.identity(base.group_size),
-            )
+            batch, rows, evicted = _next_batch(tel, worker, number, config)
+            _record(tel, batch, rows, base.group_size)
+            rollout, scores, size = batch.rollout.select(rows), batch.scores[rows], rows.numel()
+            groups = torch.unique(rows // base.group_size, return_inverse=True)[1]
         update = train_on(
-            tel, rollout, batch.scores, actor, reference, optimizer, base, generator,
-            batch.prompts_per_step,
+            tel, rollout, scores, actor, reference, optimizer, base, generator,
+            int(groups.max()) + 1, groups,
         )  # fmt: skip
         with tel.phase(voc.PARAM_SYNC):
             synced = worker.publish_weights(number, actor)
@@ -239,7 +289,7 @@ def _step(
             actor=flops * base.ppo_epochs / update.actor_seconds / base.peak_flops,
             actor_infer=flops / 3 / update.infer_seconds / base.peak_flops,
         )
-    reward_mean = float(batch.scores.mean())
+    reward_mean = float(scores.mean())
     tool_ratio = float(rollout.tool_used.float().mean())
     tel.log(
         {
@@ -262,6 +312,7 @@ def _step(
         verdict=step.verdict,
         evicted=evicted,
         versions=[batch.version],
+        trained=size,
     )
     outcome.captures = step.captures
     return outcome

@@ -155,9 +155,11 @@ def train_on(
     config: DemoConfig,
     generator: torch.Generator,
     prompts_per_step: int,
+    groups: torch.Tensor | None = None,
 ) -> Update:
     """verl's training windows on one batch of trajectories: reward, old_log_prob, ref,
-    adv (GRPO), update_actor. The sync and the async loop share them."""
+    adv (GRPO), update_actor. The sync and the async loop share them. `groups`: each
+    trajectory's group (0 .. prompts_per_step - 1) when groups are not all complete."""
     with tel.phase("reward"):
         token_scores = agent.token_level_scores(rollout, scores)
     with tel.phase("old_log_prob"), torch.no_grad():
@@ -167,11 +169,14 @@ def train_on(
     with tel.phase("ref"), torch.no_grad():
         ref_log_probs = P.response_log_probs(reference, rollout.tokens)
     with tel.phase("adv"):
-        grouped = token_scores.sum(-1).view(prompts_per_step, config.group_size)
-        advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
-            grouped.std(-1, keepdim=True) + 1e-6
-        )
-        advantages = advantages.view(-1, 1)
+        if groups is None:
+            grouped = token_scores.sum(-1).view(prompts_per_step, config.group_size)
+            advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
+                grouped.std(-1, keepdim=True) + 1e-6
+            )
+            advantages = advantages.view(-1, 1)
+        else:
+            advantages = _partial_group_advantages(token_scores.sum(-1), groups)
     before = flat(actor)
     with tel.phase("update_actor"):
         started = perf_counter()
@@ -181,6 +186,18 @@ def train_on(
         )  # fmt: skip
         actor_seconds = perf_counter() - started
     return Update(loss, infer_seconds, actor_seconds, not torch.equal(before, flat(actor)))
+
+
+def _partial_group_advantages(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """GRPO advantages over groups of any size (a lone trajectory has none)."""
+    scores = scores.double()
+    count = torch.bincount(groups).double()
+    mean = torch.bincount(groups, weights=scores) / count
+    centred = scores - mean[groups]
+    variance = torch.bincount(groups, weights=centred**2) / (count - 1).clamp(min=1)
+    advantages = centred / (variance.sqrt()[groups] + 1e-6)
+    advantages[count[groups] < 2] = 0.0
+    return advantages.float().view(-1, 1)
 
 
 def _update_actor(

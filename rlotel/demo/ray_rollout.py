@@ -134,6 +134,10 @@ class RayRollout:
             prompt_length=[P.PROMPT_LEN] * len(metrics),
             response_length=merged.response_lengths.numpy(),
             exemplar_spans=spans,
+            reward=torch.cat(scores).numpy(),
+            start_time_ns=merged.start_ns.numpy(),  # real times, per replica: occupancy
+            end_time_ns=merged.end_ns.numpy(),
+            replica=[str(i) for i, r in enumerate(rollouts) for _ in range(len(r.targets))],
         )
         return merged, torch.cat(scores)
 

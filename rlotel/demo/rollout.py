@@ -78,6 +78,8 @@ class LocalRollout:
             min_weight_version=[version] * batch,
             max_weight_version=[version] * batch,
             **trajectories(rollout, scores, f"step{version + 1}"),
+            start_time_ns=rollout.start_ns.numpy(),  # each trajectory's real times: occupancy
+            end_time_ns=rollout.end_ns.numpy(),
         )
         return rollout, scores
 

@@ -42,6 +42,7 @@ class Recorder(Sink):
         self.observe_step(step)
         self.on_trace(step.trace)
         self.observe_staleness(step.consumed)
+        self.observe_occupancy(step.occupancy)
 
     def on_trace(self, trace: Trace) -> None:
         for batch in trace.samples:
@@ -111,6 +112,14 @@ class Recorder(Sink):
                 store.inc(cat.BUCKET_SECONDS, value, key[len(voc.BUCKET_SECONDS) :])
             elif key.startswith(voc.IDLE_RATIO):
                 store.set(cat.ROLE_IDLE, value, key[len(voc.IDLE_RATIO) :])
+            elif key.startswith(voc.ASYNC_BIAS_KS):
+                store.set(cat.ASYNC_BIAS_KS, value, key[len(voc.ASYNC_BIAS_KS) :])
+
+    def observe_occupancy(self, replicas: Mapping[str, Any]) -> None:
+        """Each replica's measured occupancy and tail of the last step (rlotel.occupancy)."""
+        for replica, measured in replicas.items():
+            self.store.set(cat.ROLLOUT_OCCUPANCY, measured.ratio, replica)
+            self.store.set(cat.ROLLOUT_TAIL, measured.tail_seconds, replica)
 
     def observe_staleness(self, consumed: staleness.Consumed | None) -> None:
         """Every sample a step consumed with weight versions: its staleness and the
@@ -159,7 +168,11 @@ class Recorder(Sink):
         ]
 
     def observe_samples(self, batch: SampleBatch) -> None:
-        """Every valid sample into the stage/length histograms; sample spans as exemplars."""
+        """Every valid sample into the stage/length histograms; sample spans as exemplars.
+        Samples generated and never trained are only counted, by reason."""
+        if batch.discarded is not None:
+            self.store.inc(cat.SAMPLES_DISCARDED, float(batch.size), batch.discarded)
+            return
         age_s = (time.perf_counter_ns() - batch.end_ns) / 1e9 if batch.end_ns else 0.0
         timestamp = time.time() - age_s
         for name, spec, label in (

@@ -42,6 +42,16 @@ STAGES = ("generate_sequences", "tool_calls", "compute_score")
 # Step metrics drawn when a run has them (goodput and async issues); absent keys are skipped.
 EFFICIENCY_PREFIXES = ("rlotel/goodput", "rlotel/idle_ratio/", "rlotel/bucket_seconds/")
 STALENESS_PREFIX = "training/off_policy/trajectory_"
+# Async bias and measured rollout occupancy (issue 24), drawn when a run has them.
+BIAS_PREFIXES = (voc.ASYNC_BIAS_KS, voc.SAMPLES_DISCARDED)
+OCCUPANCY_KEYS = (voc.ROLLOUT_OCCUPANCY, voc.ROLLOUT_TAIL_SECONDS)
+ASYNC_SUMMARY = (
+    *((f"KS {q} (trained vs generated)", voc.ASYNC_BIAS_KS + q) for q in voc.BIAS_QUANTITIES),
+    *((f"discarded {r} (share generated)", voc.SAMPLES_DISCARDED + r) for r in voc.DISCARD_REASONS),
+    ("oldest-version staleness, token-weighted (steps)", voc.STALENESS_WORST_TOKEN_WEIGHTED),
+    ("rollout occupancy (mean in flight ÷ peak)", voc.ROLLOUT_OCCUPANCY),
+    ("rollout tail seconds (in flight < half the peak)", voc.ROLLOUT_TAIL_SECONDS),
+)
 _PAGE = Path(__file__).with_name("page.html")
 _SCRIPT = Path(__file__).with_name("page.js")
 _HIDDEN_ATTRIBUTES = frozenset({"rl.run", "rl.phase"})  # said by the row itself
@@ -142,6 +152,17 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
             for key, series in _prefixed(buckets, steps, prefix, keep_prefix=True).items()
         },
         "staleness": _prefixed(buckets, steps, STALENESS_PREFIX, keep_prefix=True),
+        "bias": {
+            key: series
+            for prefix in BIAS_PREFIXES
+            for key, series in _prefixed(buckets, steps, prefix, keep_prefix=True).items()
+        },
+        "occupancy": {
+            key: series
+            for key in OCCUPANCY_KEYS
+            if (series := _optional(buckets, steps, key)) is not None
+        },
+        "async_summary": _async_summary(steps),
         "captures": captures,
         "trees": {
             str(steps[i].number): trees.waterfall(steps[i], verdicts[i], samples, captures)
@@ -151,6 +172,25 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
         "default_step": slowest.number,
         "processes": trees.process_labels(),
     }
+
+
+def _async_summary(steps: Sequence[StepRecord]) -> list[dict[str, Any]]:
+    """Mean, min and max over steps of each async-bias and occupancy number the run has."""
+    rows = []
+    for label, key in ASYNC_SUMMARY:
+        values = [v for v in (_finite(s.metrics.get(key)) for s in steps) if v is not None]
+        if values:
+            rows.append(
+                {
+                    "label": label,
+                    "key": key,
+                    "mean": round(sum(values) / len(values), 6),
+                    "min": round(min(values), 6),
+                    "max": round(max(values), 6),
+                    "steps": len(values),
+                }
+            )
+    return rows
 
 
 def _buckets(count: int, limit: int) -> list[tuple[int, int]]:

@@ -106,6 +106,15 @@
     if (Object.keys(data.staleness).length) plot("chart-staleness", lines(data.staleness), { xaxis: stepAxis, yaxis: { title: { text: "steps behind" } }, legend: { orientation: "h" } });
   }
 
+  // --- async bias, discards, occupancy (only when the run has them) ---------------------
+  if (data.async_summary.length) {
+    el("async-bias").hidden = false;
+    table("async-summary", ["measure", "mean", "min", "max", "steps"],
+      data.async_summary.map((r) => [escape(r.label), r.mean, r.min, r.max, r.steps]));
+    if (Object.keys(data.bias).length) plot("chart-bias", lines(data.bias), { xaxis: stepAxis, yaxis: { title: { text: "KS / share" }, range: [0, 1] }, legend: { orientation: "h" } });
+    if (Object.keys(data.occupancy).length) plot("chart-occupancy", lines(data.occupancy), { xaxis: stepAxis, yaxis: { title: { text: "ratio / seconds" } }, legend: { orientation: "h" } });
+  }
+
   // --- captures ------------------------------------------------------------------------
   const captureLink = (c) => (c.href ? `<a href="${escape(c.href)}">${escape(c.path.split("/").pop())}</a>` : `${escape(c.path)} (not found)`);
   if (data.captures.length) {
