@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from rlotel import attributes as attr
 
 STATUS_ERROR = 2  # OTLP status.code: 0 unset, 1 ok, 2 error
 
@@ -187,3 +189,45 @@ def process_label(resource: Mapping[str, Any]) -> str:
 def process_key(resource: Mapping[str, Any]) -> tuple[str, str]:
     """Identity of an exporting process: its label plus the SDK's per-process instance id."""
     return process_label(resource), str(resource.get("service.instance.id", ""))
+
+
+def clock_offsets(spans: Iterable[SpanRecord]) -> dict[tuple[str, str], tuple[int, int]]:
+    """Each process's measured clock offset to the driver's (ns, uncertainty ns): from its
+    resource or any of its spans (root spans carry it once it is measured); the most
+    certain measurement wins."""
+    found: dict[tuple[str, str], tuple[int, int]] = {}
+    for span in spans:
+        for source in (span.attributes, span.resource):
+            offset = source.get(attr.CLOCK_OFFSET_NS)
+            if isinstance(offset, int) and not isinstance(offset, bool):
+                key = process_key(span.resource)
+                uncertainty = source.get(attr.CLOCK_UNCERTAINTY_NS)
+                uncertainty = uncertainty if isinstance(uncertainty, int) else 2**62
+                if key not in found or uncertainty < found[key][1]:
+                    found[key] = (offset, uncertainty)
+    return found
+
+
+def align_clocks(spans: list[SpanRecord]) -> list[SpanRecord]:
+    """Spans on the driver's clock: each process's spans shifted by its measured offset
+    (`rlotel.clock`); processes without one (the driver, one machine) stay as they are."""
+    offsets = clock_offsets(spans)
+    if not offsets or not any(offset for offset, _ in offsets.values()):
+        return spans
+    aligned = []
+    for span in spans:
+        measured = offsets.get(process_key(span.resource))
+        if measured is None or not measured[0]:
+            aligned.append(span)
+        else:
+            shift = measured[0]
+            events = tuple(replace(e, time_ns=e.time_ns - shift) for e in span.events)
+            aligned.append(
+                replace(
+                    span,
+                    start_ns=span.start_ns - shift,
+                    end_ns=span.end_ns - shift,
+                    events=events,
+                )
+            )
+    return aligned
