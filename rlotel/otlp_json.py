@@ -210,17 +210,19 @@ def clock_offsets(spans: Iterable[SpanRecord]) -> dict[tuple[str, str], tuple[in
 
 def align_clocks(spans: list[SpanRecord]) -> list[SpanRecord]:
     """Spans on the driver's clock: each process's spans shifted by its measured offset
-    (`rlotel.clock`); processes without one (the driver, one machine) stay as they are."""
-    offsets = clock_offsets(spans)
-    if not offsets or not any(offset for offset, _ in offsets.values()):
+    (`rlotel.clock`); processes without one (the driver, one machine) stay as they are.
+    Within the measurement's uncertainty, causality decides: a span cannot start before
+    its parent in another process did (`_causal_shifts`)."""
+    measured = clock_offsets(spans)
+    if not measured or not any(offset for offset, _ in measured.values()):
         return spans
+    shifts = _causal_shifts(spans, measured)
     aligned = []
     for span in spans:
-        measured = offsets.get(process_key(span.resource))
-        if measured is None or not measured[0]:
+        shift = shifts.get(process_key(span.resource), 0)
+        if not shift:
             aligned.append(span)
         else:
-            shift = measured[0]
             events = tuple(replace(e, time_ns=e.time_ns - shift) for e in span.events)
             aligned.append(
                 replace(
@@ -231,3 +233,31 @@ def align_clocks(spans: list[SpanRecord]) -> list[SpanRecord]:
                 )
             )
     return aligned
+
+
+def _causal_shifts(
+    spans: list[SpanRecord], measured: dict[tuple[str, str], tuple[int, int]]
+) -> dict[tuple[str, str], int]:
+    """Per process, the offset to subtract: the measured one, lowered (never by more than
+    its uncertainty) until no span of the process starts before its remote parent. The
+    midpoint estimate assumes equal legs; the true offset also satisfies this bound."""
+    by_id = {(span.trace_id, span.span_id): span for span in spans}
+    latest: dict[tuple[str, str], int] = {}  # process → the largest offset causality allows
+    for span in spans:
+        key = process_key(span.resource)
+        if key not in measured or not span.parent_span_id:
+            continue
+        parent = by_id.get((span.trace_id, span.parent_span_id))
+        if parent is None:
+            continue
+        parent_key = process_key(parent.resource)
+        if parent_key == key:
+            continue
+        parent_start = parent.start_ns - measured.get(parent_key, (0, 0))[0]
+        bound = span.start_ns - parent_start
+        latest[key] = min(latest.get(key, bound), bound)
+    shifts = {}
+    for key, (offset, uncertainty) in measured.items():
+        bound = latest.get(key, offset)
+        shifts[key] = max(min(offset, bound), offset - uncertainty)
+    return shifts
