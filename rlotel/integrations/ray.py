@@ -241,7 +241,7 @@ class TargetDirectory:
         keys = kv._internal_kv_list(self._prefix, namespace=KV_NAMESPACE)
         values = _multi_get(kv, keys)
         now = time.monotonic()
-        live: list[dict[str, Any]] = [self._own] if self._own else []
+        live: list[dict[str, Any]] = []
         seen: dict[str, tuple[int, float, dict[str, Any]]] = {}
         for raw_key, raw in values.items():
             key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
@@ -259,6 +259,8 @@ class TargetDirectory:
             elif now - when > FORGET_S:
                 kv._internal_kv_del(key, namespace=KV_NAMESPACE)
         live.sort(key=lambda e: (e["labels"].get("role", ""), e["labels"].get("rank", "")))
+        if self._own:
+            live.insert(0, self._own)  # the driver first, then by role and rank
         with self._lock:
             self._seen, self._live = seen, live
         self._write_file(live)
