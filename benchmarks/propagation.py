@@ -89,12 +89,17 @@ def worker_group(tel: rlotel.Telemetry) -> None:
         ray.get(group.noop())
         # verl looks the actor method up on each handle either way; rlotel's code is what
         # runs around that lookup: the carrier once, a stand-in handle and the slot per worker.
-        handles = [SimpleNamespace(noop=worker.noop) for worker in group.workers]
+        handles = [
+            SimpleNamespace(noop=worker.noop, actor=worker._ray_actor_id)
+            for worker in group.workers
+        ]
         slot = verl_workers.RAY_CONTEXT_KWARG
+        clock_done = verl_workers._clock_done  # each worker's clock exchange: done by now
 
         def added_code() -> None:
             carrier = verl_workers._carrier(tel)
             for handle in handles:
+                handle.actor not in clock_done  # noqa: B015 — the per-submit clock check
                 kwargs = {**{}, slot: carrier}
                 handle.noop  # noqa: B018 — the per-worker lookup verl does either way
                 kwargs.clear()

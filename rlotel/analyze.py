@@ -59,7 +59,7 @@ def load_run(path: Path) -> Run:
             for line in lines:
                 if line.strip():
                     _read_line(line, run, logged)
-    run.spans = _without_superseded_partials(run.spans)
+    run.spans = otlp_json.align_clocks(_without_superseded_partials(run.spans))
     summary_path = path / SUMMARY_FILE if path.is_dir() else None
     if summary_path is not None and summary_path.is_file():
         run.summary = _read_summary(summary_path)

@@ -98,6 +98,12 @@ ROLE = "rl.role"  # actor, rollout, ref, critic, ... (or the worker class)
 RANK = "rl.rank"
 NODE = "rl.node"
 REPLICA = "rl.replica"  # rollout replica
+NODE_ID = "rl.node_id"  # Ray's node id (node IPs repeat on one machine's test cluster)
+
+# This process's clock minus the driver's, measured over its first traced call
+# (`rlotel.clock`): on root spans exported once known; readers shift the process by it.
+CLOCK_OFFSET_NS = "rl.clock.offset_ns"
+CLOCK_UNCERTAINTY_NS = "rl.clock.uncertainty_ns"
 
 # A phase that ran on several ranks (the driver's span of a worker-group call).
 RANKS = "rl.ranks"  # how many ranks replied

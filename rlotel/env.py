@@ -39,6 +39,7 @@ RLOTEL_TRACES_FILE = "RLOTEL_TRACES_FILE"
 RLOTEL_TRACES_DIR = "RLOTEL_TRACES_DIR"  # each process writes <dir>/<role>-<rank>-<pid>.jsonl
 RLOTEL_ROLE = "RLOTEL_ROLE"
 RLOTEL_PROMETHEUS_SD_DIR = "RLOTEL_PROMETHEUS_SD_DIR"
+RLOTEL_TEST_CLOCK_SHIFT_S = "RLOTEL_TEST_CLOCK_SHIFT_S"  # test-only: shift rlotel's Unix clock
 RANK = "RANK"  # torch.distributed's, as verl's workers set it
 WORLD_SIZE = "WORLD_SIZE"
 
@@ -197,6 +198,15 @@ def otlp_traces_endpoint(environ: Mapping[str, str] = os.environ) -> tuple[str, 
         if protocol == "http/protobuf":
             endpoint += "/v1/traces"
     return endpoint, protocol
+
+
+def test_clock_shift_ns(environ: Mapping[str, str] = os.environ) -> int:
+    """Test-only: seconds added to this process's Unix clock as rlotel reads it (a node
+    whose clock is off), as ns; 0 when unset or not a number."""
+    try:
+        return round(float(environ.get(RLOTEL_TEST_CLOCK_SHIFT_S, "") or 0) * 1e9)
+    except ValueError:
+        return 0
 
 
 def set_default(name: str, value: str, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from rlotel import attributes as attr
 
 STATUS_ERROR = 2  # OTLP status.code: 0 unset, 1 ok, 2 error
 
@@ -187,3 +189,75 @@ def process_label(resource: Mapping[str, Any]) -> str:
 def process_key(resource: Mapping[str, Any]) -> tuple[str, str]:
     """Identity of an exporting process: its label plus the SDK's per-process instance id."""
     return process_label(resource), str(resource.get("service.instance.id", ""))
+
+
+def clock_offsets(spans: Iterable[SpanRecord]) -> dict[tuple[str, str], tuple[int, int]]:
+    """Each process's measured clock offset to the driver's (ns, uncertainty ns): from its
+    resource or any of its spans (root spans carry it once it is measured); the most
+    certain measurement wins."""
+    found: dict[tuple[str, str], tuple[int, int]] = {}
+    for span in spans:
+        for source in (span.attributes, span.resource):
+            offset = source.get(attr.CLOCK_OFFSET_NS)
+            if isinstance(offset, int) and not isinstance(offset, bool):
+                key = process_key(span.resource)
+                uncertainty = source.get(attr.CLOCK_UNCERTAINTY_NS)
+                uncertainty = uncertainty if isinstance(uncertainty, int) else 2**62
+                if key not in found or uncertainty < found[key][1]:
+                    found[key] = (offset, uncertainty)
+    return found
+
+
+def align_clocks(spans: list[SpanRecord]) -> list[SpanRecord]:
+    """Spans on the driver's clock: each process's spans shifted by its measured offset
+    (`rlotel.clock`); processes without one (the driver, one machine) stay as they are.
+    Within the measurement's uncertainty, causality decides: a span cannot start before
+    its parent in another process did (`_causal_shifts`)."""
+    measured = clock_offsets(spans)
+    if not measured or not any(offset for offset, _ in measured.values()):
+        return spans
+    shifts = _causal_shifts(spans, measured)
+    aligned = []
+    for span in spans:
+        shift = shifts.get(process_key(span.resource), 0)
+        if not shift:
+            aligned.append(span)
+        else:
+            events = tuple(replace(e, time_ns=e.time_ns - shift) for e in span.events)
+            aligned.append(
+                replace(
+                    span,
+                    start_ns=span.start_ns - shift,
+                    end_ns=span.end_ns - shift,
+                    events=events,
+                )
+            )
+    return aligned
+
+
+def _causal_shifts(
+    spans: list[SpanRecord], measured: dict[tuple[str, str], tuple[int, int]]
+) -> dict[tuple[str, str], int]:
+    """Per process, the offset to subtract: the measured one, lowered (never by more than
+    its uncertainty) until no span of the process starts before its remote parent. The
+    midpoint estimate assumes equal legs; the true offset also satisfies this bound."""
+    by_id = {(span.trace_id, span.span_id): span for span in spans}
+    latest: dict[tuple[str, str], int] = {}  # process → the largest offset causality allows
+    for span in spans:
+        key = process_key(span.resource)
+        if key not in measured or not span.parent_span_id:
+            continue
+        parent = by_id.get((span.trace_id, span.parent_span_id))
+        if parent is None:
+            continue
+        parent_key = process_key(parent.resource)
+        if parent_key == key:
+            continue
+        parent_start = parent.start_ns - measured.get(parent_key, (0, 0))[0]
+        bound = span.start_ns - parent_start
+        latest[key] = min(latest.get(key, bound), bound)
+    shifts = {}
+    for key, (offset, uncertainty) in measured.items():
+        bound = latest.get(key, offset)
+        shifts[key] = max(min(offset, bound), offset - uncertainty)
+    return shifts

@@ -53,6 +53,7 @@ class Telemetry:
         self._traced = False
         self._profiler = None
         self._usable_names: set[str] = set()  # phase names already validated
+        self._closers: list[Callable[[], None]] = []  # run first at shutdown (quick, bounded)
         sinks: list[Sink] = []
         if config.environment.sdk_disabled:
             log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
@@ -396,6 +397,19 @@ class Telemetry:
 
     # --- lifecycle -------------------------------------------------------------------------
 
+    def serve_path(self, path: str, handler: Callable[[], tuple[str, bytes]]) -> str | None:
+        """Serve `path` on this process's `/metrics` listener (its address, TLS and
+        credentials); `handler` answers (content type, body). The URL, or None without an
+        endpoint."""
+        if self._endpoint is None or self.metrics_url is None:
+            return None
+        self._endpoint.add_route(path, handler)
+        return self.metrics_url.rsplit("/metrics", 1)[0] + path
+
+    def on_shutdown(self, closer: Callable[[], None]) -> None:
+        """`closer` runs first when this telemetry shuts down (it must return quickly)."""
+        self._closers.append(closer)
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Publish everything closed so far and push it to every exporter; bounded wait."""
         timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
@@ -410,6 +424,11 @@ class Telemetry:
         self._closed = True
         atexit.unregister(self.shutdown)
         timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
+        for closer in self._closers:
+            try:
+                closer()
+            except Exception as error:
+                self.drops.add("metrics", "internal_error", f"shutdown: {error!r}")
         self.ledger.abandon_open_step()  # exiting mid-step: export what closed, incomplete
         for hook in self._hooks:
             try:

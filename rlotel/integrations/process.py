@@ -38,7 +38,10 @@ _driver: list[Driver] = []  # set once this process is known to run the trainer 
 def declare_driver(driver: Driver) -> None:
     """This process runs the trainer loop: its telemetry, made on first use, is the
     driver's (run name, `/metrics` at OTEL_EXPORTER_PROMETHEUS_HOST/PORT, captures)."""
+    from rlotel.integrations import verl_workers
+
     _driver[:] = [driver]
+    verl_workers.declare_clock_reference()
 
 
 def declare_verl_driver(config: Any, n_gpus: int | None = None) -> None:
@@ -120,10 +123,31 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         kwargs.setdefault("profile", declared.profile)
     if declared.n_gpus:
         kwargs.setdefault("n_gpus", declared.n_gpus)
-    return rlotel.init(
+    tel = rlotel.init(
         run=environment.run or declared.run or run or "verl",
         prometheus_addr=environment.prometheus_host or "127.0.0.1",
         prometheus_port=port,
         traces_file=environment.traces_file,
         **kwargs,
     )
+    if _driver and tel.metrics_url:
+        _serve_cluster_targets(tel)
+    return tel
+
+
+def _serve_cluster_targets(tel: Telemetry) -> None:
+    """The trainer's `/metrics` listener also serves `/targets`: every rlotel process of
+    the Ray job, for Prometheus HTTP service discovery (`rlotel.integrations.ray`)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    try:
+        from rlotel.integrations import ray as ray_integration
+
+        ray_integration.serve_targets(tel)
+    except Exception as error:  # discovery is never worth failing the trainer for
+        import logging
+
+        logging.getLogger("rlotel").warning("rlotel: /targets not served: %r", error)

@@ -15,18 +15,41 @@ over OTLP metrics because a scrape keeps OpenMetrics exemplars (p99 → trace) a
 exact catalogue series the dashboards query. `rank`, `role` and `node` are target labels
 from the discovery file, so they reach every series with cardinality bounded by the
 number of workers, not by anything the workload does.
+
+Across nodes each node's directory holds only its own workers, so every process also
+publishes its target in Ray's GCS key-value store (namespace `rlotel`, one key per
+process under its job) and refreshes it each second. The driver (`serve_targets`) reads
+them and serves Prometheus HTTP service discovery at `/targets` on its own `/metrics`
+listener (and, if asked, one file-SD JSON of them all): a target whose heartbeat stopped
+for `TARGET_TTL_S` (a killed actor, a dead node) is left out. The advertised address is
+the bind address, or Ray's node address when bound to all interfaces — never `0.0.0.0`.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
+import logging
 import os
+import threading
+import time
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import rlotel
+from rlotel import attributes as attr
 from rlotel import env
+
+log = logging.getLogger("rlotel")
+
+KV_NAMESPACE = "rlotel"
+HEARTBEAT_S = 1.0  # each process refreshes its target this often
+TARGET_TTL_S = 3.0  # a target whose heartbeat stopped this long is gone (killed, node died)
+POLL_S = 0.5  # the driver reads the targets this often
+FORGET_S = 60.0  # a dead target's key is deleted after this long
+UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
 def discovery_dir() -> Path:
@@ -61,10 +84,11 @@ def setup_worker() -> None:
 
 
 def register(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
-    """Write this process's target to the discovery directory; removed at exit."""
+    """Write this process's target to the discovery directory (removed at exit) and, in a
+    Ray process, publish it in the cluster's key-value store (kept alive by a heartbeat)."""
     if not metrics_url:
         return None
-    target = urllib.parse.urlsplit(metrics_url).netloc
+    target = advertised_target(metrics_url)
     directory = discovery_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"rlotel-{os.getpid()}.json"
@@ -72,4 +96,232 @@ def register(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
     temporary.write_text(json.dumps([{"targets": [target], "labels": labels}]))
     temporary.replace(path)  # atomic: Prometheus never reads half a file
     atexit.register(path.unlink, missing_ok=True)
+    try:
+        publish(metrics_url, labels)
+    except Exception as error:  # discovery is never worth failing a worker for
+        log.warning("rlotel: target not published to the Ray cluster: %r", error)
     return path
+
+
+def advertised_target(metrics_url: str) -> str:
+    """`host:port` others can reach: the bind address, or Ray's node address (this node's
+    address in the cluster) when the endpoint listens on all interfaces."""
+    parts = urllib.parse.urlsplit(metrics_url)
+    host = parts.hostname or ""
+    if host in UNSPECIFIED_HOSTS:
+        host = _node_ip()
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parts.port}"
+
+
+def _node_ip() -> str:
+    ray = _ray()
+    if ray is not None:
+        try:
+            return ray.util.get_node_ip_address()
+        except Exception:
+            pass
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _ray() -> Any:
+    """The `ray` module when this process is connected to a cluster, else None."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
+# --- the cluster's targets: published by each process, served by the driver --------------
+
+
+_published: list[Any] = []  # this process's heartbeat (one per process)
+
+
+def _kv() -> Any:
+    from ray.experimental import internal_kv
+
+    return internal_kv
+
+
+def _job_prefix(ray: Any) -> str:
+    return f"targets/{ray.get_runtime_context().get_job_id()}/"
+
+
+def publish(metrics_url: str, labels: dict[str, str]) -> str | None:
+    """This process's target in Ray's GCS key-value store, refreshed every `HEARTBEAT_S` on
+    a daemon thread and deleted at exit; the key, or None outside Ray."""
+    ray = _ray()
+    if ray is None or _published:
+        return None
+    context = ray.get_runtime_context()
+    node_id = context.get_node_id()
+    key = f"{_job_prefix(ray)}{node_id}/{os.getpid()}"
+    entry_labels = {**labels, attr.NODE_ID.removeprefix("rl."): node_id}
+    entry_labels.setdefault("node", _node_ip())
+    if urllib.parse.urlsplit(metrics_url).scheme == "https":
+        entry_labels["__scheme__"] = "https"
+    heartbeat = _Heartbeat(key, advertised_target(metrics_url), entry_labels)
+    heartbeat.beat()  # published before the first scrape could look for it
+    _published.append(heartbeat)
+    heartbeat.start()
+    atexit.register(heartbeat.stop)
+    return key
+
+
+class _Heartbeat:
+    def __init__(self, key: str, target: str, labels: dict[str, str]) -> None:
+        self.key, self.target, self.labels = key, target, labels
+        self.count = 0
+        self._stop = threading.Event()
+
+    def beat(self) -> None:
+        self.count += 1
+        value = {"targets": [self.target], "labels": self.labels, "beat": self.count}
+        _kv()._internal_kv_put(self.key, json.dumps(value), True, namespace=KV_NAMESPACE)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="rlotel-targets", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.beat()
+            except Exception:  # the cluster is going away: the driver ages us out
+                if _ray() is None:
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):  # the cluster went first
+            _kv()._internal_kv_del(self.key, namespace=KV_NAMESPACE)
+
+
+class TargetDirectory:
+    """The driver's view of every process's target in its Ray job: polled from the GCS
+    every `poll_s`, a target left out once its heartbeat has not moved for `ttl_s` (on
+    the driver's monotonic clock, so no two clocks are compared)."""
+
+    def __init__(
+        self,
+        own: dict[str, Any] | None = None,
+        file_sd: Path | None = None,
+        ttl_s: float = TARGET_TTL_S,
+        poll_s: float = POLL_S,
+    ) -> None:
+        ray = _ray()
+        if ray is None:
+            raise RuntimeError("serve_targets needs a connected Ray driver (ray.init first)")
+        self._prefix = _job_prefix(ray)
+        self._own = own
+        self._file_sd = file_sd
+        self.ttl_s, self.poll_s = ttl_s, poll_s
+        self._seen: dict[str, tuple[int, float, dict[str, Any]]] = {}  # key → beat, when, entry
+        self._lock = threading.Lock()
+        self._live: list[dict[str, Any]] = [own] if own else []
+        self._written: str | None = None
+        self._stop = threading.Event()
+        self.url: str | None = None  # where /targets is served (the driver's listener)
+        self.poll()
+        self._thread = threading.Thread(target=self._run, name="rlotel-targets", daemon=True)
+        self._thread.start()
+
+    def targets(self) -> list[dict[str, Any]]:
+        """Prometheus HTTP-SD / file-SD groups, one per live process."""
+        with self._lock:
+            return list(self._live)
+
+    def body(self) -> tuple[str, bytes]:
+        return "application/json", json.dumps(self.targets()).encode()
+
+    def poll(self) -> None:
+        kv = _kv()
+        keys = kv._internal_kv_list(self._prefix, namespace=KV_NAMESPACE)
+        values = _multi_get(kv, keys)
+        now = time.monotonic()
+        live: list[dict[str, Any]] = []
+        seen: dict[str, tuple[int, float, dict[str, Any]]] = {}
+        for raw_key, raw in values.items():
+            key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            try:
+                entry = json.loads(raw)
+                beat = int(entry.pop("beat"))
+            except (TypeError, ValueError, KeyError):
+                continue
+            last = self._seen.get(key)
+            changed = last is None or last[0] != beat
+            when = now if changed else last[1]
+            seen[key] = (beat, when, entry)
+            if now - when <= self.ttl_s:
+                live.append(entry)
+            elif now - when > FORGET_S:
+                kv._internal_kv_del(key, namespace=KV_NAMESPACE)
+        live.sort(key=lambda e: (e["labels"].get("role", ""), e["labels"].get("rank", "")))
+        if self._own:
+            live.insert(0, self._own)  # the driver first, then by role and rank
+        with self._lock:
+            self._seen, self._live = seen, live
+        self._write_file(live)
+
+    def _write_file(self, live: list[dict[str, Any]]) -> None:
+        if self._file_sd is None:
+            return
+        text = json.dumps(live)
+        if text == self._written:
+            return
+        self._file_sd.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self._file_sd.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(self._file_sd)  # atomic
+        self._written = text
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as error:  # the GCS is away (shutdown, head node lost)
+                if _ray() is None:
+                    return
+                log.debug("rlotel: cluster targets not read: %r", error)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _multi_get(kv: Any, keys: list[bytes]) -> dict[bytes, bytes]:
+    if not keys:
+        return {}
+    client = kv.internal_kv_get_gcs_client()
+    multi_get = getattr(client, "internal_kv_multi_get", None)
+    if multi_get is not None:
+        try:
+            return dict(multi_get(keys, KV_NAMESPACE.encode()))
+        except Exception:
+            pass
+    found = {key: kv._internal_kv_get(key, namespace=KV_NAMESPACE) for key in keys}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def serve_targets(tel: Any, file_sd: Path | None = None, **options: Any) -> TargetDirectory:
+    """In the Ray driver: every rlotel process of this job, the driver's own `/metrics`
+    included, as Prometheus HTTP service discovery at `<driver's /metrics host:port>/targets`
+    (`http_sd_configs: [{url: ...}]`), and as one file-SD JSON at `file_sd` if given.
+    Stops with `tel.shutdown()`."""
+    own = None
+    if tel.metrics_url:
+        resource = tel.config.resource_attributes
+        labels = {
+            "role": str(resource.get(attr.ROLE) or "driver"),
+            "rank": str(resource.get(attr.RANK, 0)),
+            "node": _node_ip(),
+            attr.NODE_ID.removeprefix("rl."): _ray().get_runtime_context().get_node_id(),
+        }
+        if urllib.parse.urlsplit(tel.metrics_url).scheme == "https":
+            labels["__scheme__"] = "https"
+        own = {"targets": [advertised_target(tel.metrics_url)], "labels": labels}
+    directory = TargetDirectory(own, file_sd, **options)
+    directory.url = tel.serve_path("/targets", directory.body)
+    tel.on_shutdown(directory.close)
+    return directory

@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any
 
-from rlotel import vocabulary
+from rlotel import clock, vocabulary
 from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
@@ -211,7 +211,7 @@ async def run_agent_loop(self, *args, **kwargs):
     original = _agent_loop_original("_run_agent_loop")
     if not any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
         return await original(self, *args, **kwargs)
-    _trajectory_start.set(time.time_ns())  # this trajectory's own asyncio task
+    _trajectory_start.set(clock.unix_ns())  # this trajectory's own asyncio task
     import rlotel
     from rlotel.integrations.verl_workers import call_carrier
 
@@ -232,7 +232,7 @@ async def compute_score(self, outputs, *args, **kwargs):
     try:
         start = _trajectory_start.get(None)
         if start is not None:
-            end = time.time_ns()
+            end = clock.unix_ns()
             context = _trajectory_context.get(None)
             for output in outputs:
                 output.extra_fields[STAMP_KEY] = [start, end, output.num_turns, context]

@@ -34,7 +34,7 @@ from typing import Any
 
 import rlotel
 from rlotel import attributes as attr
-from rlotel import env, vocabulary
+from rlotel import clock, env, vocabulary
 from rlotel.integrations.patches import Patches
 from rlotel.propagation import run_of, traceparent, with_run
 
@@ -42,6 +42,7 @@ log = logging.getLogger("rlotel")
 
 RAY_CONTEXT_KWARG = "_ray_trace_ctx"  # Ray's per-call trace-context slot
 TRACEPARENT = "traceparent"
+CLOCK_KEY = "rlotel-clock"  # the driver's clock over a worker's first traced call: "t1", "t1,t4"
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
 
@@ -61,6 +62,14 @@ _last_carrier: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, Non
 _run_carrier: dict[str, dict[str, str]] = {}  # run → its baggage-only carrier
 _told_run: set[tuple[str, Any]] = set()  # (run, actor) sent the baggage-only carrier
 _heard_run: list[str] = []  # the run a caller named before this worker's telemetry started
+# The clock exchange (`rlotel.clock`), in the driver: actors done, t1/t4 per actor, refs
+# of the stamped calls (by id: holding the ref would pin its result) → actor.
+_clock_done: set[Any] = set()
+_clock_sent: dict[Any, list[int | None]] = {}
+_clock_refs: dict[bytes, Any] = {}
+_clock_reference: list[bool] = []  # this process's clock is the one workers measure against
+# In a worker: (t1, t2, t3) of the first stamped call.
+_clock_call: list[tuple[int, int, int]] = []
 
 
 def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
@@ -104,7 +113,7 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
             return execute_fn(method_name, *args, **kwargs)
         started = time.perf_counter()
         output = execute_fn(method_name, *args, **kwargs)
-        if isinstance(output, list) and len(output) > 1:
+        if isinstance(output, list) and (len(output) > 1 or (_clock_refs and output)):
             _time_replies(tel, output, started)
         return output
 
@@ -126,15 +135,72 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             now = time.perf_counter()
+            if _clock_refs:
+                _clock_replied(ready)
             for ref in ready:
                 seconds[rank_of[ref]] = now - started
                 if wait is not None:
                     wait.pending.discard(rank_of[ref])
-        tel.record_rank_seconds(seconds)
+        if len(refs) > 1:
+            tel.record_rank_seconds(seconds)
     except Exception as error:  # timing is never worth failing the call for
         tel.drops.add("spans", "internal_error", f"worker-group reply timing: {error!r}")
     finally:
         tel.done_waiting(wait)
+
+
+def _clock_replied(ready: list[Any]) -> None:
+    """t4: the reply to a worker's stamped call is here (driver's clock)."""
+    t4 = clock.unix_ns()
+    for ref in ready:
+        actor = _clock_refs.pop(ref.binary(), None)
+        if actor is not None and actor in _clock_sent:
+            _clock_sent[actor][1] = t4
+
+
+def _clock_carrier(actor: Any, carrier: dict[str, str]) -> tuple[dict[str, str], bool]:
+    """The carrier of a call to an actor whose clock exchange is not done: the first
+    traced call gets the send time t1 (True: note its reply), the next one after its reply
+    was timed gets "t1,t4". Only the driver's clock is the reference."""
+    if not _clock_reference:
+        _clock_reference.append(_is_clock_reference())
+    if not _clock_reference[0] or actor is None:
+        _clock_done.add(actor)
+        return carrier, False
+    state = _clock_sent.get(actor)
+    if state is None:
+        t1 = clock.unix_ns()
+        _clock_sent[actor] = [t1, None]
+        return {**carrier, CLOCK_KEY: str(t1)}, True
+    t1, t4 = state
+    if t4 is None:  # its reply not timed yet (or never: a call outside a worker group)
+        return carrier, False
+    _clock_done.add(actor)
+    del _clock_sent[actor]
+    return {**carrier, CLOCK_KEY: f"{t1},{t4}"}, False
+
+
+def _is_clock_reference() -> bool:
+    """A Ray driver outside actors (else `declare_clock_reference`, verl's TaskRunner)."""
+    return not in_ray_actor()
+
+
+def declare_clock_reference() -> None:
+    """This process runs the trainer loop: the workers measure their clocks against it."""
+    _clock_reference[:] = [True]
+
+
+def _clock_heard(value: str, t2: int, t3: int) -> None:
+    """In a worker: a stamped call was received at t2 and replied at t3 (this clock)."""
+    try:
+        stamps = [int(part) for part in value.split(",")]
+    except (AttributeError, ValueError):
+        return
+    if len(stamps) == 1:
+        _clock_call[:] = [(stamps[0], t2, t3)]
+    elif len(stamps) == 2 and _clock_call and _clock_call[0][0] == stamps[0]:
+        t1, t2_first, t3_first = _clock_call[0]
+        clock.set_offset(*clock.ntp_offset(t1, t2_first, t3_first, stamps[1]))
 
 
 def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Callable[..., Any]:
@@ -146,12 +212,19 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
     def _remote(self, args=None, kwargs=None, *rest, **options):
         tel = rlotel.current()
         if tel is not None and not (kwargs and RAY_CONTEXT_KWARG in kwargs):
-            carrier = _carrier(tel, getattr(self._actor, "_ray_actor_id", None))
+            actor = getattr(self._actor, "_ray_actor_id", None)
+            carrier = _carrier(tel, actor)
             if carrier is not None:
+                stamped = False
+                if actor not in _clock_done and TRACEPARENT in carrier:
+                    carrier, stamped = _clock_carrier(actor, carrier)
                 try:
-                    return raw(
+                    ref = raw(
                         self, args, {**(kwargs or {}), RAY_CONTEXT_KWARG: carrier}, *rest, **options
                     )
+                    if stamped and hasattr(ref, "binary"):
+                        _clock_refs[ref.binary()] = actor
+                    return ref
                 except TypeError as error:  # a method whose signature lacks Ray's slot
                     _log_once("no_slot", "rlotel: actor call sent without trace context: %r", error)
         return original(self, args, kwargs, *rest, **options)
@@ -245,6 +318,13 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
             if not carrier or TRACEPARENT not in carrier:
                 _hear_run(carrier)
                 return await method(self, *args, **kwargs)
+            if CLOCK_KEY in carrier:  # the clock exchange: once or twice per process
+                received = clock.unix_ns()
+                try:
+                    with _worker_phase(self, name, args, carrier):
+                        return await method(self, *args, **kwargs)
+                finally:
+                    _clock_heard(carrier[CLOCK_KEY], received, clock.unix_ns())
             with _worker_phase(self, name, args, carrier):
                 return await method(self, *args, **kwargs)
 
@@ -255,6 +335,13 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
             if not carrier or TRACEPARENT not in carrier:
                 _hear_run(carrier)
                 return method(self, *args, **kwargs)
+            if CLOCK_KEY in carrier:  # the clock exchange: once or twice per process
+                received = clock.unix_ns()
+                try:
+                    with _worker_phase(self, name, args, carrier):
+                        return method(self, *args, **kwargs)
+                finally:
+                    _clock_heard(carrier[CLOCK_KEY], received, clock.unix_ns())
             with _worker_phase(self, name, args, carrier):
                 return method(self, *args, **kwargs)
 

@@ -238,11 +238,25 @@ def fast_form(accept: str | None) -> tuple[str, str] | None:
     return form, content_type
 
 
-def wsgi_app(renderer: Renderer, registry: CollectorRegistry) -> Callable:
-    """Plain scrapes from the renderer; everything else from prometheus_client's app."""
+def wsgi_app(
+    renderer: Renderer,
+    registry: CollectorRegistry,
+    routes: dict[str, Callable[[], tuple[str, bytes]]] | None = None,
+) -> Callable:
+    """Plain scrapes from the renderer; everything else from prometheus_client's app.
+    `routes`: other paths (read per request, so added later they are served too), each
+    answering (content type, body) — the driver's `/targets` for HTTP service discovery."""
     fallback = make_wsgi_app(registry)
+    routes = {} if routes is None else routes
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        route = routes.get(environ.get("PATH_INFO", "")) if routes else None
+        if route is not None:
+            content_type, body = route()
+            start_response(
+                "200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+            )
+            return [body]
         chosen = None
         if (
             environ.get("REQUEST_METHOD") == "GET"

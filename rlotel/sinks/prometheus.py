@@ -7,6 +7,8 @@ own app over the same store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry
 
 from rlotel.metrics.store import SeriesStore
@@ -22,7 +24,13 @@ class PrometheusEndpoint(Sink):
         self.registry.register(exposition.StoreCollector(store))
         self._renderer = exposition.Renderer(store)
         self._server = None
+        self._routes: dict[str, Callable[[], tuple[str, bytes]]] = {}
         self.url: str | None = None
+
+    def add_route(self, path: str, handler: Callable[[], tuple[str, bytes]]) -> None:
+        """Serve `path` next to /metrics (same listener, TLS and credentials): `handler`
+        returns (content type, body) per request and must not raise."""
+        self._routes[path] = handler
 
     def serve(
         self,
@@ -32,7 +40,7 @@ class PrometheusEndpoint(Sink):
         credentials: tuple[str, str] | None = None,
         port_retries: int = 0,
     ) -> str:
-        app = exposition.wsgi_app(self._renderer, self.registry)
+        app = exposition.wsgi_app(self._renderer, self.registry, self._routes)
         self._server = endpoint.serve(app, addr, port, tls, credentials, port_retries)
         host = f"[{addr}]" if ":" in addr else addr
         scheme = "https" if tls else "http"

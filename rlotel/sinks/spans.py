@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlotel import attributes as attr
-from rlotel import ids, ranks, vocabulary
+from rlotel import clock, ids, ranks, vocabulary
 from rlotel.drops import Drops
 from rlotel.goodput import PhaseBuckets
 from rlotel.ledger import Phase, Step, Trace
@@ -74,7 +74,7 @@ class SpanBuilder:
     ) -> list[SpanItem]:
         """`offset_ns` maps the records' clock to Unix time: perf_counter's now (one
         offset per trace, so durations stay exact), or 0 for records already in Unix ns."""
-        offset = time.time_ns() - time.perf_counter_ns() if offset_ns is None else offset_ns
+        offset = clock.unix_ns() - time.perf_counter_ns() if offset_ns is None else offset_ns
         common: dict[str, Any] = {attr.RUN: self.run}
         if trace.step is not None:
             common[attr.STEP] = trace.step
@@ -89,6 +89,13 @@ class SpanBuilder:
                 links_by_phase.setdefault(capture.phase_context[1], []).append(
                     _capture_link(capture)
                 )
+        measured = clock.offset()
+        if measured is not None:
+            root_attributes = {
+                **root_attributes,
+                attr.CLOCK_OFFSET_NS: measured[0],
+                attr.CLOCK_UNCERTAINTY_NS: measured[1],
+            }
         spans = [
             SpanData(
                 trace_id,
@@ -206,14 +213,14 @@ class SpanBuilder:
 
     def remote_samples(self, batch: SampleBatch) -> list[SpanItem]:
         """Sample spans whose parent phase lives in another process (propagated context)."""
-        offset = time.time_ns() - time.perf_counter_ns()
+        offset = clock.unix_ns() - time.perf_counter_ns()
         return self._samples(
             batch, batch.trace_id, batch.parent_span_id, 0, offset, {attr.RUN: self.run}, True
         )
 
     def capture(self, capture: Capture) -> SpanData:
         """A profiler output as a span of its own trace; steps and phases link to it."""
-        offset = time.time_ns() - time.perf_counter_ns()
+        offset = clock.unix_ns() - time.perf_counter_ns()
         return SpanData(
             capture.trace_id,
             capture.span_id,
@@ -324,7 +331,7 @@ def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
     Ids are drawn here for spans that have none yet; the training thread draws them the
     same way (a lost race would give one span two ids: a window of a few bytecodes)."""
     trace, now = phase.trace, time.perf_counter_ns()
-    offset = time.time_ns() - now
+    offset = clock.unix_ns() - now
     common: dict[str, Any] = {attr.RUN: builder.run}
     if trace.step is not None:
         common[attr.STEP] = trace.step
