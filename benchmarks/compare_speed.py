@@ -23,36 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import rlotel
+from synthetic_run import PHASES, write_traces  # benchmarks/ is this script's path
+
 from rlotel import cli
 from rlotel import vocabulary as voc
 
-PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 BUDGET_S = 10.0
-
-
-def write_traces(path: Path, steps: int, samples: int, update_work: int) -> None:
-    """A real traces file: phases around a little work, `samples` timings a step."""
-    rng = random.Random(update_work)
-    tel = rlotel.init(run="bench", prometheus_port=None, traces_file=path)
-    for number in range(1, steps + 1):
-        with tel.step(number) as step:
-            for phase in PHASES:
-                with tel.phase(phase):
-                    sum(range(update_work if phase == "update_actor" else 200))
-                    if phase == "gen":
-                        tel.record_samples(
-                            generate_sequences=[rng.lognormvariate(0, 0.6) for _ in range(samples)],
-                            tool_calls=[rng.random() * 0.1 for _ in range(samples)],
-                            compute_score=[0.001] * samples,
-                            prompt_length=[64] * samples,
-                            response_length=[rng.randint(16, 512) for _ in range(samples)],
-                        )
-            step.set_tokens(prompt=[64] * samples, response=[256] * samples)
-            step.set_mfu(actor=0.3 + 0.05 * rng.random())
-        if number % 100 == 0:
-            tel.flush(60)  # untimed: keeps the export queues from dropping spans
-    tel.shutdown(120)
 
 
 def write_verl_log(path: Path, steps: int, update_seconds: float) -> None:
@@ -82,7 +58,7 @@ def main() -> int:
         started = time.perf_counter()
         for path, work in zip(paths, (2_000, 6_000), strict=True):
             if args.format == "traces":
-                write_traces(path, args.steps, args.samples, work)
+                write_traces(path, args.steps, args.samples, work, seed=work)
             else:
                 write_verl_log(path, args.steps, work / 1000)
         size = sum(p.stat().st_size for p in paths) / 1e6

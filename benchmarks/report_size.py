@@ -13,7 +13,6 @@ Goals: render ≤ 10 s, HTML ≤ 8 MB with plotly.js, interactive ≤ 2 s.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
 import time
@@ -21,38 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chromium, the driver
 
-import rlotel
+from synthetic_run import write_traces  # benchmarks/ is this script's path
+
 from rlotel.report import write_report
 from tests.chromium import Chromium, file_url
 
-PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 RENDER_BUDGET_S = 10.0
 SIZE_BUDGET_BYTES = 8_000_000
 INTERACTIVE_BUDGET_S = 2.0
-
-
-def write_run(path: Path, steps: int, samples: int) -> None:
-    """A real traces file: phases around a little work, `samples` per-sample timings a step."""
-    rng = random.Random(0)
-    tel = rlotel.init(run="bench", prometheus_port=None, traces_file=path)
-    for number in range(1, steps + 1):
-        with tel.step(number) as step:
-            for phase in PHASES:
-                with tel.phase(phase):
-                    sum(range(200))
-                    if phase == "gen":
-                        tel.record_samples(
-                            generate_sequences=[rng.lognormvariate(0, 0.6) for _ in range(samples)],
-                            tool_calls=[rng.random() * 0.1 for _ in range(samples)],
-                            compute_score=[0.001] * samples,
-                            prompt_length=[64] * samples,
-                            response_length=[rng.randint(16, 512) for _ in range(samples)],
-                        )
-            step.set_tokens(prompt=[64] * samples, response=[256] * samples)
-            step.set_mfu(actor=0.3 + 0.05 * rng.random())
-        if number % 100 == 0:
-            tel.flush(60)  # untimed: keeps the export queues from dropping spans
-    tel.shutdown(120)
 
 
 def main() -> int:
@@ -63,7 +38,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         traces = Path(tmp) / "traces.jsonl"
         started = time.perf_counter()
-        write_run(traces, args.steps, args.samples)
+        write_traces(traces, args.steps, args.samples)
         print(
             f"run: {args.steps} steps, {args.samples} samples a step, traces "
             f"{traces.stat().st_size / 1e6:.1f} MB, written in {time.perf_counter() - started:.1f}s"
