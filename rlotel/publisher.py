@@ -61,18 +61,23 @@ class Publisher:
         queue.append((self._submitted, handler, item))  # a full deque discards its oldest item
         self._wake.set()
 
+    def _tick_if_due(self) -> None:
+        if self._tick is None or time.monotonic() < self._next_tick:
+            return
+        self._next_tick = time.monotonic() + self._tick_s
+        try:
+            self._tick()
+        except Exception:
+            log.exception("rlotel publisher tick failed; continuing")
+            self._drops.add("spans", "internal_error", "publisher tick failed")
+
     def _run(self) -> None:
-        next_tick = time.monotonic() + self._tick_s
+        self._next_tick = time.monotonic() + self._tick_s
         while True:
-            self._wake.wait(max(0.0, next_tick - time.monotonic()) if self._tick else None)
+            timeout = max(0.0, self._next_tick - time.monotonic()) if self._tick else None
+            self._wake.wait(timeout)
             self._wake.clear()
-            if self._tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + self._tick_s
-                try:
-                    self._tick()
-                except Exception:
-                    log.exception("rlotel publisher tick failed; continuing")
-                    self._drops.add("spans", "internal_error", "publisher tick failed")
+            self._tick_if_due()
             while self._queue:
                 try:
                     sequence, handler, item = self._queue.popleft()
@@ -87,6 +92,7 @@ class Publisher:
                 with self._idle:
                     self._handled = sequence
                     self._idle.notify_all()
+                self._tick_if_due()  # a queue that never drains still ticks
             if self._stopping:
                 return
 

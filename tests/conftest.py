@@ -7,6 +7,10 @@ import os
 import urllib.parse
 from collections.abc import Iterator
 
+# Every Ray cluster a test starts listens on loopback only. Ray reads this switch once, when
+# it is imported, so it is set before any test module imports ray.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

@@ -58,7 +58,9 @@ def test_demo_end_to_end(tmp_path):
         series: dict = {}
         while time.monotonic() < deadline:  # scraped while the demo runs and serves
             series = parse_exposition(scrape(url))
-            if series.get(("rlotel_steps_total", frozenset({("run", "demo")}))) == 3:
+            done = series.get(("rlotel_steps_total", frozenset({("run", "demo")}))) == 3
+            ticked = any(name == "rlotel_phase_open_seconds" for name, _ in series)  # 1 s ticks
+            if done and ticked:
                 break
             time.sleep(0.2)
         else:

@@ -84,7 +84,9 @@ def cluster(tmp_path_factory):
         },
     )
     node_a = nodes.add_node(
-        num_cpus=2, resources={"node_a": 1}, env_vars={"RLOTEL_TEST_CLOCK_SHIFT_S": str(SHIFT_S)}
+        num_cpus=2,
+        resources={"node_a": 1},
+        env_vars={"RLOTEL_TEST_CLOCK_SHIFT_S": str(SHIFT_S)},
     )
     plugin.install()
     ray.init(
@@ -114,7 +116,13 @@ def cluster(tmp_path_factory):
 
 
 def spread_group() -> RayWorkerGroup:
-    """One rank per node: each node has 2 CPUs, each placement group asks for 2."""
+    """One rank per node: each node has 2 CPUs, each placement group asks for 2. verl waits
+    for its placement groups without a timeout: fail instead when the CPUs never free up."""
+    wait_until(
+        lambda: ray.available_resources().get("CPU", 0) >= 4 or None,
+        60,
+        "both nodes' CPUs free for the worker group's placement groups",
+    )
     return RayWorkerGroup(
         resource_pool=RayResourcePool([1, 1], use_gpu=False, max_colocate_count=2),
         ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(NodeWorker)),
