@@ -72,7 +72,9 @@ class Recorder(Sink):
         store = self.store
         self._ledger_keys = set(step.metrics)
         phases = {name: value for name, value in step.timing_raw.items() if name != "step"}
-        self._open_seen.update(phases)  # the next tick exposes them (0 while none is open)
+        # The next tick exposes every phase of the step and the step itself (0 while none is
+        # open), whether or not a tick happened to fall inside it.
+        self._open_seen.update(step.timing_raw)
         self._set_phase_seconds(phases)
         for name, value in phases.items():
             store.observe(cat.PHASE_DURATION, np.array([value]), name)
