@@ -514,7 +514,6 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
     candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
     batch.spans.extend(SampleSpan(index, ids.span_id()) for index in order.tolist())
-    batch.settle()
 
 
 def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:

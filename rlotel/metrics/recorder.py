@@ -82,7 +82,7 @@ class Recorder(Sink):
         store.set(cat.STEP_TIME, seconds)
         store.observe(cat.STEP_DURATION, np.array([seconds]))
         store.set(cat.STEP_UNACCOUNTED, step.unaccounted_seconds)
-        verdict = step.verdict
+        verdict = step.summary.verdict
         if verdict is not None:
             store.replace(cat.BOTTLENECK, 1.0, verdict.kind, verdict.detail)
         self._count_step(step.number)

@@ -385,7 +385,7 @@ def step_attributes(step: Step) -> dict[str, Any]:
         result[attr.MFU_PREFIX + role] = value
     if step.sequences is not None:
         result[attr.SEQUENCES] = step.sequences
-    verdict = step.published_verdict
+    verdict = step.summary.verdict
     if verdict is not None:
         result.update(verdict.attributes())
     return result
