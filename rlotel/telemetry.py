@@ -61,7 +61,7 @@ class Telemetry:
             sinks = self._build_sinks()
         self._sink = CompositeSink(sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
-        identity = {**config.resource_attributes, "process.pid": os.getpid()}
+        identity = {**config.resource_attributes, attr.PROCESS_PID: os.getpid()}
         self.stalls = StallWatch(config.bottleneck_thresholds, identity)
         self._pipeline = Pipeline(
             self._sink,
@@ -99,9 +99,9 @@ class Telemetry:
 
         config, environment = self.config, self.config.environment
         identity = {
-            "service.name": config.service_name,
+            attr.SERVICE_NAME: config.service_name,
             attr.RUN: config.run,
-            "process.pid": os.getpid(),
+            attr.PROCESS_PID: os.getpid(),
         }
         resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanBatchExporter] = {}
