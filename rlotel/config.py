@@ -23,7 +23,7 @@ from rlotel.env import Environment
 from rlotel.errors import ConfigError
 from rlotel.goodput import BUCKETS
 from rlotel.profile.config import ProfileConfig
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
 
 DEFAULT_SERVICE_NAME = "rlotel"
 MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake

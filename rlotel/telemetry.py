@@ -31,7 +31,7 @@ from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
 from rlotel.ranks import RankSeconds
 from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
-from rlotel.sinks.base import CompositeSink, Sink
+from rlotel.sink import CompositeSink, Sink
 from rlotel.sinks.export_queue import SpanBatchExporter
 from rlotel.stall import RankWait, StallWatch
 

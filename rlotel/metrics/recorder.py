@@ -21,7 +21,7 @@ from rlotel.ledger import Step, Trace
 from rlotel.metrics.store import Exemplar, SeriesStore
 from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
 
 if TYPE_CHECKING:
     from rlotel.stall import OpenPhase
