@@ -52,6 +52,20 @@ class StepHooks(Protocol):
         """End of run: finish what is open and release every step still held."""
 
 
+class HookServices(NamedTuple):
+    """What a hook factory of `Config.step_hooks` gets at `init`: how an integration plugs
+    a `StepHooks` into the ledger without the core knowing the integration."""
+
+    profile: Any  # the run's validated `rlotel.ProfileConfig`; None when profiling is off
+    publish_capture: Callable[[Capture], None]  # hand a found capture to the pipeline
+    release: Callable[[list[Step]], None]  # steps a hook held (`step.held`) may publish now
+    drops: Drops
+
+
+# `Config.step_hooks` entries: a hook for this run, or None to stay out of it.
+StepHookFactory = Callable[[HookServices], "StepHooks | None"]
+
+
 class Phase:
     """One timed window: the context manager the user holds is also the ledger's record.
 
