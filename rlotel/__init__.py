@@ -44,7 +44,7 @@ _LAZY = {
     "Config": "rlotel.config",
     "Diagnoser": "rlotel.diagnose",
     "ProfileConfig": "rlotel.profile.config",
-    "Sink": "rlotel.sinks.base",
+    "Sink": "rlotel.sink",
     "Step": "rlotel.ledger",
     "Telemetry": "rlotel.telemetry",
     "sglang_profiler_args": "rlotel.profile.config",

@@ -13,17 +13,14 @@ import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from rlotel import ids, nvtx, ranks, samples, vocabulary
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.samples import SampleBatch
 
 if TYPE_CHECKING:
-    from rlotel import occupancy, staleness
-    from rlotel.diagnose import Verdict
     from rlotel.profile.capture import Capture
-    from rlotel.summary import StepSummary
 
 log = logging.getLogger("rlotel")
 
@@ -41,6 +38,20 @@ class StepHooks(Protocol):
 
     def flush(self) -> None:
         """End of run: finish what is open and release every step still held."""
+
+
+class HookServices(NamedTuple):
+    """What a hook factory of `Config.step_hooks` gets at `init`: how an integration plugs
+    a `StepHooks` into the ledger without the core knowing the integration."""
+
+    profile: Any  # the run's validated `rlotel.ProfileConfig`; None when profiling is off
+    publish_capture: Callable[[Capture], None]  # hand a found capture to the pipeline
+    release: Callable[[list[Step]], None]  # steps a hook held (`step.held`) may publish now
+    drops: Drops
+
+
+# `Config.step_hooks` entries: a hook for this run, or None to stay out of it.
+StepHookFactory = Callable[[HookServices], "StepHooks | None"]
 
 
 class Phase:
@@ -250,6 +261,25 @@ class Trace:
         return sum(len(batch.spans) for batch in self.samples)
 
 
+class Summary(Protocol):
+    """What the ledger holds of a closed step's numbers: `rlotel.summary.StepSummary`,
+    built above this layer (and wired in as `Ledger.summarize`), so not imported here."""
+
+    timing_raw: dict[str, float]
+    metrics: dict[str, float]
+    unaccounted_seconds: float
+    verdict: Any  # rlotel.diagnose.Verdict, added by the pipeline
+
+
+class NotClosed(NamedTuple):
+    """A step still open has no numbers yet."""
+
+    timing_raw: dict[str, float]
+    metrics: dict[str, float]
+    unaccounted_seconds: float
+    verdict: Any
+
+
 class Step:
     """Handle of one training step: feed it tokens and MFU; read verl's numbers after close."""
 
@@ -268,7 +298,7 @@ class Step:
         self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)
         self._published = threading.Event()
         self._summary_lock = threading.Lock()
-        self._summary: StepSummary | None = None
+        self._summary: Summary | None = None
 
     @property
     def record(self) -> Phase:
@@ -344,7 +374,7 @@ class Step:
         return False
 
     @property
-    def summary(self) -> StepSummary:
+    def summary(self) -> Summary:
         """What the closed step's numbers are (`rlotel.summary`), built once: by the
         pipeline before fan-out, or by a reader that comes first. Once published it carries
         the verdict."""
@@ -352,9 +382,7 @@ class Step:
         if summary is not None:
             return summary
         if not self.closed:
-            from rlotel.summary import OPEN
-
-            return OPEN
+            return NotClosed({}, {}, 0.0, None)
         with self._summary_lock:
             if self._summary is None:
                 self._summary = self._ledger.summarize(self)
@@ -376,17 +404,7 @@ class Step:
         return self.summary.unaccounted_seconds
 
     @property
-    def consumed(self) -> staleness.Consumed | None:
-        """Weight versions of the samples this step consumed (None without versions)."""
-        return self.summary.consumed
-
-    @property
-    def occupancy(self) -> dict[str, occupancy.Occupancy]:
-        """Rollout occupancy by replica, from the real times of this step's trajectories."""
-        return self.summary.occupancy
-
-    @property
-    def verdict(self) -> Verdict | None:
+    def verdict(self) -> Any:
         """Bottleneck verdict (rlotel.diagnose), with trends over the run's previous steps.
 
         The pipeline computes it once, in step order, before any sink sees the step; read
@@ -397,7 +415,7 @@ class Step:
         self._published.wait(self._ledger.verdict_wait_s)
         return self.summary.verdict
 
-    def publish(self, summary: StepSummary) -> None:
+    def publish(self, summary: Summary) -> None:
         """The pipeline finished this step (its summary, verdict included) and fans it out."""
         self._summary = summary
         self._published.set()
@@ -422,7 +440,7 @@ class Ledger:
         publish_step: Callable[[Step], None],
         publish_trace: Callable[[Trace], None],
         drops: Drops,
-        summarize: Callable[[Step], StepSummary],
+        summarize: Callable[[Step], Summary],
         verdict_wait_s: float = 5.0,
     ) -> None:
         self._publish_step = publish_step

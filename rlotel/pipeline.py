@@ -18,7 +18,7 @@ from rlotel.drops import Drops
 from rlotel.ledger import Step, Trace
 from rlotel.profile.capture import Capture, summarize
 from rlotel.samples import SampleBatch
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
 
 
 class LogRecord:

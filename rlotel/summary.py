@@ -54,9 +54,6 @@ class StepSummary:
     verdict: Verdict | None = None  # added by the pipeline, with the run's trends
 
 
-OPEN = StepSummary({}, {}, 0.0, None)  # a step not closed yet has no numbers
-
-
 def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> StepSummary:
     """verl's numbers (and rlotel's) of one closed step; `verdict` left to the pipeline."""
     trace = step.trace

@@ -24,7 +24,15 @@ from rlotel.diagnose import Diagnoser, Verdict
 from rlotel.drops import Drops, describe, encodable
 from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.goodput import PhaseBuckets, Timeline
-from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks, innermost_open
+from rlotel.ledger import (
+    HookServices,
+    Ledger,
+    Phase,
+    RemotePhase,
+    Step,
+    StepHooks,
+    innermost_open,
+)
 from rlotel.metrics.recorder import Recorder
 from rlotel.metrics.store import SeriesStore
 from rlotel.pipeline import LogRecord, Pipeline
@@ -32,7 +40,7 @@ from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
 from rlotel.ranks import RankSeconds
 from rlotel.samples import build_batch, use_remote_spans
-from rlotel.sinks.base import CompositeSink, Sink
+from rlotel.sink import CompositeSink, Sink
 from rlotel.sinks.export_queue import SpanBatchExporter
 from rlotel.stall import RankWait, StallWatch
 from rlotel.summary import StepSummary, summarize
@@ -67,7 +75,7 @@ class Telemetry:
             sinks = self._build_sinks()
         self._sink = CompositeSink(sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
-        identity = {**config.resource_attributes, "process.pid": os.getpid()}
+        identity = {**config.resource_attributes, attr.PROCESS_PID: os.getpid()}
         self.stalls = StallWatch(config.bottleneck_thresholds, identity)
         self._pipeline = Pipeline(
             self._sink,
@@ -104,9 +112,9 @@ class Telemetry:
 
         config, environment = self.config, self.config.environment
         identity = {
-            "service.name": config.service_name,
+            attr.SERVICE_NAME: config.service_name,
             attr.RUN: config.run,
-            "process.pid": os.getpid(),
+            attr.PROCESS_PID: os.getpid(),
         }
         resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanBatchExporter] = {}
@@ -182,35 +190,33 @@ class Telemetry:
         self.phase_buckets = buckets
 
     def _build_hooks(self) -> list[StepHooks]:
-        """The profiler and verl capture discovery react to step start and end."""
+        """The profiler, then the hooks integrations inject (`Config.step_hooks`, e.g.
+        verl's capture discovery), react to step start and end."""
         profile = self.config.profile
-        if profile is None:
-            return []
         submit = self._publisher.submit
-        publish_capture = functools.partial(submit, self._pipeline.capture)
-        release = functools.partial(submit, self._pipeline.release)
+        services = HookServices(
+            profile,
+            functools.partial(submit, self._pipeline.capture),
+            functools.partial(submit, self._pipeline.release),
+            self.drops,
+        )
         hooks: list[StepHooks] = []
-        if profile.steps and profile.save_dir is not None:
+        if profile is not None and profile.steps and profile.save_dir is not None:
             from rlotel.profile.torch_driver import StepProfiler
 
             self._profiler = StepProfiler(
-                profile, self.drops, publish_capture, release, self.ledger.current_context
+                profile,
+                self.drops,
+                services.publish_capture,
+                services.release,
+                self.ledger.current_context,
             )
             self.ledger.phase_range = self._profiler.phase_range
             hooks.append(self._profiler)
-        if profile.discover_dir is not None:
-            from rlotel.integrations.verl_captures import VerlCaptureDiscovery
-
-            hooks.append(
-                VerlCaptureDiscovery(
-                    profile.discover_dir,
-                    frozenset(profile.steps),
-                    profile.role,
-                    profile.rank,
-                    publish_capture,
-                    release,
-                )
-            )
+        for factory in self.config.step_hooks:
+            hook = factory(services)
+            if hook is not None:
+                hooks.append(hook)
         return hooks
 
     # --- training-thread API ---------------------------------------------------------------

@@ -296,7 +296,7 @@ def _step(
             "critic/score/mean": reward_mean,
             "actor/pg_loss": update.loss,
             "rollout/tool_ratio": tool_ratio,
-            "training/off_policy/evicted_samples": evicted,  # verl's replay-buffer key
+            voc.TRAINING + voc.OFF_POLICY_EVICTED: evicted,  # verl's replay-buffer key
         },
         step=number,
     )

@@ -21,7 +21,7 @@ from rlotel.ledger import Step, Trace
 from rlotel.metrics.store import Exemplar, SeriesStore
 from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
 
 if TYPE_CHECKING:
     from rlotel.stall import OpenPhase
@@ -41,8 +41,8 @@ class Recorder(Sink):
     def on_step(self, step: Step) -> None:
         self.observe_step(step)
         self.on_trace(step.trace)
-        self.observe_staleness(step.consumed)
-        self.observe_occupancy(step.occupancy)
+        self.observe_staleness(step.summary.consumed)
+        self.observe_occupancy(step.summary.occupancy)
 
     def on_trace(self, trace: Trace) -> None:
         for batch in trace.samples:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # Per-sample column → (span attribute, written as an integer).
 _SAMPLE_KEYS = {
     name: (attr.sample_attribute(name, name in DURATION_FIELDS), name in INTEGER_FIELDS)
-    for name in (*DURATION_FIELDS, PREEMPTED, "prompt_length", "response_length")
+    for name in (*DURATION_FIELDS, PREEMPTED, vocabulary.PROMPT_LENGTH, vocabulary.RESPONSE_LENGTH)
 }
 
 
