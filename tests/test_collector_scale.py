@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
+import subprocess
 import threading
 import time
 from typing import Any
@@ -384,3 +386,40 @@ def test_the_evaluator_refuses_ottl_it_does_not_understand():
     policy["type"] = "latency"
     with pytest.raises(AssertionError, match="does not evaluate latency"):
         _matches(policy, [])
+
+
+# --- the README's Prometheus snippets ---------------------------------------------------------
+
+
+def readme_yaml_after(marker: str) -> dict[str, Any]:
+    text = (COLLECTOR.parent / "README.md").read_text()
+    after = text[text.index(marker) :]
+    block = after[after.index("```yaml\n") + len("```yaml\n") :]
+    return yaml.safe_load(block[: block.index("```")])
+
+
+def test_readme_nhcb_snippet_is_a_scrape_config_of_the_rlotel_job():
+    snippet = readme_yaml_after("<!-- prometheus 3: nhcb -->")
+    (job,) = snippet["scrape_configs"]
+    jobs = {j["job_name"] for j in load(COLLECTOR / "prometheus.yml")["scrape_configs"]}
+    assert job["job_name"] in jobs
+    assert job["convert_classic_histograms_to_nhcb"] is True
+
+
+@pytest.mark.slow
+def test_readme_remote_write_snippet_passes_promtool(tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    config = load(COLLECTOR / "prometheus.yml")
+    snippet = readme_yaml_after("<!-- checked: remote_write -->")
+    assert set(snippet) == {"remote_write"}
+    config.update(snippet)
+    config["rule_files"] = [str(COLLECTOR / rules) for rules in config["rule_files"]]
+    merged = tmp_path / "prometheus.yml"
+    merged.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [promtool, "check", "config", str(merged)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
