@@ -203,7 +203,8 @@ class SpanBuilder:
         if step.rank_seconds:  # a phase that waited on several ranks names the slowest
             spread_of = ranks.spreads(step.rank_seconds)
             for span in spans:
-                spread = spread_of.get(span.span_id)
+                # Sample blocks (columns of sample spans) are never a worker-group phase.
+                spread = spread_of.get(span.span_id) if isinstance(span, SpanData) else None
                 if spread is not None:
                     span.attributes.update(spread.attributes())
         return spans
