@@ -123,7 +123,13 @@ class Telemetry:
         store = SeriesStore(
             config.run, self.drops, config.max_metric_keys, config.histogram_buckets
         )
-        sinks: list[Sink] = [Recorder(store, self.drops)]
+        own = config.resource_attributes  # a worker's role and rank: per-rank series
+        rank = (
+            (str(own[attr.ROLE]), str(own[attr.RANK]))
+            if {attr.ROLE, attr.RANK} <= set(own)
+            else None
+        )
+        sinks: list[Sink] = [Recorder(store, self.drops, rank)]
         if exporters:
             delay_s = environment.span_export_delay_s
             if delay_s is None:
