@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -19,8 +18,8 @@ import yaml
 from dashboards import promql_names
 from rlotel import catalogue as cat
 from rlotel import engine_metrics as eng
-from tests.helpers import parse_exposition, scrape
-from tests.promserver import Prometheus, free_port
+from tests.helpers import parse_exposition, scrape, serve_engine
+from tests.promserver import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("grafana_foundation_sdk")
@@ -361,39 +360,6 @@ def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
             demo.kill()
         if prometheus is not None:
             prometheus.stop()
-
-
-def serve_engine(engine: eng.Engine) -> tuple[object, threading.Event, int]:
-    """A stand-in engine `/metrics` serving the allowed metrics of one engine in the engine's
-    own shapes (prometheus_client, as vLLM and SGLang use), changing every 0.2 s; returns
-    the server, the event that stops the feeding, and the port."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-    registry = CollectorRegistry()
-    kinds = {
-        "counter": (Counter, "inc"),
-        "gauge": (Gauge, "set"),
-        "histogram": (Histogram, "observe"),
-    }
-    updates = [
-        getattr(
-            kinds[m.kind][0](m.name, m.help, ["model_name"], registry=registry).labels("tiny"),
-            kinds[m.kind][1],
-        )
-        for m in eng.ENGINE_METRICS
-        if m.engine == engine
-    ]
-    port = free_port()
-    server, _ = start_http_server(port, "127.0.0.1", registry=registry)
-    stop = threading.Event()
-
-    def feed() -> None:
-        while not stop.wait(0.2):
-            for update in updates:
-                update(0.5)
-
-    threading.Thread(target=feed, daemon=True).start()
-    return server, stop, port
 
 
 @pytest.mark.slow
