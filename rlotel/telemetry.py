@@ -121,7 +121,11 @@ class Telemetry:
                 exporter, resource.attributes
             )
         store = SeriesStore(
-            config.run, self.drops, config.max_metric_keys, config.histogram_buckets
+            config.run,
+            self.drops,
+            config.max_metric_keys,
+            config.histogram_buckets,
+            (config.max_log_keys, config.max_val_log_keys),
         )
         own = config.resource_attributes  # a worker's role and rank: per-rank series
         rank = (
