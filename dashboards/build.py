@@ -291,7 +291,7 @@ STEP_BREAKDOWN = Board(
                     "Phase seconds by rank (last step)",
                     (
                         Target(
-                            'label_join(max by (role, rank, phase) ('
+                            "label_join(max by (role, rank, phase) ("
                             f"{select(cat.RANK_PHASE_SECONDS, selector=RANK_SELECTOR)}),"
                             ' "worker", " ", "role", "rank")',
                             "{{worker}} {{phase}}",
