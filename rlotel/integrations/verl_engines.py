@@ -88,7 +88,7 @@ def labelled_config(config_data: Mapping[str, Any], run: str) -> dict[str, Any] 
             {"targets": [address], "labels": {"replica": replica, "run": run}}
             for address, replica in zip(addresses, replica_ranks(addresses), strict=True)
         ]
-        job["metric_relabel_configs"] = [dict(engine_metrics.COLON_NAMES_RELABEL)]
+        job["metric_relabel_configs"] = [copy.deepcopy(engine_metrics.COLON_NAMES_RELABEL)]
         return labelled
     return None
 
