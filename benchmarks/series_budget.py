@@ -27,6 +27,8 @@ from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS
 from rlotel.vocabulary import BIAS_QUANTITIES, DISCARD_REASONS
 
 CAP = Config.max_metric_keys  # label sets per family and process (rlotel.init's default)
+# `rlotel_train_metric` has budgets of its own: training keys and validation keys.
+KEY_CAP = Config.max_log_keys + Config.max_val_log_keys
 
 # Limits a run meets. Mimir: -ingester.max-global-series-per-user (in-memory series per
 # tenant across the cluster, before replication) and -distributor.ingestion-rate-limit
@@ -75,7 +77,8 @@ LABELS: dict[str, Label] = {
     ),
     "kind": Label(3, "prompt, response, total"),
     "role": Label(4, "actor, critic, ref, reward model"),
-    "key": Label(CAP, "other tel.log keys: verl logs hundreds a step, so the cap"),
+    "key": Label(KEY_CAP, "other tel.log keys: the training and validation key budgets"),
+    "rank": Label(1, "a worker's own rank: one per process"),
     "stage": Label(len(DURATION_FIELDS), ", ".join(DURATION_FIELDS)),
     "tool": Label(3, "torch, torch_memory, nsys"),
     "bucket": Label(len(BUCKETS), ", ".join(BUCKETS)),
@@ -120,12 +123,16 @@ WORKER = ProcessKind(
         {
             cat.PHASE_OPEN.name,
             cat.PHASE_STALLED.name,
+            cat.RANK_PHASE_SECONDS.name,
             cat.DROPPED.name,
             cat.INTEGRATION_EVENTS.name,
             cat.INTEGRATION_SECONDS.name,
         }
     ),
-    {"phase": Label(12, "worker-group methods a rank runs (generate_sequences, update_actor, …)")},
+    {
+        "phase": Label(12, "worker-group methods a rank runs (update_actor, …)"),
+        "role": Label(1, "a fused worker's roles: its methods are counted across them in `phase`"),
+    },
 )
 KINDS = (DRIVER, WORKER)
 
@@ -137,6 +144,11 @@ def label_bound(spec: cat.MetricSpec, label: str, kind: ProcessKind) -> Label:
     raise KeyError(f"no bound stated for label {label!r} of {spec.name}: add it to LABELS")
 
 
+def cap_of(spec: cat.MetricSpec) -> int:
+    """The most label sets one process keeps of a family."""
+    return KEY_CAP if spec.name == cat.TRAIN_METRIC.name else CAP
+
+
 def label_sets(spec: cat.MetricSpec, kind: ProcessKind, scale: Scale) -> int:
     """Distinct label sets of one family in one process of this kind (0: not written)."""
     if kind.families is not None and spec.name not in kind.families:
@@ -145,7 +157,7 @@ def label_sets(spec: cat.MetricSpec, kind: ProcessKind, scale: Scale) -> int:
         sets = FAMILY_SETS[spec.name].at(scale)
     else:
         sets = math.prod(label_bound(spec, label, kind).at(scale) for label in spec.labels)
-    return sets if spec.name in UNCAPPED else min(sets, CAP)
+    return sets if spec.name in UNCAPPED else min(sets, cap_of(spec))
 
 
 def series_per_set(spec: cat.MetricSpec, nhcb: bool = False) -> int:
@@ -172,7 +184,7 @@ def capped(kind: ProcessKind, scale: Scale) -> list[str]:
             sets = FAMILY_SETS[spec.name].at(scale)
         else:
             sets = math.prod(label_bound(spec, label, kind).at(scale) for label in spec.labels)
-        if sets > CAP:
+        if sets > cap_of(spec):
             over.append(spec.name)
     return over
 

@@ -66,7 +66,8 @@ TEMPO = DataSourceRef(type_val="tempo", uid="tempo")
 SELECTOR = 'run=~"$run", job=~"$job", instance=~"$instance"'
 # Engines are scraped by job `rollout-engines`, whose discovery files give `run` and `replica`.
 ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
-# Ray workers are scraped by file discovery with `role`, `rank` and `node` target labels.
+# Per-rank series: a worker labels them with its `role` and `rank` (the worker discovery
+# gives its targets the same labels, so either spelling of the scrape ends with both).
 RANK_SELECTOR = 'run=~"$run", rank!=""'
 STEP_UID, TAIL_UID = "rlotel-step-breakdown", "rlotel-rollout-tail"
 RULES = ROOT / "collector" / "rules" / "rlotel.rules.yml"
@@ -290,16 +291,19 @@ STEP_BREAKDOWN = Board(
                     "Phase seconds by rank (last step)",
                     (
                         Target(
-                            "max by (rank, phase) ("
-                            f"{select(cat.STEP_PHASE_SECONDS, selector=RANK_SELECTOR)})",
-                            "{{rank}} {{phase}}",
-                            (cat.STEP_PHASE_SECONDS,),
+                            "label_join(max by (role, rank, phase) ("
+                            f"{select(cat.RANK_PHASE_SECONDS, selector=RANK_SELECTOR)}),"
+                            ' "worker", " ", "role", "rank")',
+                            "{{worker}} {{phase}}",
+                            (cat.RANK_PHASE_SECONDS,),
                             format="table",
                         ),
                     ),
                     kind="table",
-                    matrix=("rank", "phase"),
-                    description="Ray workers' own series (rank from file discovery).",
+                    matrix=("worker", "phase"),
+                    description="Seconds each worker (role and rank) spent in each method the "
+                    "trainer called, in the latest step that called it: measured in the "
+                    "worker's own process.",
                 ),
             ),
         ),

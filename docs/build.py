@@ -29,6 +29,28 @@ per family with `rlotel.init(histogram_buckets={name: [...]})` (validated at `in
 bound at each latency an alert or SLO names, since `histogram_quantile` interpolates
 between bounds.
 
+Series are capped, and what a cap drops is counted and alerted. A family holds at most
+`max_metric_keys` (256) label sets (phases, stages, replicas, methods; past it
+`rlotel_telemetry_dropped_total{signal="metrics",reason="label_cap"}`). Labels are run,
+phase/stage/kind names, roles, ranks and replicas only — never a sample, request or call
+id. `rlotel_train_metric{key}` — every other numeric key of `tel.log` — has two budgets
+of its own: `max_log_keys` (1024) training keys and `max_val_log_keys` (1024) validation
+keys (`val-core/…`, `val-aux/…`, `val/…`, `validation/…`), because `val_before_train`
+logs its keys first and would otherwise take the places of the training keys. A key past
+its budget is dropped and counted every time it is logged (`reason="log_key_cap"` or
+`"val_log_key_cap"`; the process logs which keys), and the alert `RLMetricSeriesCapped`
+fires while a process has dropped any. `rlotel replay` uses the same defaults.
+Sized on verl 0.9.1: a real `main_ppo` run of the e2e recipe (GRPO, vLLM, 2 steps,
+`val_before_train`, validation `n=4`; its FileLogger output is `tests/data/`) logs 33
+validation keys at step 0, 90 keys at step 1, 124 at step 2 (91 training + 33
+validation); 110 distinct keys become `rlotel_train_metric`, the rest rlotel's own
+series (`tests/test_log_keys.py`). Bigger configurations log more: counted in verl's
+source, a critic adds ~10 keys, multi-turn agent loops ~15, the fully-async trainer 15 or
+more, rollout MoE load balance 3 per layer + 8 (152 for 48 layers, 290 for 94) — a few
+hundred training keys; validation logs, per data source and reward variable, 2 + 4 per bootstrap
+size (+2 with `pred`): 8 benchmarks × 4 variables at `val_kwargs.n=16` give 576 keys
+(verl's own `_val_metrics_update`, measured), 832 with majority voting.
+
 | series | kind | unit | labels | what it is |
 | --- | --- | --- | --- | --- |
 """

@@ -241,6 +241,15 @@ PHASE_RANK_SPREAD = MetricSpec(
     "ran on several ranks (1 = balanced).",
     ("phase",),
 )
+RANK_PHASE_SECONDS = MetricSpec(
+    "rlotel_rank_phase_seconds",
+    "gauge",
+    "seconds",
+    "Seconds one worker process (a rank of a worker group: role, rank) spent in each method "
+    "the driver called, during the latest driver step that called it (its trace), summed "
+    "over that step's calls. Only worker processes write it.",
+    ("phase", "role", "rank"),
+)
 GOODPUT = MetricSpec(
     "rlotel_goodput_ratio",
     "gauge",

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 DEFAULT_SERVICE_NAME = "rlotel"
 MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake
 MAX_BUCKETS = 100  # each bound is one more series per label set, in every scrape
+# The defaults of the series caps (`rlotel replay` uses them too, to match a live run).
+MAX_METRIC_KEYS = 256  # label sets per family: phases, stages, replicas, ...
+MAX_LOG_KEYS = 1024  # distinct training keys of `tel.log` (rlotel_train_metric{key})
+MAX_VAL_LOG_KEYS = 1024  # distinct validation keys (`val-*`, ...), a budget of their own
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,12 @@ class Config:
         port 0 = ephemeral, None = no endpoint. `tel.metrics_url` has the port taken.
     traces_file: OTLP/JSON-lines file of every span.
     profile_steps, profile_dir: global steps to capture with torch.profiler, and where.
-    max_metric_keys: series cap per family (e.g. distinct `tel.log` keys).
+    max_metric_keys: series cap per family (phases, stages, replicas, ...).
+    max_log_keys, max_val_log_keys: distinct keys of `tel.log` that `rlotel_train_metric`
+        holds: training keys, and validation keys (`val-core/…`, `val-aux/…`, `val/…`,
+        `validation/…`) in a budget of their own, so `val_before_train`'s keys, which
+        arrive first, never crowd out training keys. Keys past a budget are dropped and
+        counted (`rlotel_telemetry_dropped_total{reason="log_key_cap"|"val_log_key_cap"}`).
     max_sample_spans: the slowest samples per step that get a span (and are exemplars).
     prometheus_tls=(certfile, keyfile): serve /metrics over HTTPS;
     prometheus_basic_auth=(user, password): require credentials (non-loopback binds).
@@ -77,7 +86,9 @@ class Config:
     profile_steps: Iterable[int] = ()
     profile_dir: str | os.PathLike | None = None
     _: KW_ONLY
-    max_metric_keys: int = 256
+    max_metric_keys: int = MAX_METRIC_KEYS
+    max_log_keys: int = MAX_LOG_KEYS
+    max_val_log_keys: int = MAX_VAL_LOG_KEYS
     max_sample_spans: int = 4
     prometheus_tls: tuple[str, str] | None = None
     prometheus_basic_auth: tuple[str, str] | None = None
@@ -120,6 +131,8 @@ class Config:
             raise ConfigError(f"prometheus_addr must be a host address, got {addr!r}")
         for label, value, least in (
             ("max_metric_keys", self.max_metric_keys, 1),
+            ("max_log_keys", self.max_log_keys, 1),
+            ("max_val_log_keys", self.max_val_log_keys, 1),
             ("max_sample_spans", self.max_sample_spans, 0),
             ("queue_size", self.queue_size, 1),
             ("prometheus_port_retries", self.prometheus_port_retries, 0),

@@ -15,6 +15,18 @@ from rlotel.catalogue import Kind, MetricSpec
 
 Engine = Literal["vllm", "sglang"]
 
+# prometheus_client 0.26 (what vLLM and SGLang serve /metrics with) writes `vllm:x` as
+# `vllm_x` in OpenMetrics 1.0, which Prometheus 2.x asks for first: this metric relabelling
+# puts the colon back, so the names below are what gets stored. The shipped
+# `rollout-engines` job (collector/prometheus.yml) and the rollout job verl's own writer
+# produces with the plugin on (rlotel.integrations.verl_engines) both apply it.
+COLON_NAMES_RELABEL: dict[str, object] = {
+    "source_labels": ["__name__"],
+    "regex": "(vllm|sglang)_(.+)",
+    "target_label": "__name__",
+    "replacement": "$1:$2",
+}
+
 
 @dataclass(frozen=True)
 class EngineMetric:

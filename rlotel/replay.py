@@ -30,7 +30,7 @@ from prometheus_client.samples import Timestamp
 
 from rlotel import attributes as attr
 from rlotel import catalogue as cat
-from rlotel import vocabulary
+from rlotel import config, vocabulary
 from rlotel.drops import Drops, as_finite_float
 from rlotel.ledger import Phase, Trace
 from rlotel.metrics.recorder import Recorder
@@ -40,7 +40,8 @@ from rlotel.sinks.jsonl import JsonLinesExporter
 from rlotel.sinks.spans import SpanBuilder
 
 DEFAULT_STEP_SECONDS = 60.0
-MAX_SERIES = 256  # per family, as live: caps distinct rlotel_train_metric keys
+# The live defaults' caps (series per family; training and validation keys of tel.log).
+MAX_SERIES, LOG_KEYS = config.MAX_METRIC_KEYS, (config.MAX_LOG_KEYS, config.MAX_VAL_LOG_KEYS)
 
 # The replayed child spans are laid back to back in verl's order (their real order and
 # overlap are not in the file).
@@ -88,7 +89,7 @@ def replay(
     clock = _clock([_seconds(data, fallback) for _, data in steps], start_time)
 
     history = _History()
-    store = SeriesStore(run, drops, MAX_SERIES)
+    store = SeriesStore(run, drops, MAX_SERIES, log_keys=LOG_KEYS)
     recorder = Recorder(store, drops)
     for index, (number, data) in enumerate(steps):
         recorder.observe_log(_without_nulls(data, drops), number)

@@ -134,9 +134,19 @@ class Telemetry:
                 exporter, resource.attributes
             )
         store = SeriesStore(
-            config.run, self.drops, config.max_metric_keys, config.histogram_buckets
+            config.run,
+            self.drops,
+            config.max_metric_keys,
+            config.histogram_buckets,
+            (config.max_log_keys, config.max_val_log_keys),
         )
-        sinks: list[Sink] = [Recorder(store, self.drops)]
+        own = config.resource_attributes  # a worker's role and rank: per-rank series
+        rank = (
+            (str(own[attr.ROLE]), str(own[attr.RANK]))
+            if {attr.ROLE, attr.RANK} <= set(own)
+            else None
+        )
+        sinks: list[Sink] = [Recorder(store, self.drops, rank)]
         if exporters:
             delay_s = environment.span_export_delay_s
             if delay_s is None:

@@ -123,6 +123,16 @@ REPLAY_EVICTION_KEYS: dict[str, str] = {
 }
 
 
+# verl's validation keys: `val-core/…`, `val-aux/…` (`_validate`, first of all with
+# `val_before_train`), `val/…` (its SFT trainers), `validation/…` (the V1 replay buffer's
+# validation partition). They get a budget of rlotel_train_metric keys of their own.
+VALIDATION_KEY_PREFIXES = ("val-", "val/", "validation/")
+
+
+def is_validation_key(key: str) -> bool:
+    return key.startswith(VALIDATION_KEY_PREFIXES)
+
+
 def phase_of_timing_key(key: str) -> str | None:
     """`timing_s/gen` → `gen`; None for other keys and nested ones (`timing_s/agent_loop/…`)."""
     if not key.startswith(TIMING_S):

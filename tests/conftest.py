@@ -61,7 +61,9 @@ def tel(make_tel) -> rlotel.Telemetry:
 @pytest.fixture
 def fuzz_tel(make_tel) -> rlotel.Telemetry:
     """One telemetry per test function, reused by every example; the key cap out of reach."""
-    return make_tel(run=RUN, max_metric_keys=100_000)
+    return make_tel(
+        run=RUN, max_metric_keys=100_000, max_log_keys=100_000, max_val_log_keys=100_000
+    )
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import urllib.request
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -106,3 +107,39 @@ def file_spans(path, run: str | None = None) -> list[dict]:
                         }
                     )
     return spans
+
+
+def serve_engine(engine: str) -> tuple[object, threading.Event, int]:
+    """A stand-in engine `/metrics` serving the allowed metrics of one engine in the engine's
+    own shapes (prometheus_client, as vLLM and SGLang use), changing every 0.2 s; returns
+    the server, the event that stops the feeding, and the port."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+    from rlotel.engine_metrics import ENGINE_METRICS
+    from tests.promserver import free_port
+
+    registry = CollectorRegistry()
+    kinds = {
+        "counter": (Counter, "inc"),
+        "gauge": (Gauge, "set"),
+        "histogram": (Histogram, "observe"),
+    }
+    updates = [
+        getattr(
+            kinds[m.kind][0](m.name, m.help, ["model_name"], registry=registry).labels("tiny"),
+            kinds[m.kind][1],
+        )
+        for m in ENGINE_METRICS
+        if m.engine == engine
+    ]
+    port = free_port()
+    server, _ = start_http_server(port, "127.0.0.1", registry=registry)
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.wait(0.2):
+            for update in updates:
+                update(0.5)
+
+    threading.Thread(target=feed, daemon=True).start()
+    return server, stop, port

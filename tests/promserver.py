@@ -27,24 +27,26 @@ class Prometheus:
         targets: list[str],
         features: tuple[str, ...] = (),
         config: dict | None = None,
+        config_file: Path | None = None,  # a config file as it is (else one written here)
     ) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail("prometheus is not installed: run `make test` (it installs it)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config_path = workdir / "prometheus.yml"
-        config_path.write_text(
-            json.dumps(  # JSON is YAML
-                config
-                or {
-                    "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                    "scrape_configs": [
-                        {"job_name": "rlotel", "static_configs": [{"targets": targets}]}
-                    ],
-                }
+        config_path = config_file or workdir / "prometheus.yml"
+        if config_file is None:
+            config_path.write_text(
+                json.dumps(  # JSON is YAML
+                    config
+                    or {
+                        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                        "scrape_configs": [
+                            {"job_name": "rlotel", "static_configs": [{"targets": targets}]}
+                        ],
+                    }
+                )
             )
-        )
         command = [
             binary,
             f"--config.file={config_path}",

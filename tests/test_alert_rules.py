@@ -32,6 +32,7 @@ ALERTS = (
     "RLEngineQueueTimeHigh",
     "RLPhaseStalled",
     "RLAsyncBias",
+    "RLMetricSeriesCapped",
 )
 # Judged in-process (rlotel.Thresholds.stall_factor / stall_floor_s): the rule reads the flag.
 JUDGED_IN_PROCESS = {"RLPhaseStalled"}

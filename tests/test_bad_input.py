@@ -60,7 +60,7 @@ def test_bad_mfu_is_dropped(tel):
 
 
 def test_log_bad_values_unknown_keys_and_cap(make_tel):
-    tel = make_tel(run="cap", max_metric_keys=5)
+    tel = make_tel(run="cap", max_log_keys=5)
     data: dict = {f"custom/key_{i}": float(i) for i in range(12)}
     data.update({f"bad_{i}": value for i, value in enumerate(BAD_VALUES)})
     data.update({"timing_s/gen": -1.0, 3: 1.0, "": 2.0, "perf/throughput": 5.0})
@@ -71,7 +71,7 @@ def test_log_bad_values_unknown_keys_and_cap(make_tel):
     samples = parse_exposition(scrape(tel.metrics_url))
     keys = {dict(labels)["key"] for name, labels in samples if name == "rlotel_train_metric"}
     assert len(keys) == 5 and keys <= {*(f"custom/key_{i}" for i in range(12)), "x"}
-    assert drops[("metrics", "label_cap")] >= 7
+    assert drops[("metrics", "log_key_cap")] >= 7
     assert drops[("metrics", "non_finite")] == 3
     assert drops[("metrics", "non_numeric")] == 4
     assert drops[("metrics", "negative")] == 1

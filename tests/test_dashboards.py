@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -19,8 +18,8 @@ import yaml
 from dashboards import promql_names
 from rlotel import catalogue as cat
 from rlotel import engine_metrics as eng
-from tests.helpers import parse_exposition, scrape
-from tests.promserver import Prometheus, free_port
+from tests.helpers import parse_exposition, scrape, serve_engine
+from tests.promserver import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("grafana_foundation_sdk")
@@ -39,7 +38,10 @@ VARIABLES = {
 # real Prometheus and come back empty: once the demo feeds one, the test asks to drop it here.
 ENGINES = "the rollout engines' own metrics: the demo runs no vLLM or SGLang"
 ASYNC = "idle per role and evictions: async runs only, and this live demo is sync (no --async)"
-RANKS = "per-rank series: the demo runs no Ray workers and no rank spread yet (issue 15)"
+RANKS = (
+    "per-rank series: the demo runs no worker processes; real verl workers answer them "
+    "(test_rank_panels_answer_on_real_verl_workers)"
+)
 NOT_IN_THE_DEMO = {
     "RL step breakdown / Idle ratio by role": ASYNC,
     "RL step breakdown / Replay-buffer evictions by reason": ASYNC,
@@ -226,11 +228,13 @@ def test_straggler_and_async_panels_use_the_new_catalogue_entries():
         cat.SAMPLE_STALENESS,
         cat.SAMPLE_WEIGHT_SPAN,
         cat.REPLAY_EVICTED,
+        cat.RANK_PHASE_SECONDS,
     )
     assert {s.sample_names[0] for s in new_specs} <= queried
     (matrix,) = [p for p in step["panels"] if p["title"] == "Phase seconds by rank (last step)"]
     assert matrix["type"] == "table"
-    assert matrix["transformations"][0]["options"]["rowField"] == "rank"
+    options = matrix["transformations"][0]["options"]
+    assert (options["rowField"], options["columnField"]) == ("worker", "phase")  # role + rank
 
 
 # --- the Grafana alert and the Prometheus rules ------------------------------------------
@@ -358,39 +362,6 @@ def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
             prometheus.stop()
 
 
-def serve_engine(engine: eng.Engine) -> tuple[object, threading.Event, int]:
-    """A stand-in engine `/metrics` serving the allowed metrics of one engine in the engine's
-    own shapes (prometheus_client, as vLLM and SGLang use), changing every 0.2 s; returns
-    the server, the event that stops the feeding, and the port."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-    registry = CollectorRegistry()
-    kinds = {
-        "counter": (Counter, "inc"),
-        "gauge": (Gauge, "set"),
-        "histogram": (Histogram, "observe"),
-    }
-    updates = [
-        getattr(
-            kinds[m.kind][0](m.name, m.help, ["model_name"], registry=registry).labels("tiny"),
-            kinds[m.kind][1],
-        )
-        for m in eng.ENGINE_METRICS
-        if m.engine == engine
-    ]
-    port = free_port()
-    server, _ = start_http_server(port, "127.0.0.1", registry=registry)
-    stop = threading.Event()
-
-    def feed() -> None:
-        while not stop.wait(0.2):
-            for update in updates:
-                update(0.5)
-
-    threading.Thread(target=feed, daemon=True).start()
-    return server, stop, port
-
-
 @pytest.mark.slow
 def test_engine_row_and_rules_answer_on_engines_found_by_file_discovery(tmp_path):
     """The shipped `rollout-engines` job finds engines through discovery files, keeps only
@@ -439,3 +410,92 @@ def test_engine_row_and_rules_answer_on_engines_found_by_file_discovery(tmp_path
             server.shutdown()
         if prometheus is not None:
             prometheus.stop()
+
+
+@pytest.mark.slow
+def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
+    """The stragglers row on a live run: verl 0.9.1's real RayWorkerGroup (2 ranks, the
+    rlotel plugin on, rank 1 eight times slower), the driver scraped by the shipped `rlotel`
+    job and the workers by the shipped `rlotel-workers` job through the files they write.
+    Each rank's own seconds and the driver's rank spread answer, labelled by worker."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("verl")
+    import rlotel
+    from rlotel.integrations import verl as plugin
+    from tests.test_verl_workers import SLOW_RANK, worker_group
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    workers = tmp_path / "workers"  # `workers/*.json`, relative to the config file
+    plugin.install()
+    ray.init(
+        address="local",
+        num_cpus=32,  # logical: verl's resource pool asks a bundle of CPUs per rank
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"RLOTEL_ENABLE": "1", "RLOTEL_PROMETHEUS_SD_DIR": str(workers)}},
+    )
+    tel = prometheus = None
+    try:
+        tel = rlotel.init(run="demo", prometheus_port=0)
+        group = worker_group()
+        for number in (1, 2, 3):
+            with tel.step(number), tel.phase("update_actor"):
+                group.update_policy(0.05)  # rank 1 sleeps 0.4 s, rank 0 0.05 s
+        assert tel.flush(10)
+        config = yaml.safe_load((ROOT / "collector" / "prometheus.yml").read_text())
+        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        config["rule_files"] = [str(ROOT / "collector" / "rules" / "*.rules.yml")]
+        config.pop("alerting", None)
+        driver = urllib.parse.urlsplit(tel.metrics_url).netloc
+        config["scrape_configs"] = [
+            {**job, "static_configs": [{"targets": [driver]}]}
+            if job["job_name"] == "rlotel"
+            else job
+            for job in config["scrape_configs"]
+            if job["job_name"] in ("rlotel", "rlotel-workers")
+        ]
+        prometheus = Prometheus(tmp_path, [], config=config)
+        prometheus.wait_for('count(up{job="rlotel-workers"} == 1)', 2, timeout_s=30)
+        prometheus.wait_for('count(up{job="rlotel"} == 1)', 1, timeout_s=30)
+        spread_s = parse_exposition(scrape(tel.metrics_url))  # what the driver serves
+        assert any(name == "rlotel_phase_rank_spread_ratio" for name, _ in spread_s)
+        prometheus.wait_for('count(rlotel_rank_phase_seconds{run="demo"})', 2, timeout_s=30)
+        prometheus.wait_for('count(rlotel_phase_rank_spread_ratio{run="demo"})', 1)
+        ranks = [
+            (where, expression)
+            for where, expression in sourced_expressions()
+            if NOT_IN_THE_DEMO.get(where) == RANKS
+        ]
+        assert {where for where, _ in ranks} == {
+            where for where, reason in NOT_IN_THE_DEMO.items() if reason == RANKS
+        }
+        answers = {}
+        for where, expression in ranks:
+            answers[where] = prometheus.query(substitute(expression))
+            assert answers[where], f"{where}: no data for {substitute(expression)}"
+        table = {
+            (r["metric"]["worker"], r["metric"]["phase"]): float(r["value"][1])
+            for r in answers["RL step breakdown / Phase seconds by rank (last step)"]
+        }
+        (role,) = {worker.split()[0] for worker, _ in table}
+        fast, slow = (
+            table[f"{role} {1 - SLOW_RANK}", "update_policy"],
+            table[f"{role} {SLOW_RANK}", "update_policy"],
+        )
+        assert 0.05 <= fast < 0.3 and 0.4 <= slow < 1.0, table  # each rank's own seconds
+        (spread,) = answers["RL step breakdown / Rank spread by phase (slowest ÷ median)"]
+        assert spread["metric"]["phase"] == "update_actor" and float(spread["value"][1]) > 1.5
+        series = prometheus.query('rlotel_rank_phase_seconds{run="demo"}')
+        for found in series:  # bounded: the worker's identity and the method, nothing per call
+            assert set(found["metric"]) == {
+                *("__name__", "run", "phase", "role", "rank", "node", "job", "instance"),
+            }, found["metric"]
+        print(f"\nper-rank seconds: {table}; spread {float(spread['value'][1]):.2f}")
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        ray.shutdown()
+        plugin.uninstall()
+        if tel is not None:
+            tel.shutdown()

@@ -229,6 +229,10 @@ def test_a_worker_group_over_two_nodes_is_discovered_traced_and_on_one_clock(clu
     try:
         prometheus.wait_for('count(up{job="rlotel", role="NodeWorker"} == 1)', 2, timeout_s=20)
         prometheus.wait_for('count(count by (node_id) (up{job="rlotel"} == 1))', 2)
+        # each rank's own seconds, from its own node (the per-rank series)
+        per_rank = 'rlotel_rank_phase_seconds{run="mn", phase="update_policy"}'
+        prometheus.wait_for(f"count(count by (rank, node_id) ({per_rank}))", 2)
+        assert {r["metric"]["node_id"] for r in prometheus.query(per_rank)} == set(node_of_rank)
         spans = received_spans(receiver, tmp_path / "collector.jsonl")
 
         # --- one clock ---------------------------------------------------------------------

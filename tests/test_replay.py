@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlotel import otlp_json
-from rlotel.replay import MAX_SERIES, STAGE_ORDER, ReplayResult, _timestamp, replay
+from rlotel.replay import LOG_KEYS, STAGE_ORDER, ReplayResult, _timestamp, replay
 from rlotel.vocabulary import VERL_STEP_STAGES
 from tests.helpers import file_spans
 from tests.promserver import Prometheus
@@ -208,7 +208,7 @@ def test_traces_one_reconstructed_tree_per_step(replayed: ReplayResult) -> None:
 
 
 def test_bad_lines_and_key_cap_are_counted(tmp_path: Path) -> None:
-    many = {f"custom/k{i}": float(i) for i in range(MAX_SERIES + 44)}
+    many = {f"custom/k{i}": float(i) for i in range(LOG_KEYS[0] + 44)}
     lines = [
         "{not json",
         json.dumps({"step": -1, "data": {"timing_s/gen": 1.0}}),
@@ -226,13 +226,13 @@ def test_bad_lines_and_key_cap_are_counted(tmp_path: Path) -> None:
         "bad_step": 2,
         "bad_record": 1,
         "negative": 1,
-        "label_cap": 44,
+        "log_key_cap": 44,
         "non_finite": 1,
     }
     text = result.metrics_path.read_text()
     # labels sorted by name, as prometheus_client (and /metrics) write them
     assert len(re.findall(r'^rlotel_train_metric\{key="[^"]*",run="r"\}', text, re.M)) == (
-        MAX_SERIES * 2
+        LOG_KEYS[0] * 2
     )
     assert result.step_timestamps == {1: 1_700_000_003.0, 2: 1_700_000_010.0}  # inf: fallback
 

@@ -65,17 +65,19 @@ def setup_worker() -> None:
         import ray
 
         environment = env.Environment.read()
+        identity = {
+            attr.ROLE: environment.role or "worker",
+            attr.RANK: environment.rank,
+            attr.NODE: ray.util.get_node_ip_address(),
+        }
         tel = rlotel.current() or rlotel.init(
             run=environment.run or "ray",
             service_name=environment.service_name or "rlotel-ray-worker",
             prometheus_addr=environment.prometheus_host or "127.0.0.1",
             prometheus_port=0,
+            resource_attributes=identity,  # role and rank also label its per-rank series
         )
-        labels = {
-            "role": environment.role or "worker",
-            "rank": str(environment.rank),
-            "node": ray.util.get_node_ip_address(),
-        }
+        labels = {key.removeprefix(attr.NAMESPACE): str(value) for key, value in identity.items()}
         register(tel.metrics_url, labels)
     except Exception as error:
         import logging

@@ -292,7 +292,7 @@ def _install() -> None:
 
 
 def _hooks() -> dict[str, Callable[[ModuleType], None]]:
-    from rlotel.integrations import verl_v1, verl_workers
+    from rlotel.integrations import verl_engines, verl_v1, verl_workers
 
     return {
         "verl.utils.profiler.performance": _patch_timer,
@@ -305,6 +305,10 @@ def _hooks() -> dict[str, Callable[[ModuleType], None]]:
         "verl.trainer.ppo.ray_trainer": _patch_v0_fit,
         "verl.trainer.ppo.v1.trainer_base": verl_v1.patch_trainer,
         "verl.trainer.ppo.v1.replay_buffer": verl_v1.patch_replay_buffer,
+        # verl's `rollout.prometheus` writer: its engine targets get a replica and the run
+        "verl.workers.rollout.replica": verl_engines.patch_replica,
+        "verl.workers.rollout.utils": verl_engines.patch_writer,
+        **{module: verl_engines.patch_importer for module in verl_engines.IMPORTERS},
     }
 
 
@@ -341,10 +345,11 @@ def uninstall() -> None:
     tracking = sys.modules.get("verl.utils.tracking")
     if tracking is not None and BACKEND in tracking.Tracking.supported_backend:
         tracking.Tracking.supported_backend.remove(BACKEND)
-    from rlotel.integrations import verl_v1, verl_workers
+    from rlotel.integrations import verl_engines, verl_v1, verl_workers
 
     verl_v1.uninstall()
     verl_workers.uninstall()
+    verl_engines.uninstall()
 
 
 def patched() -> bool:

@@ -17,7 +17,7 @@ from rlotel import catalogue as cat
 from rlotel import ranks, staleness
 from rlotel import vocabulary as voc
 from rlotel.drops import Drops, as_finite_float, describe, encodable
-from rlotel.ledger import Step, Trace
+from rlotel.ledger import RemotePhase, Step, Trace
 from rlotel.metrics.store import Exemplar, SeriesStore
 from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
@@ -30,9 +30,13 @@ if TYPE_CHECKING:
 class Recorder(Sink):
     """Maps closed steps, sample batches, captures and `tel.log` dicts onto the store."""
 
-    def __init__(self, store: SeriesStore, drops: Drops) -> None:
+    def __init__(
+        self, store: SeriesStore, drops: Drops, rank: tuple[str, str] | None = None
+    ) -> None:
         self.store = store
         self._drops = drops
+        self._rank = rank  # (role, rank) of a worker process: its calls become per-rank series
+        self._rank_calls: dict[str, tuple[int, float]] = {}  # method → (trace id, seconds)
         self._phases_seen: set[str] = set()
         self._open_seen: set[str] = set()  # phases whose open age was ever exposed
         self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
@@ -45,6 +49,8 @@ class Recorder(Sink):
         self.observe_occupancy(step.summary.occupancy)
 
     def on_trace(self, trace: Trace) -> None:
+        if self._rank is not None and isinstance(trace.root, RemotePhase):
+            self.observe_rank_call(trace)
         for batch in trace.samples:
             self.observe_samples(batch)
 
@@ -65,6 +71,18 @@ class Recorder(Sink):
             phase = open_now.get(name)
             store.set(cat.PHASE_OPEN, phase.age_s if phase else 0.0, name)
             store.set(cat.PHASE_STALLED, 1.0 if phase and phase.stalled else 0.0, name)
+
+    def observe_rank_call(self, trace: Trace) -> None:
+        """A method the driver called on this worker (a remote phase): its seconds within
+        the driver's step, which is the call's trace (one trace per step). A method called
+        again in the same step adds up; its first call in a later step starts over."""
+        call = trace.root
+        last = self._rank_calls.get(call.name)
+        seconds = call.seconds
+        if last is not None and last[0] == trace.trace_id:
+            seconds += last[1]
+        self._rank_calls[call.name] = (trace.trace_id, seconds)
+        self.store.set(cat.RANK_PHASE_SECONDS, seconds, call.name, *self._rank)
 
     # --- closed steps (publisher thread) ---------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 The recorder writes (on the publisher thread); exporters take consistent snapshots (a
 scrape, an OTLP push, a replayed step) and never see a half-written step. Histograms count
-buckets with numpy. Label sets per family are capped, the excess counted as drops.
+buckets with numpy. Label sets per family are capped, the excess counted as drops; the
+keys of `rlotel_train_metric` have two budgets of their own, training and validation keys.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rlotel import catalogue as cat
+from rlotel import vocabulary as voc
 from rlotel.drops import Drops, encodable
 
 
@@ -102,7 +104,8 @@ class SeriesStore:
     """Values of every catalogue family, by label values (without `run`).
 
     `buckets` replaces the catalogue's upper bounds of histograms by family name (validated
-    by `Config`)."""
+    by `Config`). `log_keys` = (training, validation) caps of `rlotel_train_metric`'s keys
+    (default: `max_series` each)."""
 
     def __init__(
         self,
@@ -110,6 +113,7 @@ class SeriesStore:
         drops: Drops,
         max_series: int,
         buckets: Mapping[str, tuple[float, ...]] | None = None,
+        log_keys: tuple[int, int] | None = None,
     ) -> None:
         self.run = run
         self._bounds = {
@@ -119,6 +123,9 @@ class SeriesStore:
         }
         self._drops = drops
         self._max_series = max_series
+        train, validation = log_keys or (max_series, max_series)
+        self._key_caps = {False: train, True: validation}  # by "is a validation key"
+        self._key_counts = {False: 0, True: 0}
         self._lock = threading.Lock()
         self._scalars: dict[cat.MetricSpec, dict[Labels, float]] = {}
         self._histograms: dict[cat.MetricSpec, dict[Labels, _Histogram]] = {}
@@ -139,10 +146,27 @@ class SeriesStore:
         if not all(encodable(label) for label in labels):
             self._drops.add("metrics", "bad_label", f"{spec.name}: a label is not valid UTF-8")
             return False
+        if spec is cat.TRAIN_METRIC:
+            return self._admit_key(labels[0])
         if len(family) < self._max_series:
             return True
         self._drops.add(
             "metrics", "label_cap", f"{spec.name}{list(labels)}: {self._max_series} series reached"
+        )
+        return False
+
+    def _admit_key(self, key: str) -> bool:
+        """A new `tel.log` key, in the training or the validation budget."""
+        validation = voc.is_validation_key(key)
+        cap = self._key_caps[validation]
+        if self._key_counts[validation] < cap:
+            self._key_counts[validation] += 1
+            return True
+        kind, reason = (
+            ("validation", "val_log_key_cap") if validation else ("training", "log_key_cap")
+        )
+        self._drops.add(
+            "metrics", reason, f"{cat.TRAIN_METRIC.name}[{key!r}]: {cap} {kind} keys reached"
         )
         return False
 
