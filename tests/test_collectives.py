@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+import rlotel  # noqa: E402
 from rlotel import attributes as attr  # noqa: E402
 from rlotel.diagnose import StepFacts, diagnose  # noqa: E402
 from rlotel.integrations import collectives, verl_workers  # noqa: E402
@@ -286,3 +287,166 @@ def test_the_verdict_names_whichever_spread_is_larger():
         1, {"step": 10.0, "update_actor": 9.0}, compute_stragglers={"update_actor": (3, 1.2)}
     )
     assert "straggler_rank" not in diagnose(facts).evidence  # below the threshold
+
+
+# --- verl's RayWorkerGroup, FSDP2 on gloo, one rank slowed before its backward -----------
+
+SLOW_RANK = 1
+EXTRA_MATMULS = 60  # 512×512 matmuls the slow rank adds before its backward (~0.5–1.5 s)
+
+
+def fsdp_worker_class() -> type:
+    """A verl worker training a small MLP sharded with FSDP2 over gloo (a local class:
+    Ray ships it by value, so this module needs no verl to import)."""
+    from verl.single_controller.base import Worker
+    from verl.single_controller.base.decorator import Dispatch, register
+
+    class FsdpWorker(Worker):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def init_model(self) -> int:
+            import torch
+            import torch.distributed as dist
+            from torch.distributed.fsdp import fully_shard
+
+            torch.set_num_threads(1)
+            dist.init_process_group("gloo")  # verl's env: RANK, WORLD_SIZE, MASTER_*
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(
+                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+            )
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer)
+            fully_shard(model)
+            self.model = model
+            self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            return dist.get_rank()
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def update_policy(self, extra_matmuls: int) -> float:
+            import torch
+
+            batch = torch.randn(64, 256, generator=torch.Generator().manual_seed(self.rank))
+            loss = self.model(batch).pow(2).mean()
+            if self.rank == SLOW_RANK:  # a slow device: real extra compute, before backward
+                a = torch.randn(512, 512)
+                for _ in range(extra_matmuls):
+                    a = torch.tanh(a @ a)
+            loss.backward()  # FSDP2: all-gather and reduce-scatter wait for the slow rank
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            return loss.item()
+
+    return FsdpWorker
+
+
+@pytest.mark.slow  # a Ray cluster and two verl worker processes importing torch
+def test_under_fsdp2_every_rank_replies_together_and_compute_names_the_slow_rank(
+    tmp_path, monkeypatch
+):
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("verl")
+    from verl.single_controller.ray import (
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
+    )
+
+    from rlotel import analyze
+    from rlotel.integrations import verl as plugin
+
+    traces = tmp_path / "traces"
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RLOTEL_TRACES_DIR", str(traces))
+    env_vars = {
+        "RLOTEL_ENABLE": "1",
+        "RLOTEL_TRACES_DIR": str(traces),
+        "RLOTEL_PROMETHEUS_SD_DIR": str(tmp_path / "sd"),
+        "OMP_NUM_THREADS": "1",
+    }
+    plugin.install()
+    ray.init(
+        address="local",
+        num_cpus=32,  # logical: verl asks each worker bundle for several
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env_vars},
+    )
+    tel = None
+    try:
+        tel = rlotel.init(run="fsdp", prometheus_port=0, resource_attributes={attr.ROLE: "driver"})
+        group = RayWorkerGroup(
+            resource_pool=RayResourcePool([2], use_gpu=False),
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(fsdp_worker_class())),
+            device_name="cpu",
+        )
+        with tel.phase("init_model"):  # outside the step: start-up and warm-up
+            assert group.init_model() == [0, 1]
+            group.update_policy(0)
+        with tel.step(1) as step:
+            with tel.phase("update_actor"):
+                losses = group.update_policy(EXTRA_MATMULS)
+        assert len(losses) == 2 and all(isinstance(loss, float) for loss in losses)
+        assert tel.flush(10)
+
+        spans = _wait_for(analyze, traces, "update_policy", 4)
+        (phase,) = [s for s in spans if s.name == "update_actor"]
+        # Every rank replied together: the slow rank held the other in the collectives.
+        assert phase.attributes[attr.RANKS] == 2
+        assert phase.attributes[attr.RANK_SPREAD] < 1.2
+        # Its compute (outside collectives) tells it apart.
+        assert phase.attributes[attr.RANK_COMPUTE_SLOWEST] == SLOW_RANK
+        assert phase.attributes[attr.RANK_COMPUTE_SPREAD] >= 1.5  # the verdict's threshold
+        verdict = step.verdict
+        assert verdict.evidence["straggler_rank"] == SLOW_RANK
+        assert verdict.evidence["straggler_measure"] == "compute"
+        workers = {
+            s.resource[attr.RANK]: s
+            for s in spans
+            if s.name == "update_policy" and s.parent_span_id == phase.span_id
+        }
+        print(
+            "reply spread",
+            round(phase.attributes[attr.RANK_SPREAD], 3),
+            "compute spread",
+            round(phase.attributes[attr.RANK_COMPUTE_SPREAD], 2),
+            {
+                rank: (
+                    round(s.attributes[attr.COMPUTE_S], 3),
+                    round(s.attributes[attr.COLLECTIVE_S], 3),
+                )
+                for rank, s in workers.items()
+            },
+        )
+        slow, fast = workers[SLOW_RANK], workers[1 - SLOW_RANK]
+        for span in (slow, fast):  # FSDP2's all-gathers and reduce-scatters, timed
+            assert span.attributes[attr.COLLECTIVE_CALLS] >= 3
+            total = span.attributes[attr.COMPUTE_S] + span.attributes[attr.COLLECTIVE_S]
+            assert total == pytest.approx(span.seconds, abs=0.01)
+        assert fast.attributes[attr.COLLECTIVE_S] > slow.attributes[attr.COLLECTIVE_S]
+        assert slow.attributes[attr.COMPUTE_S] > 2 * fast.attributes[attr.COMPUTE_S]
+        # `rlotel analyze` reads the same verdict back from the traces.
+        (record,) = analyze.load_run(traces).steps
+        assert record.facts.compute_stragglers["update_actor"][0] == SLOW_RANK
+        assert diagnose(record.facts).evidence["straggler_rank"] == SLOW_RANK
+        # What the driver recorded is what the workers' spans say.
+        assert phase.attributes[attr.RANK_COMPUTE_SLOWEST_S] == pytest.approx(
+            slow.attributes[attr.COMPUTE_S], rel=0.01
+        )
+    finally:
+        ray.shutdown()
+        plugin.uninstall()
+        if tel is not None:
+            tel.shutdown()
+
+
+def _wait_for(analyze, directory, name: str, count: int, timeout_s: float = 60) -> list:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = analyze.load_run(directory).spans if directory.is_dir() else []
+        found = [s for s in spans if s.name == name]
+        if len(found) >= count or time.monotonic() > deadline:
+            assert len(found) == count, f"{len(found)} {name} spans in {directory}"
+            return spans
+        time.sleep(0.2)
