@@ -88,7 +88,7 @@ def test_without_an_open_account_a_collective_is_passed_straight_through(
         raise AssertionError("timed with no account open")
 
     monkeypatch.setattr(collectives, "_begin", never)
-    monkeypatch.setattr(collectives, "_begin_wait", never)
+    monkeypatch.setattr(collectives, "_end", never)
     late_peer(allreduce, 0.0)
     tensor = torch.ones(4)
     assert dist.all_reduce(tensor, group=groups[0]) is None
@@ -191,7 +191,7 @@ def test_a_telemetry_error_is_counted_and_logged_and_the_collective_still_runs(
     def broken(*args, **kwargs):
         raise RuntimeError("telemetry bug")
 
-    monkeypatch.setattr(collectives, "_on_cuda", broken)
+    monkeypatch.setattr(collectives, "_on_device", broken)
     tally = collectives.open_tally()
     with caplog.at_level(logging.WARNING, logger="rlotel"):
         for _ in range(2):
@@ -234,6 +234,29 @@ def test_a_worker_call_records_compute_and_collective_seconds_and_replies_with_t
     )
     assert series[("rlotel_rank_compute_seconds", labels)] == pytest.approx(reply.compute_s)
     assert series[("rlotel_rank_collective_seconds", labels)] == pytest.approx(reply.collective_s)
+
+
+def test_a_worker_call_with_device_collectives_reports_no_split(
+    groups, late_peer, make_tel, monkeypatch, caplog
+):
+    """NCCL returns to the host before the collective ran: the host clock cannot split."""
+    assert collectives._on_device((torch.empty(4, device="meta"),), {})
+    assert not collectives._on_device(([torch.ones(1)],), {})
+    make_tel()
+    monkeypatch.setattr(collectives, "_on_device", lambda args, kwargs: True)
+    carrier = {
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        verl_workers.REPLY_KEY: "1",
+    }
+    late_peer(allreduce, 0.0)
+    with (
+        caplog.at_level(logging.WARNING, logger="rlotel"),
+        verl_workers._worker_phase(None, "update_actor", (), carrier) as call,
+    ):
+        dist.all_reduce(torch.ones(4), group=groups[0])
+    assert call.tally.device_calls == 1 and call.tally.ns == 0
+    assert call.rank_time is None and call.reply("result") == "result"
+    assert any("device tensors" in r.getMessage() for r in caplog.records)
 
 
 def test_a_call_not_asking_for_compute_gets_the_plain_result(groups, make_tel):

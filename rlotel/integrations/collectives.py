@@ -17,14 +17,14 @@ deprecated `all_gather_into_tensor` → `all_gather_single`, a sync call → its
 process (nested worker phases each include their inner one's; autograd threads that run
 FSDP's hooks are seen).
 
-Host clock for CPU tensors (gloo: the call blocks until the peers arrive). On CUDA tensors
-a collective returns before it ran (NCCL is asynchronous to the host), so CUDA events on
-the current stream time how long the stream stood in the collective (or, for an async
-handle, in its `.wait()`); they are read when the account closes, synchronizing on the last
-one (the worker method's result is usually on the host by then). DDP's gradient
-all-reduce runs inside its C++ reducer and is not seen: use FSDP (1 or 2) or Megatron,
-whose collectives are Python calls. Functions imported by name before `install`
-(`from torch.distributed import all_reduce`) keep the original.
+Host clock: right for CPU tensors (gloo blocks the caller until the peers arrive). A
+collective on device tensors (CUDA/NCCL, and other accelerators' backends) returns to the
+host before it ran, so the host clock does not see a rank wait there: such calls are
+counted (`Tally.device_calls`) but not timed, and a worker call that made any reports no
+compute/collective split rather than a wrong one (timing them on the device's streams is
+future work). DDP's gradient all-reduce runs inside its C++ reducer and is not seen: use
+FSDP (1 or 2) or Megatron, whose collectives are Python calls. Functions imported by name
+before `install` (`from torch.distributed import all_reduce`) keep the original.
 
 Telemetry errors are counted (`rlotel_telemetry_dropped_total{signal="spans",
 reason="internal_error"}`, one log line per interval) and never change what the
@@ -74,19 +74,19 @@ COLLECTIVES = (
     "irecv",
     "batch_isend_irecv",
 )
-MAX_PENDING_WORKS = 4096  # async CUDA handles remembered until their wait (per process)
 
 
 class Tally:
-    """One traced worker phase's time inside collectives (host ns, plus CUDA event pairs
-    read at close) and how many it issued (waits on their handles add time, not calls)."""
+    """One traced worker phase's host time inside collectives, how many it issued (waits
+    on their handles add time, not calls) and how many of those ran on device tensors
+    (not timed: asynchronous to the host)."""
 
-    __slots__ = ("calls", "events", "ns")
+    __slots__ = ("calls", "device_calls", "ns")
 
     def __init__(self) -> None:
         self.ns = 0
         self.calls = 0
-        self.events: list[tuple[Any, Any]] = []
+        self.device_calls = 0
 
     @property
     def seconds(self) -> float:
@@ -96,9 +96,9 @@ class Tally:
 _open: list[Tally] = []  # the accounts open now, in any thread
 _lock = threading.Lock()
 _depth = threading.local()  # > 0 while this thread is inside a timed collective
-_cuda_works: dict[int, Any] = {}  # id → async work issued on CUDA tensors, until its wait
 _patches = Patches()
 _state = {"installed": False}
+_tensor_type: list[Any] = [None]  # torch.Tensor, once torch.distributed is wrapped
 
 
 def installed() -> bool:
@@ -138,7 +138,6 @@ def uninstall() -> None:
     _patches.undo()
     _state["installed"] = False
     _open.clear()
-    _cuda_works.clear()
 
 
 def open_tally() -> Tally:
@@ -149,19 +148,10 @@ def open_tally() -> Tally:
 
 
 def close_tally(tally: Tally) -> Tally:
-    """Stop counting into `tally`; its CUDA events are read now. Never raises."""
+    """Stop counting into `tally`. Never raises."""
     with _lock:
         if tally in _open:
             _open.remove(tally)
-        if not _open:
-            _cuda_works.clear()
-        events, tally.events = tally.events, []
-    if events:
-        try:
-            events[-1][1].synchronize()
-            tally.ns += int(sum(start.elapsed_time(end) for start, end in events) * 1e6)
-        except Exception as error:
-            _error("CUDA collective events unreadable", error)
     return tally
 
 
@@ -172,14 +162,10 @@ def _timed(original: Any) -> Any:
         began = _begin(args, kwargs)
         _depth.n = 1
         try:
-            result = original(*args, **kwargs)
-        except BaseException:
+            return original(*args, **kwargs)
+        finally:
             _depth.n = 0
-            _end(began, None)
-            raise
-        _depth.n = 0
-        _end(began, result)
-        return result
+            _end(began)
 
     functools.update_wrapper(collective, original)
     return collective
@@ -189,82 +175,58 @@ def _timed_wait(original: Any) -> Any:
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _open or getattr(_depth, "n", 0):
             return original(self, *args, **kwargs)
-        began = _begin_wait(self)
+        began = perf_counter_ns(), False
         _depth.n = 1
         try:
             return original(self, *args, **kwargs)
         finally:
             _depth.n = 0
-            _end(began, None, calls=0)
+            _end(began, calls=0)
 
     functools.update_wrapper(wait, original)
     return wait
 
 
-# A start: (host ns, CUDA start event or None).
-def _begin(args: tuple, kwargs: dict) -> tuple[int, Any]:
-    start = None
+def _begin(args: tuple, kwargs: dict) -> tuple[int, bool]:
+    """(host ns, whether the call's tensors are on a device)."""
+    on_device = False
     try:
-        if _on_cuda(args, kwargs):
-            start = _record_event()
+        on_device = _on_device(args, kwargs)
     except Exception as error:
-        _error("collective not timed on its CUDA stream", error)
-    return perf_counter_ns(), start
+        _error("collective's device unknown", error)
+    return perf_counter_ns(), on_device
 
 
-def _begin_wait(work: Any) -> tuple[int, Any]:
-    start = None
+def _end(began: tuple[int, bool], calls: int = 1) -> None:
+    """Count one call (a wait: none) into every account open now."""
     try:
-        if _cuda_works and _cuda_works.pop(id(work), None) is not None:
-            start = _record_event()
-    except Exception as error:
-        _error("collective wait not timed on its CUDA stream", error)
-    return perf_counter_ns(), start
-
-
-def _end(began: tuple[int, Any], result: Any, calls: int = 1) -> None:
-    """Count one call (a wait: none) into every open account: host ns, or a CUDA event
-    pair; an async handle of a CUDA call is remembered, so that its wait is timed on the
-    stream too."""
-    try:
-        host, start = began
-        end = _record_event() if start is not None else None
+        host, on_device = began
         ns = perf_counter_ns() - host
         with _lock:
             for tally in _open:
                 tally.calls += calls
-                if end is not None:
-                    tally.events.append((start, end))
+                if on_device:
+                    tally.device_calls += calls
                 else:
                     tally.ns += ns
-            if end is not None and result is not None:
-                works = result if isinstance(result, list) else (result,)
-                for work in works:
-                    if hasattr(work, "wait") and len(_cuda_works) < MAX_PENDING_WORKS:
-                        _cuda_works[id(work)] = work
     except Exception as error:
         _error("collective not counted", error)
 
 
-def _on_cuda(args: tuple, kwargs: dict) -> bool:
-    """The call's first tensor (or first of a list of tensors) lives on a CUDA device."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return False
+def _on_device(args: tuple, kwargs: dict) -> bool:
+    """The call's first tensor (or first of a list of tensors) is not on the CPU."""
+    tensor_type = _tensor_type[0]
+    if tensor_type is None:
+        tensor_type = _tensor_type[0] = sys.modules["torch"].Tensor
+    first = args[0] if args else None
+    if isinstance(first, tensor_type):  # most calls: the tensor first
+        return not first.is_cpu
     for value in (*args[:2], *kwargs.values()):
         if isinstance(value, (list, tuple)) and value:
             value = value[0]
-        if isinstance(value, torch.Tensor):
-            return value.is_cuda
+        if isinstance(value, tensor_type):
+            return not value.is_cpu
     return False
-
-
-def _record_event() -> Any:
-    import torch
-
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
 
 
 def _error(what: str, error: BaseException) -> None:

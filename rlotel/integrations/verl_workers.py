@@ -432,6 +432,14 @@ class _Call:
             collectives.close_tally(tally)
             if not tally.calls and not _in_process_group():
                 return  # not a rank of a process group: nothing to tell apart
+            if tally.device_calls:  # asynchronous to the host: its clock cannot split them
+                _log_once(
+                    "device_collectives",
+                    "rlotel: %s made collectives on device tensors; compute vs collective "
+                    "time is measured for CPU (gloo) collectives only, not reported here",
+                    self.name,
+                )
+                return
             wall = (time.perf_counter_ns() - phase.start_ns) / 1e9
             collective = min(tally.seconds, wall)
             identity = self.tel.config.resource_attributes
