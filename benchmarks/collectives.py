@@ -10,6 +10,7 @@ rounds (the same sequence on both ranks, which the collectives keep in step):
 
 For `all_reduce` (sync), `all_reduce(async_op=True).wait()`, `all_gather_into_tensor`
 (deprecated → `all_gather_single`: one count for two wrapped calls) and `barrier`.
+Also the driver's reply path of a worker-group call (the request, unwrapping the replies).
 Prints the median of round medians per call and each variant's ratio to `off`. On a
 loaded machine two processes' loopback round trips vary by more than the wrapper costs, so
 the wrapper's own CPU per call is also measured alone, in-process (timeit, best of rounds):
@@ -60,9 +61,11 @@ def rank_main(rank: int, world: int, port: int, results) -> None:
     from rlotel.integrations import collectives
 
     times: dict[tuple[str, str], list[float]] = {}
-    for _ in range(ROUNDS):
+    variants = ("off", "idle", "open")
+    for round_ in range(ROUNDS):
+        order = variants[round_ % 3 :] + variants[: round_ % 3]  # no variant always first
         for name, operation in operations().items():
-            for variant in ("off", "idle", "open"):
+            for variant in order:
                 if variant == "off":
                     collectives.uninstall()
                 else:
@@ -108,10 +111,48 @@ def wrapper_us() -> dict[str, float]:
     return result
 
 
+def reply_path_us(ranks: int = 8) -> dict[str, float]:
+    """The driver's side of a blocking worker-group call on `ranks` ranks that send their
+    compute seconds back: the reply request on each submit's carrier, and unwrapping the
+    replies (recording them into the open phase) before verl collects them."""
+    import rlotel
+    from rlotel.integrations import verl_workers
+    from rlotel.ranks import RankReply
+
+    tel = rlotel.init(run="bench", prometheus_port=None)
+    carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    replies = [RankReply(rank, 0.1 * rank, 0.5) for rank in range(ranks)]
+    plain = list(range(ranks))
+    n = 5000
+
+    def best(function) -> float:
+        return min(timeit.repeat(function, number=n, repeat=ROUNDS)) / n * 1e6
+
+    def request() -> None:
+        token = verl_workers._replies_wanted.set(True)
+        for _ in range(ranks):
+            if verl_workers._replies_wanted.get():
+                {**carrier, verl_workers.REPLY_KEY: "1"}  # noqa: B018 — what each submit adds
+        verl_workers._replies_wanted.reset(token)
+
+    try:
+        with tel.step(1), tel.phase("update_actor"):
+            result = {
+                f"request on {ranks} submits": best(request),
+                f"unwrap {ranks} replies": best(lambda: verl_workers.open_replies(list(replies))),
+                f"unwrap {ranks} plain": best(lambda: verl_workers.open_replies(list(plain))),
+            }
+    finally:
+        tel.shutdown()
+    return result
+
+
 def main() -> None:
     added = wrapper_us()
     print("wrapper's own CPU per call (in-process, best of rounds):")
     print("  " + "   ".join(f"{name} +{us:.2f} µs" for name, us in added.items()))
+    print("driver's reply path per blocking worker-group call:")
+    print("  " + "   ".join(f"{name} {us:.2f} µs" for name, us in reply_path_us().items()))
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(rank_main, args=(2, 29400 + os.getpid() % 500, results), nprocs=2)

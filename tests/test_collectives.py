@@ -81,6 +81,13 @@ def allreduce(pg):
     return pg.allreduce([torch.ones(4)])
 
 
+@pytest.fixture
+def a_rank(monkeypatch) -> None:
+    """This process counts as a rank of a process group (the threads' group is not the
+    default one, which is what a worker's `init_process_group` makes)."""
+    monkeypatch.setattr(verl_workers, "_in_process_group", lambda: True)
+
+
 def test_without_an_open_account_a_collective_is_passed_straight_through(
     groups, late_peer, monkeypatch
 ):
@@ -207,7 +214,7 @@ def test_a_telemetry_error_is_counted_and_logged_and_the_collective_still_runs(
 
 
 def test_a_worker_call_records_compute_and_collective_seconds_and_replies_with_them(
-    groups, late_peer, make_tel, span_exporter
+    groups, late_peer, make_tel, span_exporter, a_rank
 ):
     tel = make_tel(resource_attributes={attr.ROLE: "actor", attr.RANK: 1})
     carrier = {
@@ -237,7 +244,7 @@ def test_a_worker_call_records_compute_and_collective_seconds_and_replies_with_t
 
 
 def test_a_worker_call_with_device_collectives_reports_no_split(
-    groups, late_peer, make_tel, monkeypatch, caplog
+    groups, late_peer, make_tel, monkeypatch, caplog, a_rank
 ):
     """NCCL returns to the host before the collective ran: the host clock cannot split."""
     assert collectives._on_device((torch.empty(4, device="meta"),), {})
@@ -259,12 +266,26 @@ def test_a_worker_call_with_device_collectives_reports_no_split(
     assert any("device tensors" in r.getMessage() for r in caplog.records)
 
 
-def test_a_call_not_asking_for_compute_gets_the_plain_result(groups, make_tel):
+def test_a_call_not_asking_for_compute_gets_the_plain_result(groups, make_tel, a_rank):
     make_tel()
     carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
     with verl_workers._worker_phase(None, "update_actor", (), carrier) as call:
         pass
-    assert call.reply("result") == "result"
+    assert call.rank_time is not None  # measured (no collectives: all compute)...
+    assert call.rank_time.collective_s == 0 and call.rank_time.calls == 0
+    assert call.reply("result") == "result"  # ...but not sent back unasked
+
+
+def test_a_process_that_is_no_rank_times_nothing(groups, make_tel):
+    make_tel()
+    carrier = {
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        verl_workers.REPLY_KEY: "1",
+    }
+    assert not dist.is_initialized()
+    with verl_workers._worker_phase(None, "update_actor", (), carrier) as call:
+        pass
+    assert call is verl_workers._UNTIMED and call.reply("result") == "result"
 
 
 def test_the_driver_unwraps_replies_and_names_the_rank_that_computed_longest(

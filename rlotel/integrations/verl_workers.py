@@ -430,8 +430,6 @@ class _Call:
             return
         try:
             collectives.close_tally(tally)
-            if not tally.calls and not _in_process_group():
-                return  # not a rank of a process group: nothing to tell apart
             if tally.device_calls:  # asynchronous to the host: its clock cannot split them
                 _log_once(
                     "device_collectives",
@@ -442,11 +440,11 @@ class _Call:
                 return
             wall = (time.perf_counter_ns() - phase.start_ns) / 1e9
             collective = min(tally.seconds, wall)
-            identity = self.tel.config.resource_attributes
+            role, rank = _rank_labels(self.tel)
             self.rank_time = rank_time = RankTime(
                 self.name,
-                str(identity.get(attr.ROLE, "")),
-                int(identity.get(attr.RANK, env.rank())),
+                role,
+                rank,
                 wall - collective,
                 collective,
                 tally.calls,
@@ -464,8 +462,21 @@ class _Call:
         return RankReply(result, rank_time.compute_s, rank_time.collective_s)
 
 
+_rank_identity: list[Any] = [None, None]  # (telemetry, (role, rank)), read once
+
+
+def _rank_labels(tel: Any) -> tuple[str, int]:
+    """This worker's role and rank, as its resource attributes say."""
+    if _rank_identity[0] is not tel:
+        identity = tel.config.resource_attributes
+        role, rank = identity.get(attr.ROLE, ""), identity.get(attr.RANK, env.rank())
+        _rank_identity[:] = [tel, (str(role), int(rank))]
+    return _rank_identity[1]
+
+
 class _Untimed:
-    """A call whose collectives are not timed (verl's plumbing, torch.distributed absent)."""
+    """A call whose collectives are not timed: verl's plumbing, or a process that is no
+    rank of a torch.distributed process group (yet: `init_model` usually makes it one)."""
 
     def open(self) -> None:
         pass
@@ -481,10 +492,11 @@ _UNTIMED = _Untimed()
 
 
 def _in_process_group() -> bool:
+    """This process is a rank of torch.distributed's default group (without importing it)."""
     dist = sys.modules.get("torch.distributed")
     try:
-        return dist is not None and dist.is_available() and dist.is_initialized()
-    except Exception:
+        return dist is not None and dist.is_initialized()
+    except Exception:  # a build without torch.distributed
         return False
 
 
@@ -503,8 +515,8 @@ def _worker_phase(
             tel = worker_telemetry(instance, carrier)
             tel.drops.fired("ray_actor_call")
             phase = tel.phase(name, context=carrier)
-            if collectives.installed() or collectives.install():
-                call = _Call(tel, name, carrier)
+            if _in_process_group() and (collectives.installed() or collectives.install()):
+                call = _Call(tel, name, carrier)  # a rank: its collectives are timed
     except Exception as error:
         _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
         phase = contextlib.nullcontext()
