@@ -37,7 +37,6 @@ from rlotel import attributes as attr
 from rlotel import clock, env, vocabulary
 from rlotel.integrations import collectives
 from rlotel.integrations.patches import Patches
-from rlotel.ledger import RemotePhase
 from rlotel.propagation import run_of, traceparent, with_run
 from rlotel.ranks import RankReply, RankTime
 
@@ -449,8 +448,9 @@ class _Call:
                 collective,
                 tally.calls,
             )
-            if isinstance(phase, RemotePhase) and phase.trace is not None:
-                phase.trace.rank_time = rank_time
+            trace = getattr(phase, "trace", None)  # a RemotePhase: the root of its own trace
+            if trace is not None:
+                trace.rank_time = rank_time
         except Exception as error:
             self.tel.drops.add("spans", "internal_error", f"collective time: {error!r}")
 
