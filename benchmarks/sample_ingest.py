@@ -158,7 +158,7 @@ def main() -> None:
         rlotel_versions()
         pairs.append((time.perf_counter() - middle) / (middle - start))
     extra = float(np.median(pairs)) - 1
-    tel.ledger.phase_buckets = tel.ledger.phase_buckets.for_mode("fully_async")
+    tel.set_mode("fully_async")
     bias_pairs, record_pairs = [], []
     for index in range(args.pairs):  # each order half the time: the second run of a pair
         seconds = {}  # pays for the first one's garbage, which would bias a fixed order

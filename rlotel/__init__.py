@@ -44,7 +44,7 @@ _LAZY = {
     "Config": "rlotel.config",
     "Diagnoser": "rlotel.diagnose",
     "ProfileConfig": "rlotel.profile.config",
-    "Sink": "rlotel.sinks.base",
+    "Sink": "rlotel.sink",
     "Step": "rlotel.ledger",
     "Telemetry": "rlotel.telemetry",
     "sglang_profiler_args": "rlotel.profile.config",
@@ -121,5 +121,5 @@ def _load_phase_class() -> type[Phase]:
 def diagnose(step: Any, thresholds: Thresholds | None = None) -> Verdict:
     """Bottleneck verdict of one closed step (or of facts built from a logged verl dict),
     from that step's own evidence; `step.verdict` adds trends over the run."""
-    facts = step if isinstance(step, StepFacts) else step.facts()
+    facts = step if isinstance(step, StepFacts) else step.summary.facts
     return _diagnose.diagnose(facts, thresholds)

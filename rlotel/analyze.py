@@ -199,7 +199,7 @@ def _slowest_from_samples(trace: list[SpanRecord]) -> dict[str, float]:
     samples = [s for s in trace if s.name == attr.SAMPLE_SPAN]
     if not samples:
         return {}
-    stages = ("generate_sequences", "tool_calls", "compute_score")
+    stages = voc.AGENT_LOOP_STAGES
 
     def total(span: SpanRecord) -> float:
         return sum(span.attributes.get(attr.sample_attribute(stage, True), 0.0) for stage in stages)
@@ -212,7 +212,7 @@ def _slowest_from_samples(trace: list[SpanRecord]) -> dict[str, float]:
         for stage in stages
     }
     if attr.OUTPUT_TOKENS in slowest.attributes:
-        keys[f"{voc.AGENT_LOOP_SLOWEST}response_length"] = slowest.attributes[attr.OUTPUT_TOKENS]
+        keys[voc.AGENT_LOOP_SLOWEST + voc.RESPONSE_LENGTH] = slowest.attributes[attr.OUTPUT_TOKENS]
     return keys
 
 

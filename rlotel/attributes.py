@@ -6,6 +6,9 @@ attribute is spelled once. OTel GenAI conventions are used where one exists.
 
 from __future__ import annotations
 
+from rlotel import vocabulary as voc
+
+NAMESPACE = "rl."  # every rlotel attribute's prefix (`rl.role` → `role` in a log line)
 RUN = "rl.run"
 STEP = "rl.step"
 PHASE = "rl.phase"
@@ -28,7 +31,8 @@ BOTTLENECK_PREFIX = "rl.bottleneck."  # + evidence name
 
 SAMPLE_SPAN = "sample"  # span name of one trajectory
 SAMPLE_INDEX = "rl.sample.index"
-SAMPLE_PREFIX = "rl.sample."
+SAMPLE_NAMESPACE = "rl.sample"  # also the trace-event category of sample slices (perfetto)
+SAMPLE_PREFIX = SAMPLE_NAMESPACE + "."
 
 # --- OpenTelemetry GenAI semantic conventions (status "Development"), pinned -------------
 # Every `gen_ai.*` name rlotel emits is spelled here and nowhere else, as published in
@@ -78,7 +82,8 @@ SAMPLE_GENERATED_STEP = "rl.sample.generated_step"  # the step whose prompts it 
 LINK_RELATION = "rl.link.relation"  # why a span links another: "generated_in", ...
 
 CAPTURE_SPAN = "profile.capture"
-PROFILE_PREFIX = "rl.profile."
+PROFILE_NAMESPACE = "rl.profile"
+PROFILE_PREFIX = PROFILE_NAMESPACE + "."
 PROFILE_PATH = "rl.profile.path"
 PROFILE_SIZE = "rl.profile.size_bytes"
 PROFILE_TOOL = "rl.profile.tool"
@@ -92,6 +97,7 @@ PROFILE_TOP_OPS = "rl.profile.top_ops"
 PROFILE_PHASES = "rl.profile.phases"
 
 SERVICE_NAME = "service.name"
+PROCESS_PID = "process.pid"  # OTel semantic conventions (resource)
 
 # Which process a span came from (resource attributes of worker processes).
 ROLE = "rl.role"  # actor, rollout, ref, critic, ... (or the worker class)
@@ -130,8 +136,8 @@ DURATION_SUFFIX = "_s"
 
 def sample_attribute(field: str, is_duration: bool) -> str:
     """The span attribute of one per-sample field (`gen_ai.usage.*` for lengths)."""
-    if field == "prompt_length":
+    if field == voc.PROMPT_LENGTH:
         return INPUT_TOKENS
-    if field == "response_length":
+    if field == voc.RESPONSE_LENGTH:
         return OUTPUT_TOKENS
     return f"{SAMPLE_PREFIX}{field}{DURATION_SUFFIX if is_duration else ''}"

@@ -107,7 +107,7 @@ def _demo(args: argparse.Namespace) -> int:
     console.print(
         f"reward: first steps {first:.3f} → last steps {last:.3f}; tool calls in "
         f"{last_step.tool_call_ratio:.0%} of the last step's samples; slowest sample "
-        f"{last_step.metrics.get('agent_loop/slowest/generate_sequences', 0) * 1000:.1f} ms"
+        f"{last_step.metrics.get(voc.AGENT_LOOP_SLOWEST + voc.GENERATE_SEQUENCES, 0) * 1000:.1f} ms"
     )
     summary = traces.with_name("summary.json")
     summary.write_text(
@@ -355,11 +355,8 @@ def _ledger_table(steps, title: str | None = None) -> Table:
     for name in [*names, "step"]:
         values = [s.timing_raw.get(name, 0.0) for s in steps]
         mean = sum(values) / len(values)
-        per_token = [
-            s.metrics[f"timing_per_token_ms/{name}"]
-            for s in steps
-            if f"timing_per_token_ms/{name}" in s.metrics
-        ]
+        key = voc.TIMING_PER_TOKEN_MS + name
+        per_token = [s.metrics[key] for s in steps if key in s.metrics]
         table.add_row(
             name,
             f"{mean:.4f}",
@@ -378,8 +375,8 @@ def _goodput_table(steps) -> Table:
         ("goodput (productive ÷ role-seconds)", voc.GOODPUT),
         *((f"seconds {b}", f"{voc.BUCKET_SECONDS}{b}") for b in goodput.BUCKETS),
         *((f"idle ratio {r}", f"{voc.IDLE_RATIO}{r}") for r in (goodput.TRAINER, goodput.ROLLOUT)),
-        ("staleness mean (steps)", f"{voc.OFF_POLICY}trajectory_staleness/mean"),
-        ("staleness max (steps)", f"{voc.OFF_POLICY}trajectory_staleness/max"),
+        ("staleness mean (steps)", voc.TRAJECTORY_STALENESS + "mean"),
+        ("staleness max (steps)", voc.TRAJECTORY_STALENESS + "max"),
         ("oldest-version staleness, token-weighted", voc.STALENESS_WORST_TOKEN_WEIGHTED),
         *((f"discarded {r} (share)", f"{voc.SAMPLES_DISCARDED}{r}") for r in voc.DISCARD_REASONS),
         *((f"async bias KS {q}", f"{voc.ASYNC_BIAS_KS}{q}") for q in voc.BIAS_QUANTITIES),

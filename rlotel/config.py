@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from numbers import Real
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlotel import catalogue as cat
 from rlotel.diagnose import Thresholds
@@ -23,7 +23,10 @@ from rlotel.env import Environment
 from rlotel.errors import ConfigError
 from rlotel.goodput import BUCKETS
 from rlotel.profile.config import ProfileConfig
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
+
+if TYPE_CHECKING:
+    from rlotel.ledger import StepHookFactory
 
 DEFAULT_SERVICE_NAME = "rlotel"
 MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake
@@ -60,6 +63,9 @@ class Config:
         `rl.rank`, `rl.node`), next to `service.name` and `rl.run`.
     phase_buckets: `{"my_wait": "idle"}` puts phase names in goodput buckets (productive,
         overhead, idle, wasted), over rlotel's table for verl's names (rlotel.goodput).
+    step_hooks: factories of ledger hooks (`rlotel.ledger.StepHooks`) an integration
+        injects: each gets `rlotel.ledger.HookServices` at init and returns a hook or None
+        (verl's capture discovery: `rlotel.integrations.verl_captures.discover`).
     """
 
     run: str = "default"
@@ -85,6 +91,7 @@ class Config:
     profile: ProfileConfig | None = None
     resource_attributes: Mapping[str, str | int | float | bool] | None = None
     phase_buckets: Mapping[str, str] | None = None
+    step_hooks: Sequence[StepHookFactory] = ()
     environment: Environment = field(default_factory=Environment.read, repr=False)
 
     def validated(self) -> Config:
@@ -137,6 +144,12 @@ class Config:
             raise ConfigError(
                 f"bottleneck_thresholds must be rlotel.Thresholds, got {thresholds!r}"
             )
+        for factory in self.step_hooks:
+            if not callable(factory):
+                raise ConfigError(
+                    "step_hooks must be callables that take rlotel.ledger.HookServices and "
+                    f"return a ledger hook (or None), got {factory!r}"
+                )
         writable_dir(self.environment.traces_dir, "RLOTEL_TRACES_DIR")
         steps = _steps(self.profile_steps)
         profile_dir = writable_dir(self.profile_dir, "profile_dir")
@@ -149,6 +162,12 @@ class Config:
             profile = profile.validated()
             if profile.save_dir is not None:
                 writable_dir(profile.save_dir, "profile save_dir")
+            if profile.discover_dir is not None and not self.step_hooks:
+                raise ConfigError(
+                    "profile discover_dir names verl's profiler output, but no step hook "
+                    "reads it: pass step_hooks=[rlotel.integrations.verl_captures.discover] "
+                    "(rlotel's verl integration does)"
+                )
         return replace(
             self,
             service_name=self.service_name or self.environment.service_name or DEFAULT_SERVICE_NAME,
@@ -163,6 +182,7 @@ class Config:
             phase_buckets=_phase_buckets(self.phase_buckets),
             span_exporters=tuple(self.span_exporters),
             sinks=tuple(self.sinks),
+            step_hooks=tuple(self.step_hooks),
             bottleneck_thresholds=(thresholds or Thresholds()).validated(),
             profile=profile
             if profile is not None and (profile.steps or profile.discover_dir)

@@ -24,20 +24,20 @@ from rlotel.errors import ConfigError
 
 # Top-level windows by the verdict they point to (verl names).
 GROUPS: dict[str, tuple[str, ...]] = {
-    "rollout-bound": ("gen",),
-    "update-bound": ("update_actor", "update_critic"),
-    "logprob-bound": ("old_log_prob", "ref", "values"),
-    "sync-bound": ("update_weights",),
-    "reward-bound": ("reward",),
-    "checkpoint": ("save_checkpoint",),
+    "rollout-bound": (voc.GEN,),
+    "update-bound": (voc.UPDATE_ACTOR, voc.UPDATE_CRITIC),
+    "logprob-bound": (voc.OLD_LOG_PROB, voc.REF, voc.VALUES),
+    "sync-bound": (voc.UPDATE_WEIGHTS,),
+    "reward-bound": (voc.REWARD,),
+    "checkpoint": (voc.SAVE_CHECKPOINT,),
     "switch-bound": (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT),
 }
 TOP_LEVEL = (
     frozenset(name for names in GROUPS.values() for name in names)
-    | {"adv", "dump_rollout_generations"}
+    | {voc.ADV, voc.DUMP_ROLLOUT_GENERATIONS}
     | frozenset(voc.VERL_ASYNC_STAGES)
 )
-STAGES = ("generate_sequences", "tool_calls", "compute_score")
+STAGES = voc.AGENT_LOOP_STAGES
 
 NEXT_READ = {
     "rollout-bound": "per-sample tail in rlotel_agent_loop_duration_seconds (p99 vs p50), "
@@ -183,7 +183,7 @@ class StepFacts:
                 discarded[key[len(voc.SAMPLES_DISCARDED) :]] = float(value)
             elif voc.eviction_reason(key) == "staleness":
                 evicted += float(value)
-        stale = metrics.get(f"{voc.OFF_POLICY}trajectory_staleness/max")
+        stale = metrics.get(voc.TRAJECTORY_STALENESS + "max")
         tail = metrics.get(voc.ROLLOUT_TAIL_SECONDS)
         occupancy = metrics.get(voc.ROLLOUT_OCCUPANCY)
         return cls(
@@ -407,7 +407,7 @@ def _rollout(
             evidence["rollout_occupancy"] = round(facts.rollout_occupancy, 4)
         if tail >= limits.tail_share * gen_seconds:
             return "rollout-tail", "high"  # measured: most of gen waited for a few samples
-    if slowest["generate_sequences"] is None:
+    if slowest[voc.GENERATE_SEQUENCES] is None:
         return "", "low"  # no per-sample evidence
     total = sum(v for v in slowest.values() if v is not None)
     evidence["slowest_sample_s"] = round(total, 6)
@@ -418,7 +418,7 @@ def _rollout(
         if peak is not None and mean:
             tails[stage] = peak / mean
             evidence[f"{stage}_max_over_mean"] = round(tails[stage], 3)
-    length = loop.get(f"{voc.AGENT_LOOP_SLOWEST}response_length")
+    length = loop.get(voc.AGENT_LOOP_SLOWEST + voc.RESPONSE_LENGTH)
     if length is not None and facts.response_tokens and facts.sequences:
         ratio = length / (facts.response_tokens / facts.sequences)
         evidence["slowest_length_over_mean"] = round(ratio, 3)
@@ -426,9 +426,9 @@ def _rollout(
         return "controller-overhead", "medium"
     stage = max(STAGES, key=lambda s: slowest[s] or 0.0)
     detail = {
-        "generate_sequences": "generation-tail",
-        "tool_calls": "tool-call-tail",
-        "compute_score": "compute-score-tail",
+        voc.GENERATE_SEQUENCES: "generation-tail",
+        voc.TOOL_CALLS: "tool-call-tail",
+        voc.COMPUTE_SCORE: "compute-score-tail",
     }[stage]
     return detail, "high" if tails.get(stage, 0.0) >= limits.tail_ratio else "medium"
 

@@ -36,19 +36,19 @@ ASYNC_MODES = frozenset({"colocate_async", "separate_async", "fully_async"})
 MODES = frozenset({SYNC, *ASYNC_MODES})
 
 DEFAULT_BUCKETS: dict[str, str] = {
-    **dict.fromkeys(("gen", "reward", "update_actor", "update_critic"), PRODUCTIVE),
+    **dict.fromkeys((voc.GEN, voc.REWARD, voc.UPDATE_ACTOR, voc.UPDATE_CRITIC), PRODUCTIVE),
     **dict.fromkeys(
         (
-            "old_log_prob",
-            "ref",
-            "values",
-            "adv",
-            "update_weights",
-            "save_checkpoint",
-            "dump_rollout_generations",
-            "testing",
-            "start_profile",
-            "stop_profile",
+            voc.OLD_LOG_PROB,
+            voc.REF,
+            voc.VALUES,
+            voc.ADV,
+            voc.UPDATE_WEIGHTS,
+            voc.SAVE_CHECKPOINT,
+            voc.DUMP_ROLLOUT_GENERATIONS,
+            voc.TESTING,
+            voc.START_PROFILE,
+            voc.STOP_PROFILE,
             voc.SWITCH_TO_TRAINER,
             voc.SWITCH_TO_ROLLOUT,
             voc.PARAM_SYNC,
@@ -62,12 +62,12 @@ DEFAULT_BUCKETS: dict[str, str] = {
     voc.ROLLOUT_DISCARDED: WASTED,
 }
 # Names whose work differs by mode: V1's `gen` samples the replay buffer in async modes.
-ASYNC_BUCKETS: dict[str, str] = {"gen": IDLE}
+ASYNC_BUCKETS: dict[str, str] = {voc.GEN: IDLE}
 UNKNOWN_BUCKET = OVERHEAD  # a name of yours not in the table: say what it is in phase_buckets
 
 # Trainer windows during which an async rollout cannot generate, when the rollout's own
 # windows are not in this process (verl's trainer): weights are being swapped in.
-_ROLLOUT_BLOCKED_ASYNC = frozenset({"update_weights", voc.PARAM_SYNC})
+_ROLLOUT_BLOCKED_ASYNC = frozenset({voc.UPDATE_WEIGHTS, voc.PARAM_SYNC})
 
 
 class Timeline:
@@ -173,7 +173,7 @@ def step_metrics(
                 split[PRODUCTIVE]
                 if role == ROLLOUT
                 else _sweep(
-                    [(PRODUCTIVE, s, e) for n, s, e in names_by_role[role] if n == "gen"],
+                    [(PRODUCTIVE, s, e) for n, s, e in names_by_role[role] if n == voc.GEN],
                     start_ns,
                     end_ns,
                     IDLE,
@@ -204,7 +204,7 @@ def _blocks(name: str, buckets: PhaseBuckets) -> bool:
     wakes them, so there every window but `gen` blocks; separate pools only pause for
     weights."""
     if buckets.mode == "colocate_async":
-        return name != "gen"
+        return name != voc.GEN
     return name in _ROLLOUT_BLOCKED_ASYNC
 
 

@@ -15,19 +15,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from rlotel import (
-    async_bias,
-    formulas,
-    goodput,
-    ids,
-    nvtx,
-    occupancy,
-    ranks,
-    samples,
-    staleness,
-    vocabulary,
-)
-from rlotel.diagnose import StepFacts, Verdict
+from rlotel import ids, nvtx, ranks, samples, vocabulary
 from rlotel.drops import Drops, as_finite_float, clean_counts, describe, encodable
 from rlotel.samples import SampleBatch
 
@@ -50,6 +38,20 @@ class StepHooks(Protocol):
 
     def flush(self) -> None:
         """End of run: finish what is open and release every step still held."""
+
+
+class HookServices(NamedTuple):
+    """What a hook factory of `Config.step_hooks` gets at `init`: how an integration plugs
+    a `StepHooks` into the ledger without the core knowing the integration."""
+
+    profile: Any  # the run's validated `rlotel.ProfileConfig`; None when profiling is off
+    publish_capture: Callable[[Capture], None]  # hand a found capture to the pipeline
+    release: Callable[[list[Step]], None]  # steps a hook held (`step.held`) may publish now
+    drops: Drops
+
+
+# `Config.step_hooks` entries: a hook for this run, or None to stay out of it.
+StepHookFactory = Callable[[HookServices], "StepHooks | None"]
 
 
 class Phase:
@@ -260,14 +262,23 @@ class Trace:
         return sum(len(batch.spans) for batch in self.samples)
 
 
-class Derived(NamedTuple):
-    """What a closed step's numbers are, computed once from what was recorded."""
+class Summary(Protocol):
+    """What the ledger holds of a closed step's numbers: `rlotel.summary.StepSummary`,
+    built above this layer (and wired in as `Ledger.summarize`), so not imported here."""
 
-    timing: dict[str, float]  # verl's timing_raw
+    timing_raw: dict[str, float]
     metrics: dict[str, float]
-    unaccounted: float
-    consumed: staleness.Consumed | None
-    occupancy: dict[str, occupancy.Occupancy] | None = None  # by rollout replica
+    unaccounted_seconds: float
+    verdict: Any  # rlotel.diagnose.Verdict, added by the pipeline
+
+
+class NotClosed(NamedTuple):
+    """A step still open has no numbers yet."""
+
+    timing_raw: dict[str, float]
+    metrics: dict[str, float]
+    unaccounted_seconds: float
+    verdict: Any
 
 
 class Step:
@@ -275,7 +286,6 @@ class Step:
 
     def __init__(self, ledger: Ledger, number: int) -> None:
         self._ledger = ledger
-        self._n_gpus = ledger.n_gpus
         self.number = number
         self.trace = Trace(Phase(None, "step"), number)
         self.prompt_tokens: int | float | None = None
@@ -288,10 +298,9 @@ class Step:
         self.closed = False
         self.held = False  # a hook holds it until its captures are written
         self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)
-        self.published_verdict: Verdict | None = None  # set by the pipeline, before fan-out
         self._published = threading.Event()
-        self._derive_lock = threading.Lock()
-        self._derived: Derived | None = None
+        self._summary_lock = threading.Lock()
+        self._summary: Summary | None = None
 
     @property
     def record(self) -> Phase:
@@ -323,7 +332,7 @@ class Step:
                 )
             self.prompt_tokens, self.response_tokens = sums
             self.sequences = _length(response) if response is not None else None
-            self._derived = None
+            self._recorded()
         except Exception as exc:  # telemetry must never raise into training
             self._ledger.drops.add("tokens", "internal_error", repr(exc))
 
@@ -337,7 +346,13 @@ class Step:
                 self._ledger.drops.add("mfu", reason or "negative", f"mfu {role}={describe(value)}")
                 continue
             self.mfu[role] = number
-            self._derived = None
+            self._recorded()
+
+    def _recorded(self) -> None:
+        """New evidence after close (verl's log dict, late tokens): an early reader's summary
+        is rebuilt from it, unless the step is already published."""
+        if not self._published.is_set():
+            self._summary = None
 
     def adopt_log(self, data: Mapping[str, Any]) -> None:
         """The dict verl logged for this step after its timers closed: its MFU (verl's own
@@ -361,32 +376,37 @@ class Step:
         return False
 
     @property
+    def summary(self) -> Summary:
+        """What the closed step's numbers are (`rlotel.summary`), built once: by the
+        pipeline before fan-out, or by a reader that comes first. Once published it carries
+        the verdict."""
+        summary = self._summary
+        if summary is not None:
+            return summary
+        if not self.closed:
+            return NotClosed({}, {}, 0.0, None)
+        with self._summary_lock:
+            if self._summary is None:
+                self._summary = self._ledger.summarize(self)
+            return self._summary
+
+    @property
     def timing_raw(self) -> dict[str, float]:
         """verl's `timing_raw`: seconds per phase name (repeats summed) plus `step`."""
-        return self._derive().timing
+        return self.summary.timing_raw
 
     @property
     def metrics(self) -> dict[str, float]:
         """verl's `timing_s/*`, `timing_per_token_ms/*` and `perf/*` for this step."""
-        return self._derive().metrics
+        return self.summary.metrics
 
     @property
     def unaccounted_seconds(self) -> float:
         """Step time covered by no top-level phase."""
-        return self._derive().unaccounted
+        return self.summary.unaccounted_seconds
 
     @property
-    def consumed(self) -> staleness.Consumed | None:
-        """Weight versions of the samples this step consumed (None without versions)."""
-        return self._derive().consumed
-
-    @property
-    def occupancy(self) -> dict[str, occupancy.Occupancy]:
-        """Rollout occupancy by replica, from the real times of this step's trajectories."""
-        return self._derive().occupancy or {}
-
-    @property
-    def verdict(self) -> Verdict | None:
+    def verdict(self) -> Any:
         """Bottleneck verdict (rlotel.diagnose), with trends over the run's previous steps.
 
         The pipeline computes it once, in step order, before any sink sees the step; read
@@ -395,87 +415,12 @@ class Step:
         if not self.closed:
             return None
         self._published.wait(self._ledger.verdict_wait_s)
-        return self.published_verdict
+        return self.summary.verdict
 
-    def mark_published(self, verdict: Verdict | None) -> None:
-        """The pipeline finished this step (verdict included) and fans it out now."""
-        self.published_verdict = verdict
+    def publish(self, summary: Summary) -> None:
+        """The pipeline finished this step (its summary, verdict included) and fans it out."""
+        self._summary = summary
         self._published.set()
-
-    def facts(self) -> StepFacts:
-        """What the bottleneck verdict is read from."""
-        return StepFacts.from_metrics(
-            self.number,
-            self.timing_raw,
-            self.metrics,
-            unaccounted=self.unaccounted_seconds,
-            response_tokens=self.response_tokens,
-            sequences=self.sequences,
-            stragglers={
-                spread.phase: (spread.slowest_rank, spread.spread)
-                for spread in ranks.spreads(self.rank_seconds).values()
-            },
-            compute_stragglers={
-                spread.phase: (spread.slowest_rank, spread.spread)
-                for spread in ranks.compute_spreads(self.rank_compute).values()
-            },
-        )
-
-    def _derive(self) -> Derived:
-        """verl's numbers of the closed step: a pure function of what was recorded, made
-        once (the pipeline does it before fan-out; a reader that comes first gets the same
-        numbers), so closing a step costs the training thread nothing per phase."""
-        derived = self._derived
-        if derived is not None:
-            return derived
-        if not self.closed:
-            return Derived({}, {}, 0.0, None)
-        with self._derive_lock:
-            if self._derived is None:
-                self._derived = self._compute()
-            return self._derived
-
-    def _compute(self) -> Derived:
-        timing: dict[str, float] = {}
-        for record in self.trace.records:
-            if record.end_ns:
-                timing[record.name] = timing.get(record.name, 0) + record.seconds
-        timing[vocabulary.STEP] = self.record.seconds
-        metrics = formulas.timing_metrics(timing, self.prompt_tokens, self.response_tokens)
-        metrics.update(formulas.throughput_metrics(timing, self.total_tokens, self._n_gpus))
-        metrics.update(formulas.mfu_metrics(self.mfu))
-        consumed, replicas = None, None
-        buckets = self._ledger.phase_buckets
-        if self.trace.samples:
-            trained = [batch for batch in self.trace.samples if batch.discarded is None]
-            if trained:
-                metrics.update(samples.verl_aggregates(trained))
-                consumed = staleness.consumed(self.number, trained)
-                metrics.update(staleness.off_policy_metrics(consumed))
-                metrics.update(staleness.token_weighted(self.number, trained))
-            metrics.update(async_bias.bias_metrics(self.trace.samples, buckets.is_async))
-            replicas = occupancy.by_replica(self.trace.samples)
-            metrics.update(occupancy.step_metrics(replicas))
-        root = self.trace.root
-        top_level = (
-            (r.name, r.start_ns, r.end_ns)
-            for r in self.trace.records
-            if r.parent is None and r.end_ns
-        )
-        metrics.update(
-            goodput.trace_metrics(
-                top_level,
-                root.start_ns,
-                root.end_ns,
-                buckets,
-                metrics.get(vocabulary.ROLLOUT_TAIL_SECONDS, 0.0),
-            )
-        )
-        covered = vocabulary.covered_by_intervals(
-            (r.start_ns, r.end_ns) for r in self.trace.records if r.parent is None and r.end_ns
-        )
-        unaccounted = vocabulary.unaccounted(timing[vocabulary.STEP], covered)
-        return Derived(timing, metrics, unaccounted, consumed, replicas)
 
 
 def _length(values: Any) -> int:
@@ -497,7 +442,7 @@ class Ledger:
         publish_step: Callable[[Step], None],
         publish_trace: Callable[[Trace], None],
         drops: Drops,
-        n_gpus: int,
+        summarize: Callable[[Step], Summary],
         verdict_wait_s: float = 5.0,
     ) -> None:
         self._publish_step = publish_step
@@ -505,9 +450,8 @@ class Ledger:
         self.drops = drops
         self.hooks: tuple[StepHooks, ...] = ()
         self.phase_range: Callable[[str], Any] | None = None  # a context manager per phase
-        self.n_gpus = n_gpus
+        self.summarize = summarize  # a closed step's numbers (`rlotel.summary`), wired in
         self.verdict_wait_s = verdict_wait_s
-        self.phase_buckets = goodput.PhaseBuckets()  # goodput buckets and training mode
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None
         self._loose: Trace | None = None
@@ -543,13 +487,22 @@ class Ledger:
             phase.span_id = ids.span_id()
         return trace.trace_id, phase.span_id
 
-    def attach_samples(self, batch: SampleBatch, max_spans: int) -> bool:
-        """Give samples recorded inside a trace their parent, ids and span budget.
+    def attach_samples(
+        self, batch: SampleBatch, max_spans: int, remote: tuple[int, int] | None = None
+    ) -> bool:
+        """Give samples their parent, ids and span budget: the remote phase `remote` names
+        (trace and span id from another process's carrier), else the open trace's
+        innermost phase. The one attach path of `record_samples`.
 
-        Returns False when no trace is open (the caller publishes the batch on its own).
+        Returns True when the batch joined the open trace (it is published with it); False
+        when the caller publishes it on its own (remote, or no trace open: no spans then).
         """
-        trace = self.current_trace
         batch.end_ns = perf_counter_ns()
+        if remote is not None:
+            batch.trace_id, batch.parent_span_id = remote
+            samples.pick_sample_spans(batch, max_spans)
+            return False
+        trace = self.current_trace
         if trace is None:
             return False
         batch.trace_id = trace.trace_id

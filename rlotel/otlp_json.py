@@ -178,11 +178,11 @@ def iter_files(path: Path) -> Iterator[Path]:
 
 def process_label(resource: Mapping[str, Any]) -> str:
     """A readable name for the process that exported a span: service, role and rank."""
-    parts = [str(resource.get("service.name", "unknown_service"))]
-    if "rl.role" in resource:
-        parts.append(str(resource["rl.role"]))
-    if "rl.rank" in resource:
-        parts.append(f"rank {resource['rl.rank']}")
+    parts = [str(resource.get(attr.SERVICE_NAME, "unknown_service"))]
+    if attr.ROLE in resource:
+        parts.append(str(resource[attr.ROLE]))
+    if attr.RANK in resource:
+        parts.append(f"rank {resource[attr.RANK]}")
     return " ".join(parts)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from rlotel import attributes as attr
 from rlotel import otlp_json
+from rlotel import vocabulary as voc
 from rlotel.analyze import Run, load_run, resolve_capture_path
 from rlotel.otlp_json import SpanRecord
 
@@ -91,12 +92,12 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
         phases = [s for s in spans if s.name != attr.CAPTURE_SPAN and not _in_samples(s)]
         samples = [s for s in spans if _in_samples(s)]  # trajectories, their turns and tools
         captures = [s for s in spans if s.name == attr.CAPTURE_SPAN]
-        builder.spans(pid, "phases", phases, "rl.phase", sort_base=0)
-        builder.spans(pid, "samples", samples, "rl.sample", sort_base=100)
-        builder.spans(pid, "profile captures", captures, "rl.profile", sort_base=200)
+        builder.spans(pid, "phases", phases, attr.PHASE, sort_base=0)
+        builder.spans(pid, "samples", samples, attr.SAMPLE_NAMESPACE, sort_base=100)
+        builder.spans(pid, "profile captures", captures, attr.PROFILE_NAMESPACE, sort_base=200)
         for capture in captures:
             path = resolve_capture_path(
-                str(capture.attributes.get("rl.profile.path", "")), run.source
+                str(capture.attributes.get(attr.PROFILE_PATH, "")), run.source
             )
             if path is None or not path.name.endswith((".json", ".json.gz")):
                 missing += 1
@@ -136,8 +137,8 @@ def _unique_label(key: tuple[str, str], processes: Iterable[tuple[str, str]]) ->
 
 def _covered_phases(capture: SpanRecord, spans: Sequence[SpanRecord]) -> list[SpanRecord]:
     """Phase spans of the steps a capture covers (its step range), for clock alignment."""
-    first = capture.attributes.get("rl.profile.step_first")
-    last = capture.attributes.get("rl.profile.step_last", first)
+    first = capture.attributes.get(attr.PROFILE_STEP_FIRST)
+    last = capture.attributes.get(attr.PROFILE_STEP_LAST, first)
     if not isinstance(first, int):
         return []
     return [
@@ -145,23 +146,23 @@ def _covered_phases(capture: SpanRecord, spans: Sequence[SpanRecord]) -> list[Sp
         for s in spans
         if s.name != attr.CAPTURE_SPAN
         and not _in_samples(s)
-        and isinstance(s.attributes.get("rl.step"), int)
-        and first <= s.attributes["rl.step"] <= last
+        and isinstance(s.attributes.get(attr.STEP), int)
+        and first <= s.attributes[attr.STEP] <= last
     ]
 
 
 def _capture_label(capture: SpanRecord) -> str:
     """`torch step2` / `torch step2-3 mb0-1`: which steps a capture's thread tracks cover."""
     attributes = capture.attributes
-    first = attributes.get("rl.profile.step_first")
-    last = attributes.get("rl.profile.step_last", first)
-    label = f"{attributes.get('rl.profile.tool', 'torch')} step{first}"
+    first = attributes.get(attr.PROFILE_STEP_FIRST)
+    last = attributes.get(attr.PROFILE_STEP_LAST, first)
+    label = f"{attributes.get(attr.PROFILE_TOOL, 'torch')} step{first}"
     if last != first:
         label += f"-{last}"
-    if "rl.profile.mini_batch_first" in attributes:
+    if attr.PROFILE_MINI_BATCH_FIRST in attributes:
         label += (
-            f" mb{attributes['rl.profile.mini_batch_first']}"
-            f"-{attributes.get('rl.profile.mini_batch_last')}"
+            f" mb{attributes[attr.PROFILE_MINI_BATCH_FIRST]}"
+            f"-{attributes.get(attr.PROFILE_MINI_BATCH_LAST)}"
         )
     return label
 
@@ -221,7 +222,7 @@ class _Builder:
                     {
                         "ph": "X",
                         "name": span.name,
-                        "cat": "rl.step" if span.name == "step" else category,
+                        "cat": attr.STEP if span.name == voc.STEP else category,
                         "pid": pid,
                         "tid": tid,
                         "ts": (span.start_ns - self.origin_ns) / 1000,

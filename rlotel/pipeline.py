@@ -1,14 +1,16 @@
 """What happens to a closed item before any sink sees it, on the publisher thread.
 
 Exactly one place publishes a closed step: here. Each step is finished once, in step
-order — verl's derived numbers, then the verdict (the diagnoser keeps the run's trends) —
-and only then fanned out; a step a hook holds (its profiler capture is still being
-written) waits here until the hook releases it. Capture summaries are read once, here.
+order — its summary (`rlotel.summary`: verl's derived numbers), then the verdict (the
+diagnoser keeps the run's trends) — and only then fanned out; a step a hook holds (its
+profiler capture is still being written) waits here until the hook releases it. Capture
+summaries are read once, here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from rlotel.diagnose import Diagnoser
@@ -16,7 +18,7 @@ from rlotel.drops import Drops
 from rlotel.ledger import Step, Trace
 from rlotel.profile.capture import Capture, summarize
 from rlotel.samples import SampleBatch
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
 
 
 class LogRecord:
@@ -77,12 +79,13 @@ class Pipeline:
         unclosed = [phase.name for phase in step.trace.records if not phase.end_ns]
         if unclosed:
             self._drops.add("spans", "unclosed_phase", f"step closed with {unclosed} open")
+        summary = step.summary
         try:
-            verdict = self._diagnoser.observe(step.facts())
+            verdict = self._diagnoser.observe(summary.facts)
         except Exception as error:  # a verdict is never worth losing the step for
             self._drops.add("spans", "internal_error", f"verdict: {error!r}")
             verdict = None
-        step.mark_published(verdict)
+        step.publish(replace(summary, verdict=verdict))
         self.sink.on_step(step)
 
     def release(self, steps: Iterable[Step]) -> None:

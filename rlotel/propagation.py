@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rlotel import attributes as attr
+
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
@@ -37,7 +39,7 @@ def parse(carrier: Any) -> tuple[int, int] | None:
     return trace_id, span_id
 
 
-RUN_BAGGAGE = "rl.run"  # W3C baggage entry: a worker learns the run it works for
+RUN_BAGGAGE = attr.RUN  # W3C baggage entry: a worker learns the run it works for
 
 
 def with_run(carrier: dict[str, str], run: str) -> dict[str, str]:

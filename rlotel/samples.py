@@ -20,12 +20,12 @@ from rlotel.drops import Drops, as_finite_float
 from rlotel.propagation import parse
 from rlotel.tally import Tally, ordered_pairs
 
-DURATION_FIELDS = ("generate_sequences", "tool_calls", "compute_score")
-PREEMPTED = "num_preempted"
-LENGTH_KINDS = {"prompt_length": "prompt", "response_length": "response"}
+DURATION_FIELDS = voc.AGENT_LOOP_STAGES
+PREEMPTED = voc.NUM_PREEMPTED
+LENGTH_KINDS = {voc.PROMPT_LENGTH: "prompt", voc.RESPONSE_LENGTH: "response"}
 MIN_VERSION, MAX_VERSION = "min_weight_version", "max_weight_version"
 VERSION_FIELDS = (MIN_VERSION, MAX_VERSION)  # verl's min/max_global_steps per trajectory
-REWARD = "reward"  # per sample, any sign: async bias (a column) and the span's evaluation event
+REWARD = voc.SAMPLE_REWARD  # per sample, any sign: async bias and the span's evaluation event
 FIELDS = (*DURATION_FIELDS, PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS, REWARD)
 INTEGER_FIELDS = frozenset({PREEMPTED, *LENGTH_KINDS, *VERSION_FIELDS})
 INVALID_VERSION = -1  # in a version column: dropped (counted) when the batch was built
@@ -195,7 +195,7 @@ def build_batch(
         replica=replica,
         times=(per_sample.get(TIME_FIELDS[0]), per_sample.get(TIME_FIELDS[1])),
         oldest=per_sample.get(MIN_VERSION),
-        response=columns.get("response_length"),
+        response=columns.get(voc.RESPONSE_LENGTH),
     )
     if cleaned is not None:  # checked and counted once: spans read the clean pairs
         per_sample[TIME_FIELDS[0]], per_sample[TIME_FIELDS[1]] = cleaned
@@ -514,7 +514,6 @@ def pick_sample_spans(batch: SampleBatch, limit: int) -> None:
     candidates = candidates[np.isfinite(totals[candidates])]
     order = candidates[np.argsort(-totals[candidates], kind="stable")]
     batch.spans.extend(SampleSpan(index, ids.span_id()) for index in order.tolist())
-    batch.settle()
 
 
 def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlotel import attributes as attr
 from rlotel import vocabulary as voc
 from rlotel.diagnose import Thresholds, Verdict
 from rlotel.ledger import Ledger, Phase, Trace
@@ -35,19 +36,19 @@ STALLED = "stalled"  # the verdict kind
 
 # Where to look first when a window of this name hangs.
 WHERE_TO_LOOK = {
-    "gen": "the rollout: engine servers (their /metrics: running and waiting requests, "
+    voc.GEN: "the rollout: engine servers (their /metrics: running and waiting requests, "
     "KV-cache use), agent-loop and reward workers; a Ray actor pending creation",
     voc.GENERATE_SEQUENCES: "the rollout engine serving this worker",
-    "update_actor": "the actor worker group: the rank that has not replied (py-spy dump "
+    voc.UPDATE_ACTOR: "the actor worker group: the rank that has not replied (py-spy dump "
     "--pid), a hung collective (NCCL_DEBUG=INFO)",
-    "old_log_prob": "the actor worker group: the rank that has not replied (py-spy dump "
+    voc.OLD_LOG_PROB: "the actor worker group: the rank that has not replied (py-spy dump "
     "--pid), a hung collective",
-    "ref": "the reference worker group: the rank that has not replied",
-    "values": "the critic worker group: the rank that has not replied",
-    "update_critic": "the critic worker group: the rank that has not replied",
-    "update_weights": "the weight sync between trainer and rollout (checkpoint engine, "
+    voc.REF: "the reference worker group: the rank that has not replied",
+    voc.VALUES: "the critic worker group: the rank that has not replied",
+    voc.UPDATE_CRITIC: "the critic worker group: the rank that has not replied",
+    voc.UPDATE_WEIGHTS: "the weight sync between trainer and rollout (checkpoint engine, "
     "rollout servers resuming)",
-    "reward": "the reward workers or reward model servers",
+    voc.REWARD: "the reward workers or reward model servers",
     voc.STEP: "the phase open inside it; if none is, the code between phases (data loading, "
     "a Ray call outside any timer)",
 }
@@ -188,7 +189,7 @@ class StallWatch:
         if step is not None:
             evidence["step"] = step
         for key, value in self._identity.items():
-            evidence[key.removeprefix("rl.")] = value
+            evidence[key.removeprefix(attr.NAMESPACE)] = value
         pending = self._pending_ranks(phase)
         if pending:
             evidence["pending_ranks"] = ",".join(map(str, sorted(pending)))
@@ -221,7 +222,7 @@ class StallWatch:
         return pending
 
     def _line(self, phase: OpenPhase, verdict: Verdict) -> str:
-        who = " ".join(f"{k.removeprefix('rl.')}={v}" for k, v in self._identity.items())
+        who = " ".join(f"{k.removeprefix(attr.NAMESPACE)}={v}" for k, v in self._identity.items())
         median = (
             f", {phase.age_s / phase.median_s:.0f}x its median {phase.median_s:.3g} s"
             if phase.median_s

@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from rlotel import active
@@ -22,20 +23,31 @@ from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.diagnose import Diagnoser, Verdict
 from rlotel.drops import Drops, describe, encodable
 from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
-from rlotel.goodput import PhaseBuckets
-from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks, innermost_open
+from rlotel.goodput import PhaseBuckets, Timeline
+from rlotel.ledger import (
+    HookServices,
+    Ledger,
+    Phase,
+    RemotePhase,
+    Step,
+    StepHooks,
+    innermost_open,
+)
 from rlotel.metrics.recorder import Recorder
 from rlotel.metrics.store import SeriesStore
 from rlotel.pipeline import LogRecord, Pipeline
 from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
 from rlotel.ranks import RankCompute, RankReply, RankSeconds
-from rlotel.samples import SampleBatch, build_batch, pick_sample_spans, use_remote_spans
-from rlotel.sinks.base import CompositeSink, Sink
+from rlotel.samples import build_batch, use_remote_spans
+from rlotel.sink import CompositeSink, Sink
 from rlotel.sinks.export_queue import SpanBatchExporter
 from rlotel.stall import RankWait, StallWatch
+from rlotel.summary import StepSummary, summarize
 
 log = logging.getLogger("rlotel")
+
+NO_PARENT = (0, 0)  # samples whose carrier was unusable: no trace, no parent, no spans
 
 MAX_CACHED_NAMES = 4096  # validated phase names remembered (verl uses a few dozen)
 
@@ -54,6 +66,8 @@ class Telemetry:
         self._profiler = None
         self._usable_names: set[str] = set()  # phase names already validated
         self._closers: list[Callable[[], None]] = []  # run first at shutdown (quick, bounded)
+        # Goodput buckets and the training mode (`set_mode`), read per step and per trace.
+        self.phase_buckets = PhaseBuckets(overrides=config.phase_buckets or {})
         sinks: list[Sink] = []
         if config.environment.sdk_disabled:
             log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
@@ -61,7 +75,7 @@ class Telemetry:
             sinks = self._build_sinks()
         self._sink = CompositeSink(sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
-        identity = {**config.resource_attributes, "process.pid": os.getpid()}
+        identity = {**config.resource_attributes, attr.PROCESS_PID: os.getpid()}
         self.stalls = StallWatch(config.bottleneck_thresholds, identity)
         self._pipeline = Pipeline(
             self._sink,
@@ -76,13 +90,12 @@ class Telemetry:
             functools.partial(submit, self._pipeline.step),
             functools.partial(submit, self._pipeline.trace),
             self.drops,
-            config.n_gpus,
+            self._summarize,
             verdict_wait_s=config.shutdown_timeout_s,
         )
         self.stalls.ledger = self.ledger
         self._hooks = self._build_hooks()
         self.ledger.hooks = tuple(self._hooks)
-        self.ledger.phase_buckets = PhaseBuckets(overrides=config.phase_buckets or {})
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
         _flush_on_sigterm(self)
@@ -99,9 +112,9 @@ class Telemetry:
 
         config, environment = self.config, self.config.environment
         identity = {
-            "service.name": config.service_name,
+            attr.SERVICE_NAME: config.service_name,
             attr.RUN: config.run,
-            "process.pid": os.getpid(),
+            attr.PROCESS_PID: os.getpid(),
         }
         resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanBatchExporter] = {}
@@ -163,38 +176,47 @@ class Telemetry:
         return sinks
 
     def _phase_buckets(self) -> PhaseBuckets:
-        return self.ledger.phase_buckets  # read per trace: verl's integration sets the mode
+        return self.phase_buckets  # read per trace: verl's integration sets the mode
+
+    def _summarize(self, step: Step) -> StepSummary:
+        return summarize(step, self.config.n_gpus, self.phase_buckets)
+
+    def set_mode(self, mode: str, timeline: Timeline | None = None) -> None:
+        """The training mode from here on (verl's `sync`, `fully_async`, ...; the demo's),
+        and optionally the rollout timeline its idle-per-role is measured against."""
+        buckets = self.phase_buckets.for_mode(str(mode))
+        if timeline is not None:
+            buckets = replace(buckets, timeline=timeline)
+        self.phase_buckets = buckets
 
     def _build_hooks(self) -> list[StepHooks]:
-        """The profiler and verl capture discovery react to step start and end."""
+        """The profiler, then the hooks integrations inject (`Config.step_hooks`, e.g.
+        verl's capture discovery), react to step start and end."""
         profile = self.config.profile
-        if profile is None:
-            return []
         submit = self._publisher.submit
-        publish_capture = functools.partial(submit, self._pipeline.capture)
-        release = functools.partial(submit, self._pipeline.release)
+        services = HookServices(
+            profile,
+            functools.partial(submit, self._pipeline.capture),
+            functools.partial(submit, self._pipeline.release),
+            self.drops,
+        )
         hooks: list[StepHooks] = []
-        if profile.steps and profile.save_dir is not None:
+        if profile is not None and profile.steps and profile.save_dir is not None:
             from rlotel.profile.torch_driver import StepProfiler
 
             self._profiler = StepProfiler(
-                profile, self.drops, publish_capture, release, self.ledger.current_context
+                profile,
+                self.drops,
+                services.publish_capture,
+                services.release,
+                self.ledger.current_context,
             )
             self.ledger.phase_range = self._profiler.phase_range
             hooks.append(self._profiler)
-        if profile.discover_dir is not None:
-            from rlotel.integrations.verl_captures import VerlCaptureDiscovery
-
-            hooks.append(
-                VerlCaptureDiscovery(
-                    profile.discover_dir,
-                    frozenset(profile.steps),
-                    profile.role,
-                    profile.rank,
-                    publish_capture,
-                    release,
-                )
-            )
+        for factory in self.config.step_hooks:
+            hook = factory(services)
+            if hook is not None:
+                hooks.append(hook)
         return hooks
 
     # --- training-thread API ---------------------------------------------------------------
@@ -294,11 +316,15 @@ class Telemetry:
             span_budget = self.config.max_sample_spans if self._traced else 0
             if exemplar_spans is not None or batch.discarded is not None:
                 span_budget = 0
+            remote = None
             if context is not None:
-                self._attach_remote(batch, context, span_budget)
-            elif not self.ledger.attach_samples(batch, span_budget):
+                remote = parse(context)
+                if remote is None:
+                    self.drops.add("samples", "bad_context", f"no valid traceparent in {context!r}")
+                    remote, span_budget = NO_PARENT, 0
+            if not self.ledger.attach_samples(batch, span_budget, remote):
                 self._publisher.submit(self._pipeline.samples, batch)  # histograms only
-            batch.settle()  # the caller may reuse its arrays from here on
+            batch.settle()  # once: the caller may reuse its arrays from here on
             if exemplar_spans is not None:
                 bad = use_remote_spans(batch, exemplar_spans)
                 if bad:
@@ -383,16 +409,6 @@ class Telemetry:
         """The publisher's tick: open phases to the sinks (gauges, partial spans)."""
         if getattr(self, "ledger", None) is not None:  # the first tick may come early
             self._sink.on_open_phases(self.stalls.check())
-
-    def _attach_remote(self, batch: SampleBatch, carrier: Any, span_budget: int) -> None:
-        ids = parse(carrier)
-        batch.end_ns = time.perf_counter_ns()
-        if ids is None:
-            self.drops.add("samples", "bad_context", f"no valid traceparent in {carrier!r}")
-        else:
-            batch.trace_id, batch.parent_span_id = ids
-            pick_sample_spans(batch, span_budget)
-        self._publisher.submit(self._pipeline.samples, batch)
 
     def profile_step(self) -> None:
         """One update mini-batch done: advances a profiler schedule on flagged steps."""
@@ -529,7 +545,7 @@ def _flush_on_sigterm(tel: Telemetry) -> None:
 
 def _discard_step(step: Step) -> None:
     """The publisher of a forked child: nothing leaves the child (and no verdict waits)."""
-    step.mark_published(None)
+    step.publish(step.summary)
 
 
 def _discard(*_: Any) -> None:

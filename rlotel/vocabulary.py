@@ -10,20 +10,35 @@ from collections.abc import Iterable, Mapping
 
 STEP = "step"  # the step's own timer; every other name is a phase
 
+# verl's timer names (`marked_timer(name, timing_raw)` in `fit`): span = NVTX = stage name.
+GEN = "gen"  # rollout
+REWARD = "reward"
+OLD_LOG_PROB = "old_log_prob"  # actor inference (not training)
+REF = "ref"
+VALUES = "values"  # the critic's inference
+ADV = "adv"
+UPDATE_CRITIC = "update_critic"
+UPDATE_ACTOR = "update_actor"
+SAVE_CHECKPOINT = "save_checkpoint"
+UPDATE_WEIGHTS = "update_weights"  # new weights back to the rollout
+DUMP_ROLLOUT_GENERATIONS = "dump_rollout_generations"
+TESTING = "testing"  # validation, outside any step
+START_PROFILE, STOP_PROFILE = "start_profile", "stop_profile"  # verl's profiler windows
+
 # Top-level windows of verl's V0 `fit` step, in the order it runs them; their sum against
 # `step` gives the unaccounted time when only a logged dict (no nesting) is available.
 VERL_STAGE_ORDER: tuple[str, ...] = (
-    "gen",
-    "reward",
-    "old_log_prob",
-    "ref",
-    "values",
-    "adv",
-    "update_critic",
-    "update_actor",
-    "save_checkpoint",
-    "update_weights",
-    "dump_rollout_generations",
+    GEN,
+    REWARD,
+    OLD_LOG_PROB,
+    REF,
+    VALUES,
+    ADV,
+    UPDATE_CRITIC,
+    UPDATE_ACTOR,
+    SAVE_CHECKPOINT,
+    UPDATE_WEIGHTS,
+    DUMP_ROLLOUT_GENERATIONS,
 )
 VERL_STEP_STAGES = frozenset(VERL_STAGE_ORDER)
 
@@ -39,7 +54,7 @@ VERL_ASYNC_STAGES: tuple[str, ...] = (
     SWITCH_WAIT,
     SWITCH_TO_TRAINER,
     SWITCH_TO_ROLLOUT,
-    "update_weights",
+    UPDATE_WEIGHTS,
     PARAM_SYNC,
     WAIT_FOR_ENOUGH_SAMPLES,
 )
@@ -63,11 +78,23 @@ PERF = "perf/"
 MFU = "perf/mfu/"
 AGENT_LOOP = "agent_loop/"
 AGENT_LOOP_SLOWEST = "agent_loop/slowest/"
+# verl's agent loop, per sample (`AgentLoopMetrics`): three timed stages, in order, then the
+# preemption count and the two lengths; `agent_loop/{stage}/{min,max,mean}` and
+# `agent_loop/slowest/{...}` reduce them per step.
 GENERATE_SEQUENCES = "generate_sequences"  # the agent loop's generation stage
+TOOL_CALLS = "tool_calls"
+COMPUTE_SCORE = "compute_score"
+AGENT_LOOP_STAGES: tuple[str, ...] = (GENERATE_SEQUENCES, TOOL_CALLS, COMPUTE_SCORE)
+NUM_PREEMPTED = "num_preempted"  # int, -1 = unknown
+PROMPT_LENGTH = "prompt_length"
+RESPONSE_LENGTH = "response_length"
 TIME_PER_STEP = "perf/time_per_step"
 THROUGHPUT = "perf/throughput"
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
-OFF_POLICY = "training/off_policy/"  # + trajectory_{spans,staleness,staleness_worst}/{mean,max,min}
+TRAINING = "training/"  # verl V1's training-side keys (and `validation/` its validation's)
+VALIDATION = "validation/"
+# + trajectory_{spans,staleness,staleness_worst}/{mean,max,min}
+OFF_POLICY = TRAINING + "off_policy/"
 TRAJECTORY_STALENESS = OFF_POLICY + "trajectory_staleness/"  # + mean|max|min
 # rlotel's own per-step keys (rlotel.goodput): + bucket, + role
 RLOTEL = "rlotel/"  # rlotel's own additions to verl's step metrics
@@ -77,7 +104,8 @@ IDLE_RATIO = RLOTEL + "idle_ratio/"
 # Async bias (rlotel.async_bias): trained samples against every sample generated in the
 # step's window, two-sample KS per quantity; the share never trained, per reason.
 ASYNC_BIAS_KS = RLOTEL + "async_bias/ks/"  # + response_length | reward
-BIAS_QUANTITIES = ("response_length", "reward")
+SAMPLE_REWARD = "reward"  # rlotel's per-sample field: the reward, any sign
+BIAS_QUANTITIES = (RESPONSE_LENGTH, SAMPLE_REWARD)
 SAMPLES_DISCARDED = RLOTEL + "samples_discarded/"  # + reason
 DISCARD_REASONS = ("stale", "evicted", "filtered", "other")  # other: an unknown reason given
 # verl#7569: staleness from the oldest version behind each trajectory, weighted by tokens.
@@ -86,8 +114,9 @@ STALENESS_WORST_TOKEN_WEIGHTED = RLOTEL + "off_policy/trajectory_staleness_worst
 ROLLOUT_OCCUPANCY = RLOTEL + "rollout_occupancy"  # mean in flight ÷ peak, mean of replicas
 ROLLOUT_TAIL_SECONDS = RLOTEL + "rollout_tail_seconds"  # in flight < half the peak
 # verl V1 replay-buffer counts, `{training|validation}/...`: → rlotel_replay_evicted_samples
+OFF_POLICY_EVICTED = "off_policy/evicted_samples"  # after `training/` or `validation/`
 REPLAY_EVICTION_KEYS: dict[str, str] = {
-    "off_policy/evicted_samples": "staleness",
+    OFF_POLICY_EVICTED: "staleness",
     "filter_groups/evicted_samples": "filter_groups",
     "filter_groups/discarded_surplus_samples": "filter_groups_surplus",
     "rollout_failure/evicted_samples": "rollout_failure",
@@ -114,10 +143,10 @@ def timing_from_metrics(data: Mapping[str, object]) -> dict[str, float]:
 
 def eviction_reason(key: str) -> str | None:
     """`training/off_policy/evicted_samples` → `staleness`; None for other keys."""
-    head, _, rest = key.partition("/")
-    if head not in ("training", "validation"):
-        return None
-    return REPLAY_EVICTION_KEYS.get(rest)
+    for prefix in (TRAINING, VALIDATION):
+        if key.startswith(prefix):
+            return REPLAY_EVICTION_KEYS.get(key[len(prefix) :])
+    return None
 
 
 def unaccounted(step_seconds: float, covered_seconds: float) -> float:

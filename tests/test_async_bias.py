@@ -40,7 +40,7 @@ def test_ks_bounds():
 def _tel(mode: str | None = "fully_async", port: int | None = None) -> rlotel.Telemetry:
     tel = rlotel.init(run="bias", prometheus_port=port)
     if mode is not None:
-        tel.ledger.phase_buckets = tel.ledger.phase_buckets.for_mode(mode)
+        tel.set_mode(mode)
     return tel
 
 

@@ -184,3 +184,22 @@ def test_exit_without_shutdown_still_flushes(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     steps = sorted(s["attrs"]["rl.step"] for s in file_spans(path) if s["name"] == "step")
     assert steps == [0, 1, 2]
+
+
+def test_a_step_with_sample_spans_and_rank_seconds_keeps_both(make_tel, span_exporter):
+    """A verl step records samples in `gen` and waits on worker ranks in `update_actor`:
+    the sample blocks among its spans must not stop the rank spread being attached (they
+    once made the whole step's spans a dropped `sink_error`)."""
+    from rlotel import attributes as attr
+    from tests.helpers import finished_spans
+
+    tel = make_tel(max_sample_spans=2)
+    with tel.step(1):
+        with tel.phase("gen"):
+            tel.record_samples(generate_sequences=[2.0, 3.0, 5.0])
+        with tel.phase("update_actor"):
+            tel.record_rank_seconds({0: 1.0, 1: 3.0})
+    spans = {s.name: s for s in finished_spans(tel, span_exporter)}
+    assert set(spans) == {"step", "gen", "sample", "update_actor"}
+    assert spans["update_actor"].attributes[attr.RANK_SPREAD] == pytest.approx(1.5)
+    assert tel.drops.snapshot() == {}

@@ -61,8 +61,8 @@ def test_step_metrics_per_replica_series_and_goodput_moves_the_tail():
                 )
         # a: two together for 1 s → 1, no tail; b: 2 for 1 s then 1 for 1 s → 0.75, tail 0
         # (1 is not below half of 2); the step: means over replicas
-        assert step.occupancy["a"].ratio == 1.0
-        assert step.occupancy["b"].ratio == pytest.approx(0.75)
+        assert step.summary.occupancy["a"].ratio == 1.0
+        assert step.summary.occupancy["b"].ratio == pytest.approx(0.75)
         assert step.metrics["rlotel/rollout_occupancy"] == pytest.approx(0.875)
         assert step.metrics["rlotel/rollout_tail_seconds"] == 0.0
         tel.flush()
@@ -122,7 +122,7 @@ def test_bad_times_are_counted_once_and_the_rest_measured(tmp_path):
             start_time_ns=[T0, T0, T0 + 5 * S],
             end_time_ns=[T0 + S, T0 + S, T0],  # the third ends before it starts
         )
-    assert step.occupancy["0"].ratio == 1.0
+    assert step.summary.occupancy["0"].ratio == 1.0
     tel.flush()
     assert tel.drops.snapshot()[("samples", "bad_time")] == 1
     tel.shutdown()

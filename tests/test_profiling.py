@@ -10,6 +10,7 @@ import pytest
 
 import rlotel
 from rlotel import ProfileConfig
+from rlotel.integrations import verl_captures
 from rlotel.profile.config import sglang_profiler_args, token_window, vllm_profiler_args
 from tests.helpers import finished_spans, parse_exposition, scrape
 
@@ -198,12 +199,36 @@ def test_a_hook_that_hangs_is_killed_and_counted(make_tel, tmp_path):
     assert drops[key] == 1
 
 
+def test_the_verl_integration_injects_its_capture_discovery(clean_env, tmp_path):
+    """The core never imports the verl integration: `Config.step_hooks` carries its hook."""
+    from rlotel.integrations import process
+
+    config = {"global_profiler": {"steps": [2], "save_path": str(tmp_path)}}
+    tel = process.telemetry(run="verl", profile=process.verl_profile_config(config))
+    try:
+        assert tel.config.step_hooks == (verl_captures.discover,)
+        assert [type(hook) for hook in tel.ledger.hooks] == [verl_captures.VerlCaptureDiscovery]
+    finally:
+        tel.shutdown()
+
+
+def test_discover_dir_without_a_hook_that_reads_it_is_a_config_error(clean_env, tmp_path):
+    with pytest.raises(rlotel.ConfigError, match=r"verl_captures\.discover"):
+        rlotel.init(prometheus_port=None, profile=ProfileConfig(steps=(2,), discover_dir=tmp_path))
+    with pytest.raises(rlotel.ConfigError, match="step_hooks must be callables"):
+        rlotel.init(prometheus_port=None, step_hooks=["not a factory"])
+
+
 def test_links_verl_captures_found_by_name(make_tel, span_exporter, tmp_path):
     """verl writes its own traces (build_trace_basename); rlotel finds and links them."""
     torch_profile = pytest.importorskip("verl.utils.profiler.torch_profile")
     save = tmp_path / "outputs" / "profile"
     save.mkdir(parents=True)
-    tel = make_tel(run="verl", profile=ProfileConfig(steps=(2,), discover_dir=save))
+    tel = make_tel(
+        run="verl",
+        profile=ProfileConfig(steps=(2,), discover_dir=save),
+        step_hooks=[verl_captures.discover],  # what the verl integration injects
+    )
     for number in range(1, 4):
         with tel.step(number), tel.phase("update_actor"):
             pass

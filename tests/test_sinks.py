@@ -24,7 +24,7 @@ class Collecting(rlotel.Sink):
 
     def on_step(self, step) -> None:
         # finished before fan-out: the verdict is there, the numbers are derived
-        self.steps.append((step.number, step.published_verdict, dict(step.metrics)))
+        self.steps.append((step.number, step.summary.verdict, dict(step.metrics)))
 
     def on_trace(self, trace) -> None:
         self.traces.append(trace.root.name)
@@ -75,6 +75,66 @@ def test_a_user_sink_gets_finished_steps_logs_traces_and_samples():
     assert tel.drops.snapshot()[("spans", "sink_error")] == 2  # counted, not raised
     tel.shutdown(3)
     assert len(mine.closed) == 1 and mine.closed[0] <= time.monotonic() + 3
+
+
+class Summaries(rlotel.Sink):
+    def __init__(self) -> None:
+        self.seen = []
+
+    def on_step(self, step) -> None:
+        self.seen.append(step.summary)
+
+
+def test_one_summary_per_step_read_the_same_way_by_every_sink_and_the_training_thread(
+    monkeypatch,
+):
+    """The step's numbers are built once (`rlotel.summary`): a reader that asks before the
+    publisher gets the object the pipeline publishes, the verdict added; every sink then
+    reads that one object."""
+    import rlotel.summary
+    import rlotel.telemetry
+
+    built = []
+
+    def counting(step, n_gpus, buckets):
+        built.append(step.number)
+        return rlotel.summary.summarize(step, n_gpus, buckets)
+
+    monkeypatch.setattr(rlotel.telemetry, "summarize", counting)
+    first, second = Summaries(), Summaries()
+    tel = rlotel.init(run="s", prometheus_port=None, sinks=[first, second])
+    with tel.step(1) as step:
+        with tel.phase("gen"):
+            tel.record_samples(generate_sequences=[1.0, 2.0])
+    early = step.metrics  # the training thread, right after close
+    assert tel.flush(10)
+    (one,), (other,) = first.seen, second.seen
+    assert one is other and one.metrics is early and one.verdict is step.verdict
+    assert one.verdict is not None and one.facts.number == 1
+    with tel.step(2) as step:
+        with tel.phase("gen"):
+            pass
+    assert tel.flush(10)
+    assert built == [1, 2]  # once each, whoever asked first
+    tel.shutdown(3)
+
+
+def test_set_mode_changes_the_goodput_buckets_of_later_steps():
+    """Under an async mode the trainer's `gen` is waiting for rollout: idle, not productive."""
+    tel = rlotel.init(run="s", prometheus_port=None)
+    idle = {}
+    for number, mode in ((1, "sync"), (2, "fully_async")):
+        tel.set_mode(mode)
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                time.sleep(0.005)  # the trainer waits: the window being classified
+            with tel.phase("update_actor"):
+                pass
+        idle[mode] = step.metrics["rlotel/bucket_seconds/idle"]
+        gen = step.timing_raw["gen"]
+    assert idle["sync"] == 0.0
+    assert idle["fully_async"] == pytest.approx(gen, rel=1e-6)
+    tel.shutdown(3)
 
 
 def test_sinks_must_be_sinks():

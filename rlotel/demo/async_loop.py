@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -180,7 +180,7 @@ def train_async(
     reference = copy.deepcopy(actor).requires_grad_(False)
     optimizer = torch.optim.Adam(actor.parameters(), lr=base.lr)
     timeline = goodput.Timeline()
-    tel.ledger.phase_buckets = replace(tel.ledger.phase_buckets, mode=MODE, timeline=timeline)
+    tel.set_mode(MODE, timeline)
     worker = RolloutWorker(config, actor, timeline)
     worker.start()
     result = DemoResult()
@@ -296,7 +296,7 @@ def _step(
             "critic/score/mean": reward_mean,
             "actor/pg_loss": update.loss,
             "rollout/tool_ratio": tool_ratio,
-            "training/off_policy/evicted_samples": evicted,  # verl's replay-buffer key
+            voc.TRAINING + voc.OFF_POLICY_EVICTED: evicted,  # verl's replay-buffer key
         },
         step=number,
     )

@@ -11,6 +11,7 @@ from time import perf_counter
 import torch
 
 import rlotel
+from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
 from rlotel.demo.rollout import Generation, LocalRollout, flat
@@ -86,7 +87,7 @@ def train(
 
     for number in range(1, config.steps + 1):
         with tel.step(number) as step:
-            with tel.phase("gen"):
+            with tel.phase(voc.GEN):
                 prompts = P.make_prompts(config.prompts_per_step, generator)
                 prompts = prompts.repeat_interleave(config.group_size, 0)
                 checked = torch.arange(batch) // config.group_size % 2 == 1
@@ -96,7 +97,7 @@ def train(
                 tel, rollout, scores, actor, reference, optimizer, config, generator,
                 config.prompts_per_step,
             )  # fmt: skip
-            with tel.phase("update_weights"):
+            with tel.phase(voc.UPDATE_WEIGHTS):
                 rollout_synced = generation.load_weights(actor)
 
             response_lengths = rollout.response_lengths.tolist()
@@ -160,15 +161,15 @@ def train_on(
     """verl's training windows on one batch of trajectories: reward, old_log_prob, ref,
     adv (GRPO), update_actor. The sync and the async loop share them. `groups`: each
     trajectory's group (0 .. prompts_per_step - 1) when groups are not all complete."""
-    with tel.phase("reward"):
+    with tel.phase(voc.REWARD):
         token_scores = agent.token_level_scores(rollout, scores)
-    with tel.phase("old_log_prob"), torch.no_grad():
+    with tel.phase(voc.OLD_LOG_PROB), torch.no_grad():
         started = perf_counter()
         old_log_probs = P.response_log_probs(actor, rollout.tokens)
         infer_seconds = perf_counter() - started
-    with tel.phase("ref"), torch.no_grad():
+    with tel.phase(voc.REF), torch.no_grad():
         ref_log_probs = P.response_log_probs(reference, rollout.tokens)
-    with tel.phase("adv"):
+    with tel.phase(voc.ADV):
         if groups is None:
             grouped = token_scores.sum(-1).view(prompts_per_step, config.group_size)
             advantages = (grouped - grouped.mean(-1, keepdim=True)) / (
@@ -178,7 +179,7 @@ def train_on(
         else:
             advantages = _partial_group_advantages(token_scores.sum(-1), groups)
     before = flat(actor)
-    with tel.phase("update_actor"):
+    with tel.phase(voc.UPDATE_ACTOR):
         started = perf_counter()
         loss = _update_actor(
             actor, optimizer, rollout, old_log_probs, ref_log_probs, advantages, config,

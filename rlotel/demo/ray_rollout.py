@@ -16,6 +16,7 @@ from typing import Any
 import ray
 import torch
 
+from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
 from rlotel.demo.rollout import trajectories, weights_digest
@@ -49,10 +50,10 @@ class RolloutWorker:
         scores, score_seconds = agent.score(rollout)
         metrics = [
             {
-                "generate_sequences": g,
-                "tool_calls": t,
-                "compute_score": c,
-                "num_preempted": 0,
+                voc.GENERATE_SEQUENCES: g,
+                voc.TOOL_CALLS: t,
+                voc.COMPUTE_SCORE: c,
+                voc.NUM_PREEMPTED: 0,
             }
             for g, t, c in zip(
                 rollout.generate_seconds.tolist(),

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 import rlotel
+from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
 
@@ -37,7 +38,7 @@ def trajectories(rollout: agent.Rollout, scores: torch.Tensor, batch_id: str) ->
     and calculator calls ran (the GenAI `chat` / `execute_tool` spans)."""
     return {
         "uid": [f"{batch_id}-{index}" for index in range(len(scores))],
-        "reward": scores.tolist(),
+        voc.SAMPLE_REWARD: scores.tolist(),
         "turn_times_ns": rollout.turn_times_ns,
         "tool_times_ns": rollout.tool_times_ns,
     }

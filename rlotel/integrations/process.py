@@ -121,6 +121,11 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         port = environment.prometheus_port or env.DEFAULT_PROMETHEUS_PORT
     if declared.profile is not None:
         kwargs.setdefault("profile", declared.profile)
+    profile = kwargs.get("profile")
+    if profile is not None and profile.discover_dir is not None:  # verl's own captures
+        from rlotel.integrations import verl_captures
+
+        kwargs.setdefault("step_hooks", (verl_captures.discover,))
     if declared.n_gpus:
         kwargs.setdefault("n_gpus", declared.n_gpus)
     tel = rlotel.init(

@@ -159,7 +159,7 @@ def publish(metrics_url: str, labels: dict[str, str]) -> str | None:
     context = ray.get_runtime_context()
     node_id = context.get_node_id()
     key = f"{_job_prefix(ray)}{node_id}/{os.getpid()}"
-    entry_labels = {**labels, attr.NODE_ID.removeprefix("rl."): node_id}
+    entry_labels = {**labels, attr.NODE_ID.removeprefix(attr.NAMESPACE): node_id}
     entry_labels.setdefault("node", _node_ip())
     if urllib.parse.urlsplit(metrics_url).scheme == "https":
         entry_labels["__scheme__"] = "https"
@@ -316,7 +316,7 @@ def serve_targets(tel: Any, file_sd: Path | None = None, **options: Any) -> Targ
             "role": str(resource.get(attr.ROLE) or "driver"),
             "rank": str(resource.get(attr.RANK, 0)),
             "node": _node_ip(),
-            attr.NODE_ID.removeprefix("rl."): _ray().get_runtime_context().get_node_id(),
+            attr.NODE_ID.removeprefix(attr.NAMESPACE): _ray().get_runtime_context().get_node_id(),
         }
         if urllib.parse.urlsplit(tel.metrics_url).scheme == "https":
             labels["__scheme__"] = "https"

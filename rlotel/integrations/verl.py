@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from rlotel import env
+from rlotel import vocabulary as voc
 from rlotel.integrations.patches import Patches
 from rlotel.integrations.process import (
     declare_verl_driver,
@@ -89,7 +90,7 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
         timing_raw[name] = timing_raw.get(name, 0) + seconds
         _count_codetiming(name, seconds)
         tel.drops.fired("verl_timer")
-        if record is not scope and "gen" in timing_raw and not scope.trace.samples:
+        if record is not scope and voc.GEN in timing_raw and not scope.trace.samples:
             _warn_once(
                 "no_samples",
                 "rlotel: step %s ran gen but no per-sample metrics were captured (verl's agent "
@@ -209,8 +210,8 @@ def _sample_lengths(output: Any) -> dict[str, Any]:
     width = batch["prompts"].shape[1]
     mask = batch["attention_mask"]
     return {
-        "prompt_length": mask[:, :width].sum(-1),
-        "response_length": mask[:, width:].sum(-1),
+        voc.PROMPT_LENGTH: mask[:, :width].sum(-1),
+        voc.RESPONSE_LENGTH: mask[:, width:].sum(-1),
     }
 
 

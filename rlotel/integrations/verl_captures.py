@@ -2,7 +2,8 @@
 
 verl writes torch traces (`build_trace_basename` names), torch_memory pickles and nsys
 reports under `global_profiler.save_path`; this ledger hook holds each flagged step until
-the next step starts (or the run ends), then links what verl wrote for it.
+the next step starts (or the run ends), then links what verl wrote for it. The integration
+injects it (`Config.step_hooks=[discover]`): the core never imports this module.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlotel.profile.capture import Capture
+
+if TYPE_CHECKING:
+    from rlotel.ledger import HookServices
 
 
 def find_verl_captures(
@@ -90,3 +94,19 @@ class VerlCaptureDiscovery:
             step.held = False
         if held:
             self._release(held)
+
+
+def discover(services: HookServices) -> VerlCaptureDiscovery | None:
+    """`Config.step_hooks` factory: link verl's captures when the profile names verl's
+    `global_profiler.save_path` (`ProfileConfig.discover_dir`); None otherwise."""
+    profile = services.profile
+    if profile is None or profile.discover_dir is None:
+        return None
+    return VerlCaptureDiscovery(
+        profile.discover_dir,
+        frozenset(profile.steps),
+        profile.role,
+        profile.rank,
+        services.publish_capture,
+        services.release,
+    )

@@ -264,5 +264,4 @@ def set_mode(mode: str) -> None:
     """Goodput buckets for verl's trainer mode (V1's `gen` is waiting in async modes)."""
     from rlotel.integrations.process import telemetry
 
-    ledger = telemetry().ledger
-    ledger.phase_buckets = ledger.phase_buckets.for_mode(str(mode))
+    telemetry().set_mode(str(mode))

@@ -645,7 +645,7 @@ def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any
             **options,
             span_exporters=[_unwritable_exporter(environment.traces_dir)],
         )
-    labels = {key.removeprefix("rl."): str(value) for key, value in identity.items()}
+    labels = {key.removeprefix(attr.NAMESPACE): str(value) for key, value in identity.items()}
     ray_integration.register(tel.metrics_url, labels)
     return tel
 

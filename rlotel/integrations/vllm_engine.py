@@ -27,7 +27,7 @@ from rlotel.integrations.patches import Patches
 log = logging.getLogger("rlotel")
 
 ENGINE_SERVICE = "vllm"  # service.name of the engine's spans unless OTEL_SERVICE_NAME says
-SERVICE_NAME = "service.name"
+SERVICE_NAME = attr.SERVICE_NAME
 _patches = Patches()
 
 

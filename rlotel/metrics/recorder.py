@@ -21,7 +21,7 @@ from rlotel.ledger import Step, Trace
 from rlotel.metrics.store import Exemplar, SeriesStore
 from rlotel.profile.capture import Capture
 from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
-from rlotel.sinks.base import Sink
+from rlotel.sink import Sink
 
 if TYPE_CHECKING:
     from rlotel.stall import OpenPhase
@@ -41,8 +41,8 @@ class Recorder(Sink):
     def on_step(self, step: Step) -> None:
         self.observe_step(step)
         self.on_trace(step.trace)
-        self.observe_staleness(step.consumed)
-        self.observe_occupancy(step.occupancy)
+        self.observe_staleness(step.summary.consumed)
+        self.observe_occupancy(step.summary.occupancy)
 
     def on_trace(self, trace: Trace) -> None:
         for batch in trace.samples:
@@ -87,7 +87,7 @@ class Recorder(Sink):
         store.set(cat.STEP_TIME, seconds)
         store.observe(cat.STEP_DURATION, np.array([seconds]))
         store.set(cat.STEP_UNACCOUNTED, step.unaccounted_seconds)
-        verdict = step.verdict
+        verdict = step.summary.verdict
         if verdict is not None:
             store.replace(cat.BOTTLENECK, 1.0, verdict.kind, verdict.detail)
         self._count_step(step.number)

@@ -38,10 +38,10 @@ MAX_POINTS = 2000
 MAX_TREES = 200
 MAX_SLOWEST_SAMPLES = 25
 MAX_VERDICT_ROWS = 200
-STAGES = ("generate_sequences", "tool_calls", "compute_score")
+STAGES = voc.AGENT_LOOP_STAGES
 # Step metrics drawn when a run has them (goodput and async issues); absent keys are skipped.
-EFFICIENCY_PREFIXES = ("rlotel/goodput", "rlotel/idle_ratio/", "rlotel/bucket_seconds/")
-STALENESS_PREFIX = "training/off_policy/trajectory_"
+EFFICIENCY_PREFIXES = (voc.GOODPUT, voc.IDLE_RATIO, voc.BUCKET_SECONDS)
+STALENESS_PREFIX = voc.OFF_POLICY + "trajectory_"
 # Async bias and measured rollout occupancy (issue 24), drawn when a run has them.
 BIAS_PREFIXES = (voc.ASYNC_BIAS_KS, voc.SAMPLES_DISCARDED)
 OCCUPANCY_KEYS = (voc.ROLLOUT_OCCUPANCY, voc.ROLLOUT_TAIL_SECONDS)
@@ -54,7 +54,7 @@ ASYNC_SUMMARY = (
 )
 _PAGE = Path(__file__).with_name("page.html")
 _SCRIPT = Path(__file__).with_name("page.js")
-_HIDDEN_ATTRIBUTES = frozenset({"rl.run", "rl.phase"})  # said by the row itself
+_HIDDEN_ATTRIBUTES = frozenset({attr.RUN, attr.PHASE})  # said by the row itself
 
 
 class ReportError(Exception):
@@ -89,7 +89,7 @@ def write_report(source: Path, out: Path, title: str | None = None) -> ReportRes
 
 
 def _default_title(run: Run) -> str:
-    runs = {s.span.attributes.get("rl.run") for s in run.steps if s.span is not None}
+    runs = {s.span.attributes.get(attr.RUN) for s in run.steps if s.span is not None}
     runs.discard(None)
     if run.summary and isinstance(run.summary.get("run"), str):
         runs.add(run.summary["run"])
@@ -251,7 +251,9 @@ def _stacked_phases(steps: Sequence[StepRecord], trees: _SpanIndex) -> dict[str,
     per_step: list[dict[str, float]] = []
     for step in steps:
         if step.span is not None:
-            names = {child.name for child in trees.children(step.span) if child.name != "sample"}
+            names = {
+                child.name for child in trees.children(step.span) if child.name != attr.SAMPLE_SPAN
+            }
         else:
             names = {n for n in step.timing_raw if n in TOP_LEVEL}
         per_step.append({n: step.timing_raw[n] for n in names if n in step.timing_raw})
@@ -274,15 +276,17 @@ def _mean_shares(steps: Sequence[StepRecord], stacked: dict[str, list[float]]) -
 
 def _sample_row(step: int, span: SpanRecord) -> dict[str, Any]:
     attributes = span.attributes
-    stages = {stage: _finite(attributes.get(f"rl.sample.{stage}_s")) for stage in STAGES}
+    stages = {
+        stage: _finite(attributes.get(attr.sample_attribute(stage, True))) for stage in STAGES
+    }
     return {
         "step": step,
         "total_s": round(sum(v for v in stages.values() if v is not None), 6),
         **{f"{stage}_s": stages[stage] for stage in STAGES},
-        "num_preempted": attributes.get("rl.sample.num_preempted"),
-        "prompt_length": attributes.get(attr.INPUT_TOKENS),
-        "response_length": attributes.get(attr.OUTPUT_TOKENS),
-        "index": attributes.get("rl.sample.index"),
+        voc.NUM_PREEMPTED: attributes.get(attr.sample_attribute(voc.NUM_PREEMPTED, False)),
+        voc.PROMPT_LENGTH: attributes.get(attr.INPUT_TOKENS),
+        voc.RESPONSE_LENGTH: attributes.get(attr.OUTPUT_TOKENS),
+        "index": attributes.get(attr.SAMPLE_INDEX),
         "span_id": span.span_id,
         "trace_id": span.trace_id,
         "process": otlp_json.process_label(span.resource),
@@ -434,7 +438,7 @@ class _SpanIndex:
             rows = [
                 _sample_row(step.number, span)
                 for span in self.by_trace.get(step.span.trace_id, ())
-                if span.name == "sample"
+                if span.name == attr.SAMPLE_SPAN
             ]
             if rows:
                 result[step.number] = rows
@@ -497,29 +501,29 @@ def _captures(run: Run, trees: _SpanIndex, out_dir: Path) -> list[dict[str, Any]
     result = []
     for span in sorted(trees.captures, key=lambda s: s.start_ns):
         attributes = span.attributes
-        first = attributes.get("rl.profile.step_first")
-        last = attributes.get("rl.profile.step_last", first)
+        first = attributes.get(attr.PROFILE_STEP_FIRST)
+        last = attributes.get(attr.PROFILE_STEP_LAST, first)
         covers = sorted(
             set(linked_from.get(span.span_id, ()))
             | (set(range(int(first), int(last) + 1)) if isinstance(first, int) else set())
         )
-        recorded = str(attributes.get("rl.profile.path", ""))
+        recorded = str(attributes.get(attr.PROFILE_PATH, ""))
         found = resolve_capture_path(recorded, run.source)
         result.append(
             {
                 "path": recorded,
                 "href": _relative_href(found, out_dir) if found else None,
                 "exists": found is not None,
-                "tool": attributes.get("rl.profile.tool"),
-                "role": attributes.get("rl.profile.role"),
-                "rank": attributes.get("rl.profile.rank"),
-                "size_bytes": attributes.get("rl.profile.size_bytes"),
+                "tool": attributes.get(attr.PROFILE_TOOL),
+                "role": attributes.get(attr.PROFILE_ROLE),
+                "rank": attributes.get(attr.PROFILE_RANK),
+                "size_bytes": attributes.get(attr.PROFILE_SIZE),
                 "steps": [first, last],
                 "mini_batches": [
-                    attributes.get("rl.profile.mini_batch_first"),
-                    attributes.get("rl.profile.mini_batch_last"),
+                    attributes.get(attr.PROFILE_MINI_BATCH_FIRST),
+                    attributes.get(attr.PROFILE_MINI_BATCH_LAST),
                 ],
-                "top_ops": _json_value(attributes.get("rl.profile.top_ops", []))[:5],
+                "top_ops": _json_value(attributes.get(attr.PROFILE_TOP_OPS, []))[:5],
                 "covers": covers,
                 "span_id": span.span_id,
             }

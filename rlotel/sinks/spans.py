@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # Per-sample column → (span attribute, written as an integer).
 _SAMPLE_KEYS = {
     name: (attr.sample_attribute(name, name in DURATION_FIELDS), name in INTEGER_FIELDS)
-    for name in (*DURATION_FIELDS, PREEMPTED, "prompt_length", "response_length")
+    for name in (*DURATION_FIELDS, PREEMPTED, vocabulary.PROMPT_LENGTH, vocabulary.RESPONSE_LENGTH)
 }
 
 
@@ -393,7 +393,7 @@ def step_attributes(step: Step) -> dict[str, Any]:
         result[attr.MFU_PREFIX + role] = value
     if step.sequences is not None:
         result[attr.SEQUENCES] = step.sequences
-    verdict = step.published_verdict
+    verdict = step.summary.verdict
     if verdict is not None:
         result.update(verdict.attributes())
     return result
