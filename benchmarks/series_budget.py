@@ -86,6 +86,7 @@ LABELS: dict[str, Label] = {
     "signal": Label(6, "metrics, samples, spans, tokens, profile, replay"),
     "verdict": Label(1, "one verdict at a time (the family is replaced)"),
     "detail": Label(1, "one verdict at a time (the family is replaced)"),
+    "rank": Label(1, "the worker's own rank (its compute and collective seconds)"),
 }
 # Where a family's label means fewer values than the label's own bound.
 FAMILY_LABELS: dict[str, dict[str, Label]] = {
@@ -109,10 +110,17 @@ class ProcessKind:
     labels: dict[str, Label] | None = None  # this kind's own bounds
 
 
-DRIVER = ProcessKind("driver (verl's trainer)", lambda scale: 1)
+# Written by worker ranks only: their own compute vs collective seconds per phase.
+WORKER_ONLY = frozenset({cat.RANK_COMPUTE.name, cat.RANK_COLLECTIVE.name})
+DRIVER = ProcessKind(
+    "driver (verl's trainer)",
+    lambda scale: 1,
+    frozenset(spec.name for spec in cat.CATALOGUE) - WORKER_ONLY,
+)
 # A Ray worker process per GPU rank writes its traced calls' open ages and stall flags, its
-# drops and hook counts; its samples and phases reach the driver's store (verl's zero-code
-# path records samples in the trainer), not its own.
+# compute and collective seconds per phase, its drops and hook counts; its samples and
+# phases reach the driver's store (verl's zero-code path records samples in the trainer),
+# not its own.
 WORKER = ProcessKind(
     "each worker rank",
     lambda scale: scale.gpus,
@@ -123,9 +131,15 @@ WORKER = ProcessKind(
             cat.DROPPED.name,
             cat.INTEGRATION_EVENTS.name,
             cat.INTEGRATION_SECONDS.name,
+            *WORKER_ONLY,
         }
     ),
-    {"phase": Label(12, "worker-group methods a rank runs (generate_sequences, update_actor, …)")},
+    {
+        "phase": Label(
+            12, "worker-group methods a rank runs (generate_sequences, update_actor, …)"
+        ),
+        "role": Label(1, "the worker's own role"),
+    },
 )
 KINDS = (DRIVER, WORKER)
 
