@@ -74,6 +74,7 @@ bench: $(STAMP) $(ENGINE_STAMP)
 	$(PY) -m benchmarks.span_export
 	$(PY) benchmarks/plugin_import.py
 	$(PY) benchmarks/propagation.py
+	$(PY) benchmarks/collectives.py
 	$(PY) benchmarks/compare_speed.py
 	$(PY) benchmarks/verl_e2e.py
 	$(PY) benchmarks/verl_worker_profile.py

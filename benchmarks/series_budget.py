@@ -78,7 +78,7 @@ LABELS: dict[str, Label] = {
     "kind": Label(3, "prompt, response, total"),
     "role": Label(4, "actor, critic, ref, reward model"),
     "key": Label(KEY_CAP, "other tel.log keys: the training and validation key budgets"),
-    "rank": Label(1, "a worker's own rank: one per process"),
+    "rank": Label(1, "a worker's own rank: one per process (its per-rank seconds)"),
     "stage": Label(len(DURATION_FIELDS), ", ".join(DURATION_FIELDS)),
     "tool": Label(3, "torch, torch_memory, nsys"),
     "bucket": Label(len(BUCKETS), ", ".join(BUCKETS)),
@@ -112,10 +112,17 @@ class ProcessKind:
     labels: dict[str, Label] | None = None  # this kind's own bounds
 
 
-DRIVER = ProcessKind("driver (verl's trainer)", lambda scale: 1)
+# Written by worker ranks only: their own compute vs collective seconds per phase.
+WORKER_ONLY = frozenset({cat.RANK_COMPUTE.name, cat.RANK_COLLECTIVE.name})
+DRIVER = ProcessKind(
+    "driver (verl's trainer)",
+    lambda scale: 1,
+    frozenset(spec.name for spec in cat.CATALOGUE) - WORKER_ONLY,
+)
 # A Ray worker process per GPU rank writes its traced calls' open ages and stall flags, its
-# drops and hook counts; its samples and phases reach the driver's store (verl's zero-code
-# path records samples in the trainer), not its own.
+# compute and collective seconds per phase, its drops and hook counts; its samples and
+# phases reach the driver's store (verl's zero-code path records samples in the trainer),
+# not its own.
 WORKER = ProcessKind(
     "each worker rank",
     lambda scale: scale.gpus,
@@ -127,6 +134,7 @@ WORKER = ProcessKind(
             cat.DROPPED.name,
             cat.INTEGRATION_EVENTS.name,
             cat.INTEGRATION_SECONDS.name,
+            *WORKER_ONLY,
         }
     ),
     {

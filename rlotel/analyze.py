@@ -137,11 +137,17 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
         if root is None:
             continue
         timing: dict[str, float] = {}
+        stragglers: dict[str, tuple[int, float]] = {}
+        compute_stragglers: dict[str, tuple[int, float]] = {}
         for span in sorted(trace, key=lambda s: s.start_ns):  # phases in the order they ran
             if span.resource != root.resource:
                 continue  # another process's spans (workers) are in the tree, not the ledger
             if span is not root and attr.PHASE in span.attributes:
                 timing[span.name] = timing.get(span.name, 0) + span.seconds
+                _rank_spread(span, attr.SLOWEST_RANK, attr.RANK_SPREAD, stragglers)
+                _rank_spread(
+                    span, attr.RANK_COMPUTE_SLOWEST, attr.RANK_COMPUTE_SPREAD, compute_stragglers
+                )
         timing["step"] = root.seconds
         attributes = root.attributes
         prompt = attributes.get(attr.TOKENS_PROMPT)
@@ -167,9 +173,25 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
             sequences=attributes.get(attr.SEQUENCES),
             mfu=mfu,
             agent_loop=_slowest_from_samples(trace),
+            stragglers=stragglers,
+            compute_stragglers=compute_stragglers,
         )
         steps.append(StepRecord(number, timing, metrics, facts, root))
     return steps
+
+
+def _rank_spread(
+    span: SpanRecord, rank_key: str, spread_key: str, into: dict[str, tuple[int, float]]
+) -> None:
+    """A driver phase's slowest rank and spread (replies, or compute), as the ledger's
+    verdict read them; the phase's widest span if it ran more than once."""
+    rank, spread = span.attributes.get(rank_key), span.attributes.get(spread_key)
+    if (
+        isinstance(rank, int)
+        and isinstance(spread, (int, float))
+        and (span.name not in into or spread > into[span.name][1])
+    ):
+        into[span.name] = (rank, float(spread))
 
 
 def _slowest_from_samples(trace: list[SpanRecord]) -> dict[str, float]:

@@ -116,6 +116,19 @@ RANKS = "rl.ranks"  # how many ranks replied
 SLOWEST_RANK = "rl.rank.slowest"
 SLOWEST_RANK_S = "rl.rank.slowest_s"
 RANK_SPREAD = "rl.rank.spread"  # slowest ÷ median
+# ...and of its ranks' compute (time outside torch.distributed collectives, reported by each
+# rank with its reply): under collectives every rank replies together, compute tells them apart.
+RANK_COMPUTE_SLOWEST = "rl.rank.compute.slowest"
+RANK_COMPUTE_SLOWEST_S = "rl.rank.compute.slowest_s"
+RANK_COMPUTE_MEDIAN_S = "rl.rank.compute.median_s"
+RANK_COMPUTE_SPREAD = "rl.rank.compute.spread"  # slowest compute ÷ median compute
+RANK_COLLECTIVE_MAX_S = "rl.rank.collective.max_s"  # the longest any rank waited in them
+
+# A worker's phase (a traced worker method): its seconds inside torch.distributed
+# collectives, outside them (compute = the phase's wall time - collective), and the calls.
+COMPUTE_S = "rl.compute_s"
+COLLECTIVE_S = "rl.collective_s"
+COLLECTIVE_CALLS = "rl.collective.calls"
 
 # Per-sample fields → attribute names (seconds get an `_s` suffix).
 DURATION_SUFFIX = "_s"

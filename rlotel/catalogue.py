@@ -250,6 +250,31 @@ RANK_PHASE_SECONDS = MetricSpec(
     "over that step's calls. Only worker processes write it.",
     ("phase", "role", "rank"),
 )
+PHASE_RANK_COMPUTE_SPREAD = MetricSpec(
+    "rlotel_phase_rank_compute_spread_ratio",
+    "gauge",
+    "ratio",
+    "Slowest rank's compute seconds (outside torch.distributed collectives) divided by the "
+    "median rank's, for each phase of the last step whose ranks reported them (1 = balanced; "
+    "under collectives every rank replies together, so this is the straggler's tell).",
+    ("phase",),
+)
+RANK_COMPUTE = MetricSpec(
+    "rlotel_rank_compute_seconds",
+    "gauge",
+    "seconds",
+    "A worker rank's seconds outside torch.distributed collectives in its last traced call "
+    "of each phase (its own compute); exposed by the worker process.",
+    ("phase", "role", "rank"),
+)
+RANK_COLLECTIVE = MetricSpec(
+    "rlotel_rank_collective_seconds",
+    "gauge",
+    "seconds",
+    "A worker rank's seconds inside torch.distributed collectives (waiting for the other "
+    "ranks, plus the transfer) in its last traced call of each phase; exposed by the worker.",
+    ("phase", "role", "rank"),
+)
 GOODPUT = MetricSpec(
     "rlotel_goodput_ratio",
     "gauge",

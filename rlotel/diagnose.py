@@ -153,6 +153,9 @@ class StepFacts:
     staleness_max: float | None = None  # verl trajectory_staleness/max
     # phase → (slowest rank, slowest ÷ median) of phases that ran on several ranks
     stragglers: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # ...and (slowest rank, slowest ÷ median) of its ranks' compute: time outside
+    # torch.distributed collectives, where every rank replies together
+    compute_stragglers: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     async_bias: Mapping[str, float] = field(default_factory=dict)  # quantity → KS statistic
     discarded: Mapping[str, float] = field(default_factory=dict)  # reason → share generated
     rollout_tail_seconds: float | None = None  # measured (rlotel.occupancy)
@@ -302,20 +305,29 @@ def _efficiency(facts: StepFacts) -> dict[str, float | str]:
 
 
 def _straggler(facts: StepFacts, limits: Thresholds, evidence: dict[str, float | str]) -> str:
-    """Names the rank that held a multi-rank phase up most, when its spread passes the
+    """Names the rank that held a multi-rank phase up most, when its spread — of replies,
+    or of compute (outside collectives, where all ranks reply together) — passes the
     threshold; returns what to add to `next_read` ("" when no rank stands out)."""
     over = {
-        phase: (rank, spread)
-        for phase, (rank, spread) in facts.stragglers.items()
+        (measure, phase): (rank, spread)
+        for measure, spreads in (("reply", facts.stragglers), ("compute", facts.compute_stragglers))
+        for phase, (rank, spread) in spreads.items()
         if spread >= limits.straggler_spread
     }
     if not over:
         return ""
-    phase = max(over, key=lambda name: over[name][1])
-    rank, spread = over[phase]
+    measure, phase = max(over, key=lambda key: over[key][1])
+    rank, spread = over[measure, phase]
     evidence["straggler_rank"] = rank
     evidence["straggler_phase"] = phase
     evidence["straggler_spread"] = round(spread, 3)
+    evidence["straggler_measure"] = measure
+    if measure == "compute":
+        return (
+            f"; rank {rank} computed {spread:.1f}x the median rank in {phase} while the others "
+            "waited for it in collectives: its node and device, or its share of the batch "
+            "(sequence balancing)"
+        )
     return (
         f"; rank {rank} took {spread:.1f}x the median rank in {phase}: its node and device, "
         "or its share of the batch (sequence balancing)"

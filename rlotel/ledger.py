@@ -246,7 +246,7 @@ def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException)
 class Trace:
     """A tree of phases with one root: a step, or a phase opened outside any step."""
 
-    __slots__ = ("records", "remote_parent", "root", "samples", "step", "trace_id")
+    __slots__ = ("rank_time", "records", "remote_parent", "root", "samples", "step", "trace_id")
 
     def __init__(self, root: Phase, step: int | None) -> None:
         self.trace_id = ids.trace_id()
@@ -255,6 +255,7 @@ class Trace:
         self.samples: list[SampleBatch] = []
         self.step = step
         self.remote_parent = 0  # span id in another process (propagated context), if any
+        self.rank_time: ranks.RankTime | None = None  # a worker call's compute vs collectives
 
     @property
     def sample_spans(self) -> int:
@@ -293,6 +294,7 @@ class Step:
         self.sequences: int | None = None
         self.captures: list[Capture] = []  # profiler outputs this step links to
         self.rank_seconds: dict[int, ranks.RankSeconds] = {}  # phase span id → its ranks' seconds
+        self.rank_compute: dict[int, ranks.RankCompute] = {}  # phase span id → ranks' compute
         self.closed = False
         self.held = False  # a hook holds it until its captures are written
         self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)

@@ -38,6 +38,7 @@ class StepRecord(Protocol):
     mfu: Mapping[str, float]
     sequences: int | None
     rank_seconds: Mapping[int, ranks.RankSeconds]
+    rank_compute: Mapping[int, ranks.RankCompute]
 
     @property
     def total_tokens(self) -> int | float | None: ...
@@ -99,6 +100,10 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
         stragglers={
             spread.phase: (spread.slowest_rank, spread.spread)
             for spread in ranks.spreads(step.rank_seconds).values()
+        },
+        compute_stragglers={
+            spread.phase: (spread.slowest_rank, spread.spread)
+            for spread in ranks.compute_spreads(step.rank_compute).values()
         },
     )
     return StepSummary(timing, metrics, unaccounted, consumed, replicas or {}, facts)

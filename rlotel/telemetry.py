@@ -38,7 +38,7 @@ from rlotel.metrics.store import SeriesStore
 from rlotel.pipeline import LogRecord, Pipeline
 from rlotel.propagation import parse, traceparent
 from rlotel.publisher import Publisher
-from rlotel.ranks import RankSeconds
+from rlotel.ranks import RankCompute, RankReply, RankSeconds
 from rlotel.samples import build_batch, use_remote_spans
 from rlotel.sink import CompositeSink, Sink
 from rlotel.sinks.export_queue import SpanBatchExporter
@@ -375,6 +375,24 @@ class Telemetry:
             record.add(seconds_by_rank)
         except Exception as error:
             self.drops.add("spans", "internal_error", f"rank seconds: {error!r}")
+
+    def record_rank_compute(self, replies: Mapping[int, RankReply]) -> None:
+        """Each rank's compute and collective seconds of work the innermost open phase
+        waited for (their replies to a worker-group call; calls in one phase add up): its
+        span then names the rank that computed longest and the compute spread."""
+        try:
+            step = self.ledger.current_step
+            phase = innermost_open(step.trace.records) if step is not None else None
+            if phase is None:
+                return  # outside a step's phase there is no span to carry it
+            if not phase.span_id:
+                self.ledger.current_context()  # draws the span id
+            record = step.rank_compute.get(phase.span_id)
+            if record is None:
+                record = step.rank_compute[phase.span_id] = RankCompute(phase.name)
+            record.add(replies)
+        except Exception as error:
+            self.drops.add("spans", "internal_error", f"rank compute: {error!r}")
 
     def waiting_on_ranks(self, pending: set[int]) -> RankWait | None:
         """A blocking call on several ranks starts inside the innermost open phase: until

@@ -35,14 +35,17 @@ from typing import Any
 import rlotel
 from rlotel import attributes as attr
 from rlotel import clock, env, vocabulary
+from rlotel.integrations import collectives
 from rlotel.integrations.patches import Patches
 from rlotel.propagation import run_of, traceparent, with_run
+from rlotel.ranks import RankReply, RankTime
 
 log = logging.getLogger("rlotel")
 
 RAY_CONTEXT_KWARG = "_ray_trace_ctx"  # Ray's per-call trace-context slot
 TRACEPARENT = "traceparent"
 CLOCK_KEY = "rlotel-clock"  # the driver's clock over a worker's first traced call: "t1", "t1,t4"
+REPLY_KEY = "rlotel-reply"  # the caller unwraps a `RankReply`: send compute seconds with it
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
 
@@ -53,6 +56,11 @@ _call_carrier: contextvars.ContextVar[dict[str, str] | None] = contextvars.Conte
     "rlotel_call_carrier", default=None
 )
 _worker_class: list[type] = []  # the actor class this worker process hosts (loaded first)
+# Set while a blocking worker-group call submits: its calls ask for `RankReply`s, which
+# the same call's collect step unwraps (`traced_collect`) before verl sees the results.
+_replies_wanted: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rlotel_replies_wanted", default=False
+)
 
 
 # --- driver ------------------------------------------------------------------------------
@@ -112,12 +120,48 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
         if not blocking or tel is None or tel.ledger.current_trace is None:
             return execute_fn(method_name, *args, **kwargs)
         started = time.perf_counter()
-        output = execute_fn(method_name, *args, **kwargs)
+        token = _replies_wanted.set(True)
+        try:
+            output = execute_fn(method_name, *args, **kwargs)
+        finally:
+            _replies_wanted.reset(token)
         if isinstance(output, list) and (len(output) > 1 or (_clock_refs and output)):
             _time_replies(tel, output, started)
         return output
 
     return execute
+
+
+def traced_collect(collect_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's collect function, given the replies of a blocking call: ranks that sent
+    their compute seconds (`RankReply`) are unwrapped first, so verl collects exactly what
+    the worker methods returned; the innermost open phase records them."""
+
+    def collect(worker_group: Any, output: Any) -> Any:
+        return collect_fn(worker_group, open_replies(output))
+
+    return collect
+
+
+def open_replies(output: Any) -> Any:
+    """`output` with every `RankReply` replaced by its value (rank = position in the list);
+    two or more of them are recorded as the ranks' compute of the innermost open phase."""
+    if type(output) is RankReply:
+        return output.value
+    if not isinstance(output, list) or not any(type(item) is RankReply for item in output):
+        return output
+    replies: dict[int, RankReply] = {}
+    values = []
+    for rank, item in enumerate(output):
+        if type(item) is RankReply:
+            replies[rank] = item
+            values.append(item.value)
+        else:
+            values.append(item)
+    tel = rlotel.current()
+    if tel is not None and len(replies) > 1:
+        tel.record_rank_compute(replies)  # never raises
+    return values
 
 
 def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
@@ -218,6 +262,8 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
                 stamped = False
                 if actor not in _clock_done and TRACEPARENT in carrier:
                     carrier, stamped = _clock_carrier(actor, carrier)
+                if _replies_wanted.get() and TRACEPARENT in carrier:
+                    carrier = {**carrier, REPLY_KEY: "1"}
                 try:
                     ref = raw(
                         self, args, {**(kwargs or {}), RAY_CONTEXT_KWARG: carrier}, *rest, **options
@@ -253,12 +299,14 @@ def install_actor_calls(ray_actor: Any) -> None:
 
 
 def install_worker_groups(ray_base: Any) -> None:
-    """verl's worker groups bound from now on time each rank's reply."""
+    """verl's worker groups bound from now on time each rank's reply and collect each
+    rank's compute seconds."""
     original = ray_base.func_generator
 
     def func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
         execute = traced_execute(execute_fn, blocking)
-        return original(self, method_name, dispatch_fn, collect_fn, execute, blocking)
+        collect = traced_collect(collect_fn)
+        return original(self, method_name, dispatch_fn, collect, execute, blocking)
 
     _patches.replace(ray_base, "func_generator", func_generator)
 
@@ -318,15 +366,14 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
             if not carrier or TRACEPARENT not in carrier:
                 _hear_run(carrier)
                 return await method(self, *args, **kwargs)
-            if CLOCK_KEY in carrier:  # the clock exchange: once or twice per process
-                received = clock.unix_ns()
-                try:
-                    with _worker_phase(self, name, args, carrier):
-                        return await method(self, *args, **kwargs)
-                finally:
+            received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
+            try:
+                with _worker_phase(self, name, args, carrier) as call:
+                    result = await method(self, *args, **kwargs)
+            finally:
+                if received:
                     _clock_heard(carrier[CLOCK_KEY], received, clock.unix_ns())
-            with _worker_phase(self, name, args, carrier):
-                return await method(self, *args, **kwargs)
+            return call.reply(result)
 
     else:
 
@@ -335,15 +382,14 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
             if not carrier or TRACEPARENT not in carrier:
                 _hear_run(carrier)
                 return method(self, *args, **kwargs)
-            if CLOCK_KEY in carrier:  # the clock exchange: once or twice per process
-                received = clock.unix_ns()
-                try:
-                    with _worker_phase(self, name, args, carrier):
-                        return method(self, *args, **kwargs)
-                finally:
+            received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
+            try:
+                with _worker_phase(self, name, args, carrier) as call:
+                    result = method(self, *args, **kwargs)
+            finally:
+                if received:
                     _clock_heard(carrier[CLOCK_KEY], received, clock.unix_ns())
-            with _worker_phase(self, name, args, carrier):
-                return method(self, *args, **kwargs)
+            return call.reply(result)
 
     functools.update_wrapper(traced, method)
     setattr(traced, _TRACED_MARK, True)
@@ -359,9 +405,108 @@ def _hear_run(carrier: Any) -> None:
             _heard_run.append(run)
 
 
+class _Call:
+    """One traced worker call's time inside and outside torch.distributed's collectives
+    (`rlotel.integrations.collectives`): on its span, in this rank's series and, when the
+    caller asked, sent back with the reply."""
+
+    __slots__ = ("carrier", "name", "rank_time", "tally", "tel")
+
+    def __init__(self, tel: Any, name: str, carrier: Any) -> None:
+        self.tel = tel
+        self.name = name
+        self.carrier = carrier
+        self.tally: collectives.Tally | None = None
+        self.rank_time: RankTime | None = None
+
+    def open(self) -> None:
+        self.tally = collectives.open_tally()
+
+    def close(self, phase: Any) -> None:
+        """Before the phase closes (its span is built from the trace once it has)."""
+        tally = self.tally
+        if tally is None:
+            return
+        try:
+            collectives.close_tally(tally)
+            if tally.device_calls:  # asynchronous to the host: its clock cannot split them
+                _log_once(
+                    "device_collectives",
+                    "rlotel: %s made collectives on device tensors; compute vs collective "
+                    "time is measured for CPU (gloo) collectives only, not reported here",
+                    self.name,
+                )
+                return
+            wall = (time.perf_counter_ns() - phase.start_ns) / 1e9
+            collective = min(tally.seconds, wall)
+            role, rank = _rank_labels(self.tel)
+            self.rank_time = rank_time = RankTime(
+                self.name,
+                role,
+                rank,
+                wall - collective,
+                collective,
+                tally.calls,
+            )
+            trace = getattr(phase, "trace", None)  # a RemotePhase: the root of its own trace
+            if trace is not None:
+                trace.rank_time = rank_time
+        except Exception as error:
+            self.tel.drops.add("spans", "internal_error", f"collective time: {error!r}")
+
+    def reply(self, result: Any) -> Any:
+        """The method's result, wrapped with this rank's seconds when the caller asked."""
+        rank_time = self.rank_time
+        if rank_time is None or REPLY_KEY not in self.carrier:
+            return result
+        return RankReply(result, rank_time.compute_s, rank_time.collective_s)
+
+
+_rank_identity: list[Any] = [None, None]  # (telemetry, (role, rank)), read once
+
+
+def _rank_labels(tel: Any) -> tuple[str, int]:
+    """This worker's role and rank, as its resource attributes say."""
+    if _rank_identity[0] is not tel:
+        identity = tel.config.resource_attributes
+        role, rank = identity.get(attr.ROLE, ""), identity.get(attr.RANK, env.rank())
+        _rank_identity[:] = [tel, (str(role), int(rank))]
+    return _rank_identity[1]
+
+
+class _Untimed:
+    """A call whose collectives are not timed: verl's plumbing, or a process that is no
+    rank of a torch.distributed process group (yet: `init_model` usually makes it one)."""
+
+    def open(self) -> None:
+        pass
+
+    def close(self, phase: Any) -> None:
+        pass
+
+    def reply(self, result: Any) -> Any:
+        return result
+
+
+_UNTIMED = _Untimed()
+
+
+def _in_process_group() -> bool:
+    """This process is a rank of torch.distributed's default group (without importing it)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is not None and dist.is_initialized()
+    except Exception:  # a build without torch.distributed
+        return False
+
+
 @contextlib.contextmanager
-def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterator[None]:
-    """The worker method as a phase under the driver's; never raises on telemetry's behalf."""
+def _worker_phase(
+    instance: Any, name: str, args: tuple, carrier: Any
+) -> Iterator[_Call | _Untimed]:
+    """The worker method as a phase under the driver's, timing its collectives; never
+    raises on telemetry's behalf."""
+    call: _Call | _Untimed = _UNTIMED
     try:
         name = _verl_method(instance, name, args)
         if name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
@@ -370,13 +515,19 @@ def _worker_phase(instance: Any, name: str, args: tuple, carrier: Any) -> Iterat
             tel = worker_telemetry(instance, carrier)
             tel.drops.fired("ray_actor_call")
             phase = tel.phase(name, context=carrier)
+            if _in_process_group() and (collectives.installed() or collectives.install()):
+                call = _Call(tel, name, carrier)  # a rank: its collectives are timed
     except Exception as error:
         _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
         phase = contextlib.nullcontext()
     token = _call_carrier.set(carrier)  # tasks the call spawns keep it (fire-and-forget)
     try:
         with phase:
-            yield
+            call.open()
+            try:
+                yield call
+            finally:
+                call.close(phase)
     finally:
         _call_carrier.reset(token)
 
@@ -516,3 +667,4 @@ def _unwritable_exporter(directory: os.PathLike) -> Any:
 
 def uninstall() -> None:
     _patches.undo()
+    collectives.uninstall()

@@ -53,6 +53,11 @@ class Recorder(Sink):
             self.observe_rank_call(trace)
         for batch in trace.samples:
             self.observe_samples(batch)
+        rank_time = trace.rank_time
+        if rank_time is not None:  # a worker call: compute vs collectives of this rank
+            labels = (rank_time.phase, rank_time.role, str(rank_time.rank))
+            self.store.set(cat.RANK_COMPUTE, rank_time.compute_s, *labels)
+            self.store.set(cat.RANK_COLLECTIVE, rank_time.collective_s, *labels)
 
     def on_samples(self, batch: SampleBatch) -> None:
         self.observe_samples(batch)
@@ -106,6 +111,8 @@ class Recorder(Sink):
         self._count_step(step.number)
         for spread in ranks.spreads(step.rank_seconds).values():
             store.set(cat.PHASE_RANK_SPREAD, spread.spread, spread.phase)
+        for spread in ranks.compute_spreads(step.rank_compute).values():
+            store.set(cat.PHASE_RANK_COMPUTE_SPREAD, spread.spread, spread.phase)
         self._observe_goodput(step.metrics)
         for key, value in step.metrics.items():
             if key.startswith((voc.AGENT_LOOP, voc.OFF_POLICY)) and not key.startswith(

@@ -200,17 +200,24 @@ class SpanBuilder:
 
     def step(self, step: Step) -> list[SpanItem]:
         spans = self.trace(step.trace, step_attributes(step), step.captures)
-        if step.rank_seconds:  # a phase that waited on several ranks names the slowest
-            spread_of = ranks.spreads(step.rank_seconds)
-            for span in spans:
-                # Sample blocks (columns of sample spans) are never a worker-group phase.
-                spread = spread_of.get(span.span_id) if isinstance(span, SpanData) else None
-                if spread is not None:
-                    span.attributes.update(spread.attributes())
+        for spread_of in (
+            ranks.spreads(step.rank_seconds) if step.rank_seconds else None,  # replies
+            ranks.compute_spreads(step.rank_compute) if step.rank_compute else None,
+        ):
+            if spread_of:  # a phase that waited on several ranks names the slowest
+                for span in spans:
+                    if type(span) is not SpanData:
+                        continue  # a block of sample spans
+                    spread = spread_of.get(span.span_id)
+                    if spread is not None:
+                        span.attributes.update(spread.attributes())
         return spans
 
     def loose(self, trace: Trace) -> list[SpanItem]:
-        return self.trace(trace, {attr.PHASE: trace.root.name})
+        root_attributes: dict[str, Any] = {attr.PHASE: trace.root.name}
+        if trace.rank_time is not None:  # a worker call: its compute and collective seconds
+            root_attributes.update(trace.rank_time.attributes())
+        return self.trace(trace, root_attributes)
 
     def remote_samples(self, batch: SampleBatch) -> list[SpanItem]:
         """Sample spans whose parent phase lives in another process (propagated context)."""

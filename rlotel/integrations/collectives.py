@@ -1,0 +1,240 @@
+"""torch.distributed's collectives, timed while a traced worker method runs: compute vs wait.
+
+Under FSDP, Megatron or any data-parallel update every rank replies together (the slowest
+one holds the others in the gradient collective), so timing the replies cannot see which
+rank was slow. Each rank can: the time it spent inside collectives (waiting for the others,
+plus the transfer) and outside them (its own compute). The slow rank computes longest and
+waits least.
+
+`open_tally()` starts an account for one traced worker phase and `close_tally()` ends it.
+Only while at least one is open do the wrapped functions time anything; otherwise each
+call costs one list check. Wrapped (once per process, `install`): the collectives and
+point-to-point functions of `torch.distributed` and `torch.distributed.distributed_c10d`
+(`COLLECTIVES`), and `Work.wait` — an `async_op=True` call counts its issue, and its
+handle's `.wait()` counts until it returns. A collective that calls another (the
+deprecated `all_gather_into_tensor` → `all_gather_single`, a sync call → its own
+`work.wait()`) is counted once, as the outermost. Time goes to every account open in the
+process (nested worker phases each include their inner one's; autograd threads that run
+FSDP's hooks are seen).
+
+Host clock: right for CPU tensors (gloo blocks the caller until the peers arrive). A
+collective on device tensors (CUDA/NCCL, and other accelerators' backends) returns to the
+host before it ran, so the host clock does not see a rank wait there: such calls are
+counted (`Tally.device_calls`) but not timed, and a worker call that made any reports no
+compute/collective split rather than a wrong one (timing them on the device's streams is
+future work). DDP's gradient all-reduce runs inside its C++ reducer and is not seen: use
+FSDP (1 or 2) or Megatron, whose collectives are Python calls. Functions imported by name
+before `install` (`from torch.distributed import all_reduce`) keep the original.
+
+Telemetry errors are counted (`rlotel_telemetry_dropped_total{signal="spans",
+reason="internal_error"}`, one log line per interval) and never change what the
+collective returns or raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from time import perf_counter_ns
+from typing import Any
+
+from rlotel.integrations.patches import Patches
+
+log = logging.getLogger("rlotel")
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "all_gather_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+)
+
+
+class Tally:
+    """One traced worker phase's host time inside collectives, how many it issued (waits
+    on their handles add time, not calls) and how many of those ran on device tensors
+    (not timed: asynchronous to the host)."""
+
+    __slots__ = ("calls", "device_calls", "ns")
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.calls = 0
+        self.device_calls = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.ns / 1e9
+
+
+_open: list[Tally] = []  # the accounts open now, in any thread
+_lock = threading.Lock()
+_depth = threading.local()  # > 0 while this thread is inside a timed collective
+_patches = Patches()
+_state = {"installed": False}
+_tensor_type: list[Any] = [None]  # torch.Tensor, once torch.distributed is wrapped
+
+
+def installed() -> bool:
+    return _state["installed"]
+
+
+def install() -> bool:
+    """Wrap torch.distributed's collectives in this process (once). False, and nothing
+    wrapped, while torch.distributed is not imported (or not available in this build)."""
+    if _state["installed"]:
+        return True
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return False
+    try:
+        if not dist.is_available():
+            return False
+        c10d = dist.distributed_c10d
+        for name in COLLECTIVES:
+            original = getattr(c10d, name, None)
+            if original is None or not callable(original):
+                continue
+            timed = _timed(original)
+            _patches.replace(c10d, name, timed)
+            if getattr(dist, name, None) is original:
+                _patches.replace(dist, name, timed)
+        _patches.replace(c10d.Work, "wait", _timed_wait(c10d.Work.wait))
+    except Exception as error:  # a torch without these names: nothing is timed
+        _patches.undo()
+        _error("collectives not timed", error)
+        return False
+    _state["installed"] = True
+    return True
+
+
+def uninstall() -> None:
+    _patches.undo()
+    _state["installed"] = False
+    _open.clear()
+
+
+def open_tally() -> Tally:
+    tally = Tally()
+    with _lock:
+        _open.append(tally)
+    return tally
+
+
+def close_tally(tally: Tally) -> Tally:
+    """Stop counting into `tally`. Never raises."""
+    with _lock:
+        if tally in _open:
+            _open.remove(tally)
+    return tally
+
+
+def _timed(original: Any) -> Any:
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if not _open or getattr(_depth, "n", 0):
+            return original(*args, **kwargs)
+        began = _begin(args, kwargs)
+        _depth.n = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _depth.n = 0
+            _end(began)
+
+    functools.update_wrapper(collective, original)
+    return collective
+
+
+def _timed_wait(original: Any) -> Any:
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _open or getattr(_depth, "n", 0):
+            return original(self, *args, **kwargs)
+        began = perf_counter_ns(), False
+        _depth.n = 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _depth.n = 0
+            _end(began, calls=0)
+
+    functools.update_wrapper(wait, original)
+    return wait
+
+
+def _begin(args: tuple, kwargs: dict) -> tuple[int, bool]:
+    """(host ns, whether the call's tensors are on a device)."""
+    on_device = False
+    try:
+        on_device = _on_device(args, kwargs)
+    except Exception as error:
+        _error("collective's device unknown", error)
+    return perf_counter_ns(), on_device
+
+
+def _end(began: tuple[int, bool], calls: int = 1) -> None:
+    """Count one call (a wait: none) into every account open now."""
+    try:
+        host, on_device = began
+        ns = perf_counter_ns() - host
+        with _lock:
+            for tally in _open:
+                tally.calls += calls
+                if on_device:
+                    tally.device_calls += calls
+                else:
+                    tally.ns += ns
+    except Exception as error:
+        _error("collective not counted", error)
+
+
+def _on_device(args: tuple, kwargs: dict) -> bool:
+    """The call's first tensor (or first of a list of tensors) is not on the CPU."""
+    tensor_type = _tensor_type[0]
+    if tensor_type is None:
+        tensor_type = _tensor_type[0] = sys.modules["torch"].Tensor
+    first = args[0] if args else None
+    if isinstance(first, tensor_type):  # most calls: the tensor first
+        return not first.is_cpu
+    for value in (*args[:2], *kwargs.values()):
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, tensor_type):
+            return not value.is_cpu
+    return False
+
+
+def _error(what: str, error: BaseException) -> None:
+    """Counted on this process's telemetry (logged once per interval), else logged."""
+    import rlotel
+
+    tel = rlotel.current()
+    if tel is not None:
+        tel.drops.add("spans", "internal_error", f"{what}: {error!r}")
+    else:
+        log.warning("rlotel: %s: %r", what, error)
