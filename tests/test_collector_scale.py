@@ -19,6 +19,7 @@ from opentelemetry.trace import StatusCode
 
 import rlotel
 from rlotel import attributes as attr
+from rlotel.ranks import RankReply
 from rlotel.samples import DURATION_FIELDS
 from tests.helpers import finished_spans
 from tests.otelcol_schema import (
@@ -142,7 +143,7 @@ def test_the_schema_check_rejects_what_0_144_would():
         "contrib 0.144.0",
         "processors.tail_sampling.policies[0].status_code.codes: not a field of this component "
         "in contrib 0.144.0",
-        "processors.tail_sampling.policies[6]: policy type 'not' is not one of contrib 0.144.0's",
+        "processors.tail_sampling.policies[7]: policy type 'not' is not one of contrib 0.144.0's",
         "processors.tail_sampling.sampling_strategy: not a field of this component in contrib "
         "0.144.0",
     ]
@@ -237,9 +238,13 @@ def test_policy_values_are_valid():
 
 
 def test_sampling_thresholds_are_the_alerts_thresholds():
-    assert ottl_threshold("straggler-rank", attr.RANK_SPREAD) == rule_threshold(
-        "rlotel:alert_rank_spread_threshold:ratio"
-    )
+    for policy, key in (
+        ("straggler-rank", attr.RANK_SPREAD),
+        ("straggler-compute", attr.RANK_COMPUTE_SPREAD),
+    ):
+        assert ottl_threshold(policy, key) == rule_threshold(
+            "rlotel:alert_rank_spread_threshold:ratio"
+        )
     slow_key = attr.sample_attribute("generate_sequences", True)
     assert ottl_threshold("slow-sample", slow_key) == rule_threshold(
         "rlotel:alert_gen_p99_threshold:seconds"
@@ -344,6 +349,14 @@ def test_each_policy_keeps_the_step_it_is_for_and_no_healthy_one(make_tel, span_
         tel.record_rank_seconds({0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0})
     with tel.step(4), tel.phase("gen"):  # one trajectory generating for 200 s
         tel.record_samples(generate_sequences=[3.0, 200.0, 4.0])
+    with tel.step(6), tel.phase("update_actor"):  # replies together, rank 2 computed 3x
+        tel.record_rank_seconds({0: 1.5, 1: 1.5, 2: 1.5})
+        tel.record_rank_compute(
+            {
+                rank: RankReply(None, compute, 1.5 - compute)
+                for rank, compute in enumerate((0.5, 0.5, 1.5))
+            }
+        )
     release = threading.Event()
 
     def hang() -> None:
@@ -370,6 +383,7 @@ def test_each_policy_keeps_the_step_it_is_for_and_no_healthy_one(make_tel, span_
         3: {"straggler-rank"},
         4: {"slow-sample"},
         5: {"incomplete", "stalled"},
+        6: {"straggler-compute"},
     }
     # What the policies read has the type they compare (OTTL: doubles, not strings).
     (spread,) = [
