@@ -97,7 +97,7 @@ class Telemetry:
         from opentelemetry.sdk.resources import Resource
 
         from rlotel.sinks.jsonl import JsonLinesExporter, traces_dir_file
-        from rlotel.sinks.otlp import SdkSpanExporter, otlp_span_exporter
+        from rlotel.sinks.otlp import SdkSpanExporter, otlp_exporter
         from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
         from rlotel.sinks.prometheus import PrometheusEndpoint
         from rlotel.sinks.spans import SpanSink
@@ -111,9 +111,7 @@ class Telemetry:
         resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanBatchExporter] = {}
         if environment.otlp_traces is not None:
-            exporters["otlp"] = SdkSpanExporter(
-                otlp_span_exporter(environment.otlp_traces), resource.attributes
-            )
+            exporters["otlp"] = otlp_exporter(environment.otlp_traces, resource.attributes)
         if config.traces_file is not None:
             exporters["traces_file"] = JsonLinesExporter(config.traces_file, resource.attributes)
         if environment.traces_dir is not None:  # one file per process

@@ -24,6 +24,8 @@ import orjson
 
 from rlotel import attributes as attr
 from rlotel.sinks.span_data import (
+    EXCEPTION_EVENT,
+    SCOPE_NAME,
     SampleBlock,
     SpanData,
     SpanItem,
@@ -33,7 +35,7 @@ from rlotel.sinks.span_data import (
 
 KIND_INTERNAL = 1
 STATUS_ERROR = 2
-SCOPE = {"name": "rlotel"}
+SCOPE = {"name": SCOPE_NAME}
 SCHEMA_URL = attr.GENAI_SCHEMA_URL  # the semantic conventions the standard names follow
 MAX_CACHED = 65536  # encoded pieces kept (attribute pairs, key prefixes, names)
 
@@ -186,7 +188,7 @@ def encode_span(span: SpanData) -> str:
     if error is not None:
         status = orjson.dumps({"code": STATUS_ERROR, "message": status_message(error)}).decode()
         events.append(
-            f'{{"timeUnixNano":"{span.end_ns}","name":"exception",'
+            f'{{"timeUnixNano":"{span.end_ns}","name":"{EXCEPTION_EVENT}",'
             f'"attributes":{key_values(exception_attributes(error))}}}'
         )
     if events:
