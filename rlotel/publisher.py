@@ -1,14 +1,17 @@
 """The thread that runs the pipeline's handlers, off the training thread.
 
 Each item is queued with the handler that takes it (no type dispatch on the far side).
-The training thread pays one deque append and one event set per step. The queue is
+The training thread pays one deque append per step, and rings the publisher's doorbell
+(one C-level queue put) only when the publisher is not already awake. The queue is
 bounded and drops the oldest item when full (counted), so a stuck exporter can never grow
 memory or block training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -45,7 +48,10 @@ class Publisher:
         self._tick = tick
         self._tick_s = tick_s
         self._queue: deque[Any] = deque(maxlen=maxlen)
-        self._wake = threading.Event()
+        # The doorbell: a token wakes the thread; `_ringing` says one is on its way, so a
+        # burst of submits rings once (an Event's set costs Python-level lock work each time).
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._ringing = False
         self._idle = threading.Condition()
         self._submitted = 0  # sequence number of the newest item
         self._handled = 0  # sequence number of the newest item handled (older: handled/dropped)
@@ -54,12 +60,21 @@ class Publisher:
         self._thread.start()
 
     def submit(self, handler: Callable[[Any], None], item: Any) -> None:
-        queue = self._queue
-        if len(queue) == queue.maxlen:
-            self._drops.add("spans", "queue_full", f"publisher queue of {queue.maxlen} is full")
+        items = self._queue
+        if len(items) == items.maxlen:
+            self._drops.add("spans", "queue_full", f"publisher queue of {items.maxlen} is full")
         self._submitted += 1
-        queue.append((self._submitted, handler, item))  # a full deque discards its oldest item
-        self._wake.set()
+        items.append((self._submitted, handler, item))  # a full deque discards its oldest item
+        if not self._ringing:  # read after the append: a publisher that cleared it drains after
+            self._ringing = True
+            self._bell.put(None)
+
+    def _wait(self, timeout: float | None) -> None:
+        """Until the doorbell rings or `timeout` passes; then anything submitted from here
+        on rings again (the drain that follows sees what came before)."""
+        with contextlib.suppress(queue.Empty):
+            self._bell.get(timeout=timeout)
+        self._ringing = False
 
     def _tick_if_due(self) -> None:
         if self._tick is None or time.monotonic() < self._next_tick:
@@ -75,8 +90,7 @@ class Publisher:
         self._next_tick = time.monotonic() + self._tick_s
         while True:
             timeout = max(0.0, self._next_tick - time.monotonic()) if self._tick else None
-            self._wake.wait(timeout)
-            self._wake.clear()
+            self._wait(timeout)
             self._tick_if_due()
             while self._queue:
                 try:
@@ -111,6 +125,6 @@ class Publisher:
 
     def stop(self, timeout_s: float) -> bool:
         self._stopping = True
-        self._wake.set()
+        self._bell.put(None)
         self._thread.join(min(max(timeout_s, 0.0), threading.TIMEOUT_MAX))
         return not self._thread.is_alive()

@@ -24,7 +24,15 @@ from rlotel.diagnose import Diagnoser, Verdict
 from rlotel.drops import Drops, describe, encodable
 from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.goodput import PhaseBuckets, Timeline
-from rlotel.ledger import Ledger, Phase, RemotePhase, Step, StepHooks, innermost_open
+from rlotel.ledger import (
+    Ledger,
+    Phase,
+    RemotePhase,
+    Step,
+    StepHooks,
+    innermost_open,
+    new_phase,
+)
 from rlotel.metrics.recorder import Recorder
 from rlotel.metrics.store import SeriesStore
 from rlotel.pipeline import LogRecord, Pipeline
@@ -226,7 +234,7 @@ class Telemetry:
         driver) makes a phase opened outside any local step a child of that remote phase.
         """
         if context is None and type(name) is str and name in self._usable_names:  # known name
-            return Phase(self.ledger, name, color)
+            return new_phase(self.ledger, name, color)
         if not isinstance(name, str) or not name or not encodable(name) or name == "step":
             self.drops.add(
                 "spans",
@@ -234,16 +242,16 @@ class Telemetry:
                 f"phase name {describe(name)} is not a usable name (non-empty UTF-8 string, "
                 "not the reserved 'step'); the body runs untimed",
             )
-            return Phase(None, "unnamed", color)
+            return new_phase(None, "unnamed", color)
         ledger = self.ledger
         if context is not None and ledger.current_step is None and not ledger.in_open_phase():
             ids = parse(context)
             if ids is not None:
-                return RemotePhase(self.ledger, name, color, ids)
+                return RemotePhase.under(self.ledger, name, color, ids)
             self.drops.add("spans", "bad_context", f"no valid traceparent in {context!r}")
         if len(self._usable_names) < MAX_CACHED_NAMES:
             self._usable_names.add(name)
-        return Phase(self.ledger, name, color)
+        return new_phase(self.ledger, name, color)
 
     @property
     def current_step(self) -> Step | None:
