@@ -113,22 +113,35 @@ class SpanBuilder:
         ]
         append = spans.append
         phase_key, bucket_key, bucket_of = attr.PHASE, attr.BUCKET, self._phase_buckets().bucket
-        for record in trace.records:
-            if not record.end_ns:
+        named: dict[str, dict[str, Any]] = {}  # name → its attributes: a step repeats names
+        new_span, new_id, no_links = tuple.__new__, ids.span_id, ()
+        for record in trace.records:  # the NamedTuple's own __new__ is a Python call a span
+            end = record.end_ns
+            if not end:
                 continue
-            parent = record.parent
-            span_id = record.span_id or _span_id(record)
+            name, parent = record.name, record.parent
+            span_id = record.span_id
+            if not span_id:
+                span_id = record.span_id = new_id()
+            attributes = named.get(name)
+            if attributes is None:
+                attributes = named[name] = {**common, phase_key: name, bucket_key: bucket_of(name)}
             append(
-                SpanData(
-                    trace_id,
-                    span_id,
-                    parent.span_id if parent is not None else root_id,
-                    record.name,
-                    record.start_ns + offset,
-                    record.end_ns + offset,
-                    {**common, phase_key: record.name, bucket_key: bucket_of(record.name)},
-                    links_by_phase.get(span_id, ()),
-                    record.error,
+                new_span(
+                    SpanData,
+                    (
+                        trace_id,
+                        span_id,
+                        parent.span_id if parent is not None else root_id,
+                        name,
+                        record.start_ns + offset,
+                        end + offset,
+                        attributes,  # shared by the phases of a name (encoded once)
+                        links_by_phase.get(span_id, no_links) if links_by_phase else no_links,
+                        record.error,
+                        False,
+                        no_links,
+                    ),
                 )
             )
         for batch in trace.samples:
@@ -203,10 +216,11 @@ class SpanBuilder:
         spans = self.trace(step.trace, step_attributes(step), step.captures)
         if step.rank_seconds:  # a phase that waited on several ranks names the slowest
             spread_of = ranks.spreads(step.rank_seconds)
-            for span in spans:
-                spread = spread_of.get(span.span_id)
-                if spread is not None:
-                    span.attributes.update(spread.attributes())
+            for index, span in enumerate(spans):
+                spread = spread_of.get(span.span_id) if type(span) is SpanData else None
+                if spread is not None:  # its own attributes: phases of a name share theirs
+                    attributes = {**span.attributes, **spread.attributes()}
+                    spans[index] = span._replace(attributes=attributes)
         return spans
 
     def loose(self, trace: Trace) -> list[SpanItem]:
