@@ -266,8 +266,10 @@ def _event(name: str, time_ns: int, attributes: Mapping[str, Any]) -> bytes:
     return _len_field(_SPAN_EVENT, payload)
 
 
-def encode_span(span: SpanData) -> bytes:
-    """One `ScopeSpans.spans` field: the span as the SDK's encoder writes it."""
+def encode_span(span: SpanData, shared: dict[int, bytes] | None = None) -> bytes:
+    """One `ScopeSpans.spans` field: the span as the SDK's encoder writes it. `shared`:
+    encoded attributes by the id of their dict, for one request whose spans are all alive
+    (the phases of a name share one dict: it is encoded once)."""
     parts = [
         _SPAN_TRACE_ID + b"\x10" + span.trace_id.to_bytes(16, "big"),
         _SPAN_ID_PREFIX + span.span_id.to_bytes(8, "big"),
@@ -280,10 +282,14 @@ def encode_span(span: SpanData) -> bytes:
         _SPAN_START + _fixed64(span.start_ns),
         _SPAN_END + _fixed64(span.end_ns),
     )
-    for key, value in span.attributes.items():
-        field = _attribute(_SPAN_ATTRIBUTE, key, value)
-        if field is not None:
-            parts.append(field)
+    attributes = span.attributes
+    if shared is None:
+        parts.append(attributes_bytes(_SPAN_ATTRIBUTE, attributes))
+    else:
+        encoded = shared.get(id(attributes))
+        if encoded is None:
+            encoded = shared[id(attributes)] = attributes_bytes(_SPAN_ATTRIBUTE, attributes)
+        parts.append(encoded)
     error = span.error
     for event in span.events:
         parts.append(_event(event.name, event.time_ns, event.attributes))
@@ -386,11 +392,12 @@ class RequestEncoder:
 
     def spans(self, items: Sequence[SpanItem]) -> list[bytes]:
         fields: list[bytes] = []
+        shared: dict[int, bytes] = {}
         for item in items:
             if type(item) is SampleBlock:
                 fields += encode_block(item)
             else:
-                fields.append(encode_span(item))  # type: ignore[arg-type]
+                fields.append(encode_span(item, shared))  # type: ignore[arg-type]
         return fields
 
     def request(self, items: Sequence[SpanItem]) -> bytes:
