@@ -59,7 +59,6 @@ class Phase:
         "_range",
         "_records",
         "_sink",
-        "_token",
         "color",
         "end_ns",
         "error",
@@ -74,7 +73,6 @@ class Phase:
     _range: Any  # torch.profiler.record_function while a capture runs
     _records: list[Phase] | None
     _sink: MutableMapping[str, float] | None
-    _token: Any
     color: str | None
     end_ns: int
     error: BaseException | None
@@ -93,6 +91,8 @@ class Phase:
         if ledger is not None:
             records = ledger.records
             parent = _innermost_get()
+            while parent is not None and parent.end_ns:  # closed (see `_innermost`)
+                parent = parent.parent
             # The common case inline: the open trace's phase in the context that has its
             # parent open (a closed phase's `_records` is None; another trace's differs).
             if records is not None and (parent is None or parent._records is records):
@@ -100,8 +100,8 @@ class Phase:
                 records.append(self)
                 self._records = records
             else:
-                self._attach(ledger)
-            self._token = _innermost_set(self)
+                self._attach(ledger, parent)
+            _innermost_set(self)
             if ledger.phase_range is not None:
                 self._enter_range(ledger.phase_range)
         backend = nvtx._backend
@@ -110,12 +110,11 @@ class Phase:
         self.start_ns = perf_counter_ns()
         return self
 
-    def _attach(self, ledger: Ledger) -> None:
+    def _attach(self, ledger: Ledger, parent: Phase | None) -> None:
         """Join a trace: the open step's; outside a step, the trace of the phase this
-        context has open (a remote call's: calls served concurrently stay apart), else the
-        process's loose trace, opened with this phase as its root."""
+        context has open (`parent`; a remote call's: calls served concurrently stay apart),
+        else the process's loose trace, opened with this phase as its root."""
         records = ledger.records
-        parent = _innermost_get()
         if (
             parent is not None
             and ledger._step is None
@@ -152,10 +151,6 @@ class Phase:
         ledger = self._ledger
         if ledger is not None:
             self._records = None  # no cycle (the trace's list holds this phase) once closed
-            try:  # noqa: SIM105 (contextlib.suppress costs a context manager per phase)
-                _innermost_reset(self._token)
-            except ValueError:  # closed in another context (a generator, a callback):
-                pass  # that context keeps a closed phase, which the next enter skips
             if ledger.loose_root is self:
                 ledger.close_loose()
         return False
@@ -194,9 +189,14 @@ def new_phase(
     return phase
 
 
-# The innermost open phase of the running context (thread, asyncio task, copied context).
+# The innermost phase the running context (thread, asyncio task, copied context) entered.
+# Leaving a phase does not reset it: the context keeps the closed phase until it enters
+# the next, and every reader walks up from a closed phase to its nearest open ancestor
+# (`parent`), which is what a reset would have restored — one context-variable write per
+# phase instead of two. (A phase left in another context, a generator's or a callback's,
+# could not have been reset anyway.)
 _innermost: ContextVar[Phase | None] = ContextVar("rlotel_innermost_phase", default=None)
-_innermost_get, _innermost_set, _innermost_reset = _innermost.get, _innermost.set, _innermost.reset
+_innermost_get, _innermost_set = _innermost.get, _innermost.set
 
 
 def _open_ancestor(phase: Phase | None, records: list[Phase] | None) -> Phase | None:
@@ -236,7 +236,7 @@ class RemotePhase(Phase):
 
     def __enter__(self) -> Phase:
         self._attach(self._ledger)  # always a trace of its own: not Phase's inline case
-        self._token = _innermost_set(self)
+        _innermost_set(self)
         ledger = self._ledger
         if ledger.phase_range is not None:
             self._enter_range(ledger.phase_range)
@@ -246,7 +246,7 @@ class RemotePhase(Phase):
         self.start_ns = perf_counter_ns()
         return self
 
-    def _attach(self, ledger: Ledger) -> None:
+    def _attach(self, ledger: Ledger, parent: Phase | None = None) -> None:
         trace = self.trace = Trace(self, ledger.last_step_number)
         trace.trace_id, trace.remote_parent = self.remote
         self._records = trace.records  # its children's list: a root is not among them
