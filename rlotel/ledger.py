@@ -444,6 +444,8 @@ class Step:
         """
         if not self.closed:
             return None
+        if not self.published:
+            self._ledger.wake()  # the publisher polls: this reader waits, so now
         if self._published.acquire(timeout=self._ledger.verdict_wait_s):
             self._published.release()  # open for every later reader
         return self.summary.verdict
@@ -454,6 +456,10 @@ class Step:
         if not self.published:  # once: only the pipeline calls this
             self.published = True
             self._published.release()
+
+
+def _nothing() -> None:
+    """A ledger without a publisher to wake."""
 
 
 def _length(values: Any) -> int:
@@ -484,6 +490,7 @@ class Ledger:
         self.hooks: tuple[StepHooks, ...] = ()
         self.phase_range: Callable[[str], Any] | None = None  # a context manager per phase
         self.summarize = summarize  # a closed step's numbers (`rlotel.summary`), wired in
+        self.wake: Callable[[], None] = _nothing  # the publisher's, to handle what is queued now
         self.verdict_wait_s = verdict_wait_s
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None

@@ -93,6 +93,7 @@ class Telemetry:
             self._summarize,
             verdict_wait_s=config.shutdown_timeout_s,
         )
+        self.ledger.wake = self._publisher.wake
         self.stalls.ledger = self.ledger
         self._hooks = self._build_hooks()
         self.ledger.hooks = tuple(self._hooks)
