@@ -8,6 +8,8 @@ file and /metrics on) ≤ 5x.
 The cases are interleaved finely: a round times one chunk of every case in turn (a step's
 worth of `--phases-per-step` phases each, the order rotating), so a change in the
 machine's speed hits every case alike; each case's figure is the median over all chunks.
+Time is this process's CPU time (all threads): other jobs taking a core of the machine
+stretch wall time, not this; the publisher's threads are counted in the last row.
 Before each chunk the publisher and the SDK's span processor are drained untimed, so no
 case competes for the GIL with another's leftovers and every chunk starts alike.
 rlotel's training-thread rows time whole steps (step open and close, verl's formulas);
@@ -62,7 +64,7 @@ def build_cases(tel: rlotel.Telemetry, tracer, per_step: int) -> dict[str, Calla
     from verl.utils.profiler.nvtx_profile import marked_timer as verl_nvtx_timer
     from verl.utils.profiler.performance import marked_timer as verl_cpu_timer
 
-    clock = time.perf_counter_ns
+    clock = time.process_time_ns  # this process's CPU, all threads (see the docstring)
 
     def bare() -> int:
         start = clock()
