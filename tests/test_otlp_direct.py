@@ -297,3 +297,58 @@ def test_an_exporter_without_the_transport_pieces_gets_readable_spans(monkeypatc
     exporter = otlp.otlp_exporter("http/protobuf", {"service.name": "x"})
     assert type(exporter) is otlp.SdkSpanExporter
     exporter.shutdown()
+
+
+def block_with_arrays(rng: np.random.Generator, count: int, remote: bool) -> SampleBlock:
+    """A sample block as the span builder makes it (rows and the same columns as arrays):
+    varints of every length, invalid (NaN) cells, infinities, ints in a column not known
+    to be whole, span ids across the full 64 bits."""
+    index = np.arange(count, dtype=np.int64) * 997
+    seconds = rng.lognormal(size=count)
+    seconds[rng.random(count) < 0.1] = np.nan
+    seconds[count // 2] = np.inf
+    tokens = np.floor(rng.lognormal(mean=8, sigma=4, size=count)).clip(0, 2**62)
+    tokens[rng.random(count) < 0.1] = np.nan
+    versions = rng.integers(0, 2**40, size=count)  # an int64 column, not whole
+    arrays = (index, seconds, tokens, versions)
+    rows = list(zip(*(array.tolist() for array in arrays), strict=True))
+    return SampleBlock(
+        TRACE,
+        0x7777,
+        remote,
+        1_700_000_009_000_000_000,
+        (1_700_000_000_000_000_000 + rng.integers(0, 10**9, size=count)).tolist(),
+        rng.integers(1, 2**64 - 1, size=count, dtype=np.uint64).tolist(),
+        {"rl.run": "r", "rl.step": 4},
+        ("rl.sample.index", "rl.sample.generate_sequences_s", "gen_ai.usage.output_tokens", "v"),
+        (True, False, True, False),
+        rows,
+        arrays,
+    )
+
+
+@pytest.mark.parametrize(("count", "remote"), [(500, False), (500, True), (1, False)])
+def test_sample_blocks_encoded_from_arrays_are_the_rows_bytes(count, remote):
+    """The column-wise path (numpy, a record layout per group of samples) writes exactly
+    what the row path and the SDK encoder write, samples in their order."""
+    resource = Resource.create({"service.name": "direct"})
+    block = block_with_arrays(np.random.default_rng(3), count, remote)
+    encoder = RequestEncoder(resource.attributes)
+    from_arrays = encoder.request([block])
+    from_rows = encoder.request([block._replace(arrays=None)])
+    assert from_arrays == from_rows
+    assert from_arrays == sdk_request([block], resource).SerializeToString()
+
+
+def test_sample_blocks_with_cells_arrays_cannot_hold_take_the_row_path():
+    from rlotel.sinks import otlp_proto
+
+    block = block_with_arrays(np.random.default_rng(4), 20, False)
+    tokens = block.arrays[2].copy()
+    tokens[5] = -3.0  # a negative whole number: a ten-byte varint, written by the row path
+    rows = [(*row[:2], -3.0 if i == 5 else row[2], *row[3:]) for i, row in enumerate(block.rows)]
+    odd = block._replace(arrays=(*block.arrays[:2], tokens, block.arrays[3]), rows=rows)
+    assert otlp_proto._array_columns(odd) is None
+    resource = Resource.create({"service.name": "direct"})
+    payload = RequestEncoder(resource.attributes).request([odd])
+    assert payload == sdk_request([odd], resource).SerializeToString()

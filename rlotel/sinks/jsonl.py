@@ -276,7 +276,8 @@ def encode_block(block: SampleBlock) -> str:
     for position, (span_id, start, row) in enumerate(
         zip(block.span_ids, block.starts, block.rows, strict=True)
     ):
-        if all(value - value == 0.0 for value in row):  # every entry finite
+        total = sum(row)  # NaN or infinite if any entry is (or finite ones overflow:
+        if total - total == 0.0:  # then the general path, which is right for those too)
             encoded.append(head + template % (span_id, start, *row))
         else:
             expanded = expanded or block.spans()

@@ -76,6 +76,7 @@ class SampleBlock(NamedTuple):
     keys: tuple[str, ...]  # attribute per column (the sample index first)
     integral: tuple[bool, ...]
     rows: list[tuple]  # per sample: its value in each column, NaN where invalid
+    arrays: tuple[Any, ...] | None = None  # the same columns as numpy arrays, if at hand
 
     @property
     def count(self) -> int:

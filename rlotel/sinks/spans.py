@@ -268,6 +268,7 @@ class SpanBuilder:
         indices = np.fromiter((span.index for span in spans), dtype=np.int64, count=len(spans))
         seconds = np.zeros(len(spans))
         keys, integral, columns = [attr.SAMPLE_INDEX], [True], [indices.tolist()]
+        arrays = [indices]
         for field, column in batch.columns.items():
             values = _at(column, indices)
             if field in DURATION_FIELDS:  # verl's order: (generate + tools) + score
@@ -276,6 +277,7 @@ class SpanBuilder:
             keys.append(key)
             integral.append(whole)
             columns.append(values.tolist())
+            arrays.append(values)
         starts = np.maximum(end - (seconds * 1e9).astype(np.int64), parent_start)
         block = SampleBlock(
             trace_id,
@@ -288,6 +290,7 @@ class SpanBuilder:
             tuple(keys),
             tuple(integral),
             list(zip(*columns, strict=True)),
+            tuple(arrays),
         )
         if batch.span_extras:
             return self._enriched(block, batch, common.get(attr.STEP))
