@@ -94,8 +94,13 @@ class Phase:
             while parent is not None and parent.end_ns:  # closed (see `_innermost`)
                 parent = parent.parent
             # The common case inline: the open trace's phase in the context that has its
-            # parent open (a closed phase's `_records` is None; another trace's differs).
-            if records is not None and (parent is None or parent._records is records):
+            # parent open (a closed phase's `_records` is None; another trace's differs);
+            # a remote call's phase always makes a trace of its own (`_attach`).
+            if (
+                records is not None
+                and (parent is None or parent._records is records)
+                and type(self) is Phase
+            ):
                 self.parent = parent
                 records.append(self)
                 self._records = records
@@ -233,18 +238,6 @@ class RemotePhase(Phase):
         phase.remote = remote  # type: ignore[attr-defined]
         phase.trace = None  # type: ignore[attr-defined]
         return phase  # type: ignore[return-value]
-
-    def __enter__(self) -> Phase:
-        self._attach(self._ledger)  # always a trace of its own: not Phase's inline case
-        _innermost_set(self)
-        ledger = self._ledger
-        if ledger.phase_range is not None:
-            self._enter_range(ledger.phase_range)
-        backend = nvtx._backend
-        if backend is not None and self.marks_nvtx:
-            backend.push(self.name, self.color)
-        self.start_ns = perf_counter_ns()
-        return self
 
     def _attach(self, ledger: Ledger, parent: Phase | None = None) -> None:
         trace = self.trace = Trace(self, ledger.last_step_number)
