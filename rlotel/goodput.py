@@ -155,12 +155,16 @@ def step_metrics(
         return {}
     by_role: dict[str, list[tuple[str, int, int]]] = {TRAINER: []}
     names_by_role: dict[str, list[Window]] = {TRAINER: []}
+    bucket_of: dict[str, tuple[str, str]] = {}  # name → (role, bucket): a step repeats names
     for name, start, end in windows:
         start, end = max(start, start_ns), min(end, end_ns)
         if end <= start:
             continue
-        role = role_of(name)
-        by_role.setdefault(role, []).append((buckets.bucket(name), start, end))
+        known = bucket_of.get(name)
+        if known is None:
+            known = bucket_of[name] = (role_of(name), buckets.bucket(name))
+        role, bucket = known
+        by_role.setdefault(role, []).append((bucket, start, end))
         names_by_role.setdefault(role, []).append((name, start, end))
     totals = dict.fromkeys(BUCKETS, 0)
     idle_ns: dict[str, int] = {}
@@ -213,13 +217,28 @@ def _sweep(
 ) -> dict[str, int]:
     """Nanoseconds of [start_ns, end_ns) per bucket: each instant to the highest-priority
     bucket covering it, `uncovered` where none does. One sorted pass over the window
-    edges with a count of open windows per bucket (a step has ~100 windows)."""
+    edges with a count of open windows per bucket (a step has ~100 windows); windows that
+    follow one another without overlap (a synchronous step's) are simply summed."""
+    result = dict.fromkeys(BUCKETS, 0)
+    reach = start_ns
+    for _, start, end in intervals:
+        if start < reach or end < start:
+            break  # overlapping or out of order: the sweep
+        reach = end
+    else:
+        covered = 0
+        for bucket, start, end in intervals:
+            start, end = max(start, start_ns), min(end, end_ns)
+            if end > start:
+                result[bucket] += end - start
+                covered += end - start
+        result[uncovered] += max(0, end_ns - start_ns) - covered
+        return result
     edges = sorted(
         [(s, 1, bucket) for bucket, s, _ in intervals]
         + [(e, -1, bucket) for bucket, _, e in intervals]
     )
     open_count = dict.fromkeys(BUCKETS, 0)
-    result = dict.fromkeys(BUCKETS, 0)
     cursor = start_ns
     for at, change, bucket in edges:
         at = min(max(at, start_ns), end_ns)

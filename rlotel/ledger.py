@@ -61,7 +61,8 @@ class Phase:
     trace): nesting follows a context variable, so phases opened from other threads or
     asyncio tasks nest under what *they* have open, never under another thread's phase.
     `span_id` is 0 until someone needs it before export (context propagation); the span
-    builder draws it otherwise.
+    builder draws it otherwise. Made by `new_phase`: a Python `__init__` alone costs a
+    third of entering and leaving a phase (CPython 3.11), a bare `Phase()` a tenth.
     """
 
     __slots__ = (
@@ -69,7 +70,6 @@ class Phase:
         "_range",
         "_records",
         "_sink",
-        "_token",
         "color",
         "end_ns",
         "error",
@@ -80,24 +80,18 @@ class Phase:
         "start_ns",
     )
 
-    def __init__(
-        self,
-        ledger: Ledger | None,
-        name: str,
-        color: str | None = None,
-        sink: MutableMapping[str, float] | None = None,
-    ) -> None:
-        self._ledger = ledger
-        self._sink = sink
-        self.name = name
-        self.color = color
-        self._range: Any = None  # torch.profiler.record_function while a capture runs
-        self.parent: Phase | None = None
-        self.span_id = 0
-        self.start_ns = 0
-        self.end_ns = 0
-        self.error: BaseException | None = None
-        self.marks_nvtx = True  # False: the caller marks this range itself (verl's NVTX timer)
+    _ledger: Ledger | None
+    _range: Any  # torch.profiler.record_function while a capture runs
+    _records: list[Phase] | None
+    _sink: MutableMapping[str, float] | None
+    color: str | None
+    end_ns: int
+    error: BaseException | None
+    marks_nvtx: bool  # False: the caller marks this range itself (verl's NVTX timer)
+    name: str
+    parent: Phase | None
+    span_id: int
+    start_ns: int
 
     @property
     def seconds(self) -> float:
@@ -106,8 +100,24 @@ class Phase:
     def __enter__(self) -> Phase:
         ledger = self._ledger
         if ledger is not None:
-            self._attach(ledger)
-            self._token = _innermost_set(self)
+            records = ledger.records
+            parent = _innermost_get()
+            while parent is not None and parent.end_ns:  # closed (see `_innermost`)
+                parent = parent.parent
+            # The common case inline: the open trace's phase in the context that has its
+            # parent open (a closed phase's `_records` is None; another trace's differs);
+            # a remote call's phase always makes a trace of its own (`_attach`).
+            if (
+                records is not None
+                and (parent is None or parent._records is records)
+                and type(self) is Phase
+            ):
+                self.parent = parent
+                records.append(self)
+                self._records = records
+            else:
+                self._attach(ledger, parent)
+            _innermost_set(self)
             if ledger.phase_range is not None:
                 self._enter_range(ledger.phase_range)
         backend = nvtx._backend
@@ -116,12 +126,11 @@ class Phase:
         self.start_ns = perf_counter_ns()
         return self
 
-    def _attach(self, ledger: Ledger) -> None:
+    def _attach(self, ledger: Ledger, parent: Phase | None) -> None:
         """Join a trace: the open step's; outside a step, the trace of the phase this
-        context has open (a remote call's: calls served concurrently stay apart), else the
-        process's loose trace, opened with this phase as its root."""
+        context has open (`parent`; a remote call's: calls served concurrently stay apart),
+        else the process's loose trace, opened with this phase as its root."""
         records = ledger.records
-        parent = _innermost_get()
         if (
             parent is not None
             and ledger._step is None
@@ -138,10 +147,6 @@ class Phase:
         else:
             records.append(self)
         self._records = records
-
-    def _detach(self, ledger: Ledger) -> None:
-        if ledger.loose_root is self:
-            ledger.close_loose()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.end_ns = end = perf_counter_ns()
@@ -162,11 +167,8 @@ class Phase:
         ledger = self._ledger
         if ledger is not None:
             self._records = None  # no cycle (the trace's list holds this phase) once closed
-            try:  # noqa: SIM105 (contextlib.suppress costs a context manager per phase)
-                _innermost_reset(self._token)
-            except ValueError:  # closed in another context (a generator, a callback):
-                pass  # that context keeps a closed phase, which the next enter skips
-            self._detach(ledger)
+            if ledger.loose_root is self:
+                ledger.close_loose()
         return False
 
     def _enter_range(self, phase_range: Callable[[str], Any]) -> None:
@@ -179,9 +181,38 @@ class Phase:
             _drop(self._ledger, "profile", "profiler_error", error)
 
 
-# The innermost open phase of the running context (thread, asyncio task, copied context).
+def new_phase(
+    ledger: Ledger | None,
+    name: str,
+    color: str | None = None,
+    sink: MutableMapping[str, float] | None = None,
+    kind: type[Phase] = Phase,
+) -> Phase:
+    """A phase (not yet entered) recording into `ledger` (None: timed, not recorded);
+    `sink` also sums its seconds into a dict (verl's `timing_raw`)."""
+    phase = kind()
+    phase._ledger = ledger
+    phase._sink = sink
+    phase._range = None
+    phase.name = name
+    phase.color = color
+    phase.parent = None
+    phase.span_id = 0
+    phase.start_ns = 0
+    phase.end_ns = 0
+    phase.error = None
+    phase.marks_nvtx = True
+    return phase
+
+
+# The innermost phase the running context (thread, asyncio task, copied context) entered.
+# Leaving a phase does not reset it: the context keeps the closed phase until it enters
+# the next, and every reader walks up from a closed phase to its nearest open ancestor
+# (`parent`), which is what a reset would have restored — one context-variable write per
+# phase instead of two. (A phase left in another context, a generator's or a callback's,
+# could not have been reset anyway.)
 _innermost: ContextVar[Phase | None] = ContextVar("rlotel_innermost_phase", default=None)
-_innermost_get, _innermost_set, _innermost_reset = _innermost.get, _innermost.set, _innermost.reset
+_innermost_get, _innermost_set = _innermost.get, _innermost.set
 
 
 def _open_ancestor(phase: Phase | None, records: list[Phase] | None) -> Phase | None:
@@ -207,22 +238,32 @@ class RemotePhase(Phase):
     each keep their own parent; what opens inside it in the same context nests in it."""
 
     __slots__ = ("remote", "trace")
+    remote: tuple[int, int]
+    trace: Trace | None
 
-    def __init__(self, ledger: Ledger, name: str, color: str | None, remote: tuple[int, int]):
-        super().__init__(ledger, name, color)
-        self.remote = remote
-        self.trace: Trace | None = None
+    @classmethod
+    def under(
+        cls, ledger: Ledger, name: str, color: str | None, remote: tuple[int, int]
+    ) -> RemotePhase:
+        phase = new_phase(ledger, name, color, kind=cls)
+        phase.remote = remote  # type: ignore[attr-defined]
+        phase.trace = None  # type: ignore[attr-defined]
+        return phase  # type: ignore[return-value]
 
-    def _attach(self, ledger: Ledger) -> None:
+    def _attach(self, ledger: Ledger, parent: Phase | None = None) -> None:
         trace = self.trace = Trace(self, ledger.last_step_number)
         trace.trace_id, trace.remote_parent = self.remote
         self._records = trace.records  # its children's list: a root is not among them
         ledger.open_remote[id(self)] = trace  # watched for stalls while it is open
 
-    def _detach(self, ledger: Ledger) -> None:
-        ledger.open_remote.pop(id(self), None)
-        if self.trace is not None:
-            ledger._publish_trace(self.trace)
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        super().__exit__(exc_type, exc, tb)
+        ledger = self._ledger
+        if ledger is not None:
+            ledger.open_remote.pop(id(self), None)
+            if self.trace is not None:
+                ledger._publish_trace(self.trace)
+        return False
 
 
 def _remote_trace(phase: Phase | None, ledger: Ledger) -> Trace | None:
@@ -287,7 +328,7 @@ class Step:
     def __init__(self, ledger: Ledger, number: int) -> None:
         self._ledger = ledger
         self.number = number
-        self.trace = Trace(Phase(None, "step"), number)
+        self.trace = Trace(new_phase(None, vocabulary.STEP), number)
         self.prompt_tokens: int | float | None = None
         self.response_tokens: int | float | None = None
         self.mfu: dict[str, float] = {}
@@ -298,7 +339,9 @@ class Step:
         self.closed = False
         self.held = False  # a hook holds it until its captures are written
         self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)
-        self._published = threading.Event()
+        self.published = False  # the pipeline published it (its summary is final)
+        self._published = threading.Lock()  # held until then: readers of the verdict wait
+        self._published.acquire()  # on it (an Event costs 3 µs to make, a lock 0.1)
         self._summary_lock = threading.Lock()
         self._summary: Summary | None = None
 
@@ -351,7 +394,7 @@ class Step:
     def _recorded(self) -> None:
         """New evidence after close (verl's log dict, late tokens): an early reader's summary
         is rebuilt from it, unless the step is already published."""
-        if not self._published.is_set():
+        if not self.published:
             self._summary = None
 
     def adopt_log(self, data: Mapping[str, Any]) -> None:
@@ -414,13 +457,22 @@ class Step:
         """
         if not self.closed:
             return None
-        self._published.wait(self._ledger.verdict_wait_s)
+        if not self.published:
+            self._ledger.wake()  # the publisher polls: this reader waits, so now
+        if self._published.acquire(timeout=self._ledger.verdict_wait_s):
+            self._published.release()  # open for every later reader
         return self.summary.verdict
 
     def publish(self, summary: Summary) -> None:
         """The pipeline finished this step (its summary, verdict included) and fans it out."""
         self._summary = summary
-        self._published.set()
+        if not self.published:  # once: only the pipeline calls this
+            self.published = True
+            self._published.release()
+
+
+def _nothing() -> None:
+    """A ledger without a publisher to wake."""
 
 
 def _length(values: Any) -> int:
@@ -451,6 +503,7 @@ class Ledger:
         self.hooks: tuple[StepHooks, ...] = ()
         self.phase_range: Callable[[str], Any] | None = None  # a context manager per phase
         self.summarize = summarize  # a closed step's numbers (`rlotel.summary`), wired in
+        self.wake: Callable[[], None] = _nothing  # the publisher's, to handle what is queued now
         self.verdict_wait_s = verdict_wait_s
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None
@@ -532,7 +585,7 @@ class Ledger:
         backend = nvtx._backend
         if backend is not None:
             backend.push("step", None)
-        step.record.start_ns = perf_counter_ns()
+        step.trace.root.start_ns = perf_counter_ns()
 
     def close_step(self, step: Step, exc: BaseException | None) -> None:
         end = perf_counter_ns()
@@ -541,8 +594,9 @@ class Ledger:
         backend = nvtx._backend
         if backend is not None:
             backend.pop()
-        step.record.end_ns = end
-        step.record.error = exc
+        root = step.trace.root
+        root.end_ns = end
+        root.error = exc
         self._step = None
         self.records = None
         self.last_step_number = step.number

@@ -32,7 +32,7 @@ from rlotel import attributes as attr
 from rlotel import catalogue as cat
 from rlotel import config, vocabulary
 from rlotel.drops import Drops, as_finite_float
-from rlotel.ledger import Phase, Trace
+from rlotel.ledger import Trace, new_phase
 from rlotel.metrics.recorder import Recorder
 from rlotel.metrics.store import SeriesStore, Snapshot
 from rlotel.sinks.exposition import bucket_labels, library_family
@@ -290,11 +290,11 @@ def _write_traces(
     try:
         for index, (number, data) in enumerate(steps):
             begin = clock.begin_ns[index]
-            root = Phase(None, vocabulary.STEP)
+            root = new_phase(None, vocabulary.STEP)
             root.start_ns, root.end_ns = begin, clock.end_ns[index]
             trace = Trace(root, number)
             for stage, seconds in _stages(data):
-                record = Phase(None, stage)
+                record = new_phase(None, stage)
                 record.start_ns = begin
                 begin += round(seconds * 1e9)
                 record.end_ns = begin

@@ -59,9 +59,15 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
     """verl's numbers (and rlotel's) of one closed step; `verdict` left to the pipeline."""
     trace = step.trace
     timing: dict[str, float] = {}
+    top_level: list[goodput.Window] = []  # one pass: verl's sums and the top-level windows
+    seconds_of = timing.get
     for record in trace.records:
-        if record.end_ns:
-            timing[record.name] = timing.get(record.name, 0) + record.seconds
+        end = record.end_ns
+        if end:
+            name, start = record.name, record.start_ns
+            timing[name] = seconds_of(name, 0) + (end - start) / 1e9  # `record.seconds`
+            if record.parent is None:
+                top_level.append((name, start, end))
     timing[vocabulary.STEP] = trace.root.seconds
     metrics = formulas.timing_metrics(timing, step.prompt_tokens, step.response_tokens)
     metrics.update(formulas.throughput_metrics(timing, step.total_tokens, n_gpus))
@@ -77,18 +83,17 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
         metrics.update(async_bias.bias_metrics(trace.samples, buckets.is_async))
         replicas = occupancy.by_replica(trace.samples)
         metrics.update(occupancy.step_metrics(replicas))
-    top_level = [r for r in trace.records if r.parent is None and r.end_ns]
     root = trace.root
     metrics.update(
         goodput.trace_metrics(
-            ((r.name, r.start_ns, r.end_ns) for r in top_level),
+            top_level,
             root.start_ns,
             root.end_ns,
             buckets,
             metrics.get(vocabulary.ROLLOUT_TAIL_SECONDS, 0.0),
         )
     )
-    covered = vocabulary.covered_by_intervals((r.start_ns, r.end_ns) for r in top_level)
+    covered = vocabulary.covered_by_intervals((start, end) for _, start, end in top_level)
     unaccounted = vocabulary.unaccounted(timing[vocabulary.STEP], covered)
     facts = StepFacts.from_metrics(
         step.number,

@@ -19,11 +19,17 @@ class Received:
     def __init__(self) -> None:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.metric_requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+        self.headers: list[dict[str, str]] = []  # of each trace request, names lowercased
         self.lock = threading.Lock()
 
-    def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+    def add(
+        self,
+        request: trace_service_pb2.ExportTraceServiceRequest,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         with self.lock:
             self.requests.append(request)
+            self.headers.append(headers or {})
 
     def add_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
         with self.lock:
@@ -78,7 +84,7 @@ class HttpReceiver(Received):
                 else:
                     request = trace_service_pb2.ExportTraceServiceRequest()
                     request.ParseFromString(body)
-                    received.add(request)
+                    received.add(request, {k.lower(): v for k, v in self.headers.items()})
                     reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -106,7 +112,8 @@ class GrpcReceiver(Received):
 
         class Service(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request, context):
-                received.add(request)
+                metadata = {k.lower(): v for k, v in context.invocation_metadata()}
+                received.add(request, metadata)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):

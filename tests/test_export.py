@@ -203,3 +203,25 @@ def test_a_step_with_sample_spans_and_rank_seconds_keeps_both(make_tel, span_exp
     assert set(spans) == {"step", "gen", "sample", "update_actor"}
     assert spans["update_actor"].attributes[attr.RANK_SPREAD] == pytest.approx(1.5)
     assert tel.drops.snapshot() == {}
+
+
+def test_rank_spread_lands_on_its_phase_only_beside_sample_spans(tmp_path):
+    """Phases of one name share their attributes until one gets its ranks' spread; a step
+    with sample spans (a column block) and a spread exports both."""
+    from rlotel import attributes as attr
+
+    path = tmp_path / "t.jsonl"
+    tel = rlotel.init(run="file", prometheus_port=None, traces_file=path, max_sample_spans=2)
+    with tel.step(1):
+        with tel.phase("gen"):
+            tel.record_samples(generate_sequences=[1.0, 2.0, 3.0])
+        with tel.phase("update_actor"):
+            tel.record_rank_seconds({0: 1.0, 1: 3.0})
+        with tel.phase("update_actor"):
+            pass
+    tel.shutdown()
+    spans = file_spans(path, run="file")
+    actors = [s for s in spans if s["name"] == "update_actor"]
+    assert len(actors) == 2
+    assert sorted(attr.SLOWEST_RANK in s["attrs"] for s in actors) == [False, True]
+    assert sum(s["name"] == "sample" for s in spans) == 2

@@ -35,6 +35,7 @@ def exposed_keys(tel) -> set[str]:
 
 
 def cap_drops(tel) -> dict[str, float]:
+    assert tel.flush(10)  # what was logged has reached the store
     samples = parse_exposition(scrape(tel.metrics_url))
     return {
         dict(labels)["reason"]: value

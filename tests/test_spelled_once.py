@@ -71,6 +71,7 @@ PHASE_NAMES = frozenset(
 # (module path under rlotel/, literal) → why it is not the name it looks like.
 ALLOWED: dict[tuple[str, str], str] = {
     ("otlp_json.py", "values"): "OTLP/JSON's field of an arrayValue/kvlistValue",
+    ("sinks/otlp_proto.py", "values"): "the protobuf field of ArrayValue/KeyValueList",
     ("sinks/jsonl.py", "values"): "OTLP/JSON's field of an arrayValue (the writer)",
     ("attributes.py", "reward"): "the value of gen_ai.evaluation.name for the RL reward",
 }

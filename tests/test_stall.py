@@ -110,12 +110,12 @@ def test_without_history_the_floor_alone_applies(make_tel):
 
 
 def test_a_clock_running_backwards_never_gives_a_negative_age():
-    from rlotel.ledger import Ledger, Phase, Trace
+    from rlotel.ledger import Ledger, Trace, new_phase
 
     now = [10_000_000_000]
     watch = StallWatch(THRESHOLDS, {}, clock=lambda: now[0])
     ledger = Ledger(lambda s: None, lambda t: None, rlotel.drops.Drops(), lambda s: None)
-    root = Phase(None, "generate")
+    root = new_phase(None, "generate")
     root.start_ns = now[0] + 5_000_000_000  # started "after" now: the clock stepped back
     ledger.open_remote[1] = Trace(root, None)
     watch.ledger = ledger

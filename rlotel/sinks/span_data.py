@@ -1,7 +1,7 @@
 """Finished spans as plain data: what the span builder makes and every exporter reads.
 
-Backend-neutral (no SDK objects): the traces file encodes it straight to OTLP/JSON, SDK
-exporters get `ReadableSpan`s made from it.
+Backend-neutral (no SDK objects): the traces file encodes it straight to OTLP/JSON, OTLP
+export straight to protobuf (`otlp_proto`), SDK exporters get `ReadableSpan`s made from it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rlotel import attributes as attr
+
+SCOPE_NAME = "rlotel"  # the instrumentation scope of every span rlotel exports
+EXCEPTION_EVENT = "exception"  # the OTel event an error adds (semantic conventions)
 
 
 class LinkData(NamedTuple):
@@ -60,8 +63,8 @@ def status_message(error: BaseException) -> str:
 
 
 class SampleBlock(NamedTuple):
-    """The sample spans of one batch as columns: the traces file encodes them in one pass
-    (one template for the batch); SDK exporters get them expanded to `SpanData`."""
+    """The sample spans of one batch as columns: the traces file and OTLP encode them in
+    one pass (one template for the batch); SDK exporters get them expanded to `SpanData`."""
 
     trace_id: int
     parent_span_id: int
@@ -73,6 +76,7 @@ class SampleBlock(NamedTuple):
     keys: tuple[str, ...]  # attribute per column (the sample index first)
     integral: tuple[bool, ...]
     rows: list[tuple]  # per sample: its value in each column, NaN where invalid
+    arrays: tuple[Any, ...] | None = None  # the same columns as numpy arrays, if at hand
 
     @property
     def count(self) -> int:
