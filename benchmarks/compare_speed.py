@@ -3,7 +3,7 @@
 Both runs are real rlotel traces files (seven phases, 32 per-sample timings a step — the
 slowest few become sample spans —, tokens, MFU), written untimed; the second one's
 `update_actor` does more work, so there is a change to find. What is timed is what
-`rlotel compare BASE NEW --json` does: read both files (`rlotel.analyze`), reduce them to
+`rlotel compare BASE NEW --json` does: read both files (`rlotel.offline.analyze`), reduce them to
 windows per step, bootstrap every window's interval (2000 resamples), verdict, JSON.
 `--format verl` writes verl FileLogger JSONL instead (no spans: the reading is cheaper).
 Goal: ≤ 10 s.
@@ -26,7 +26,7 @@ from pathlib import Path
 from synthetic_run import PHASES, write_traces  # benchmarks/ is this script's path
 
 from rlotel import cli
-from rlotel import vocabulary as voc
+from rlotel.schema import vocabulary as voc
 
 BUDGET_S = 10.0
 

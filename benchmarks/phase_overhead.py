@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 import rlotel
-from rlotel import nvtx
+from rlotel.record import nvtx
 
 PHASE_NAMES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 BARE = "bare loop (no timer)"

@@ -33,9 +33,9 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 import rlotel
-from rlotel import propagation
 from rlotel.integrations import verl as plugin
 from rlotel.integrations import verl_workers
+from rlotel.record import propagation
 
 ROUNDS, CALLS, N = 7, 200, 20000
 

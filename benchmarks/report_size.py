@@ -1,7 +1,7 @@
 """A 10,000-step run's report: render time, HTML size, time to interactive in Chromium.
 
 The run is real: rlotel writes the traces file (seven phases, samples every step, tokens,
-MFU), then `rlotel.report.write_report` renders it. The page is opened from `file://` in
+MFU), then `rlotel.offline.report.write_report` renders it. The page is opened from `file://` in
 headless Chromium (every host resolving to nowhere) twice: a fresh browser (cold, no code
 cache) and the same page again (warm); "interactive" is the page's own ready mark
 (`window.rlotelReadyMs`, every chart drawn), measured from navigation start.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chromium, 
 
 from synthetic_run import write_traces  # benchmarks/ is this script's path
 
-from rlotel.report import write_report
+from rlotel.offline.report import write_report
 from tests.chromium import Chromium, file_url
 
 RENDER_BUDGET_S = 10.0

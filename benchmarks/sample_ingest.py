@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 import rlotel
-from rlotel.catalogue import SAMPLE_DURATION_BUCKETS
+from rlotel.schema.catalogue import SAMPLE_DURATION_BUCKETS
 
 STAGES = ("generate_sequences", "tool_calls", "compute_score")
 

@@ -1,5 +1,5 @@
 """Prometheus series per process and per run, counted from the catalogue: every family of
-rlotel/catalogue.py, a stated bound for each of its labels, and the limits a run meets on
+rlotel/schema/catalogue.py, a stated bound for each of its labels, and the limits a run meets on
 the way to a backend. Prints the "Running on 1,000 GPUs" table of docs/production.md.
 
     python -m benchmarks.series_budget                 # the table in docs/production.md
@@ -20,11 +20,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rlotel import catalogue as cat
 from rlotel.config import Config
-from rlotel.goodput import BUCKETS, DEFAULT_BUCKETS
-from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS
-from rlotel.vocabulary import BIAS_QUANTITIES, DISCARD_REASONS
+from rlotel.derive.goodput import BUCKETS, DEFAULT_BUCKETS
+from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS
+from rlotel.schema import catalogue as cat
+from rlotel.schema.vocabulary import BIAS_QUANTITIES, DISCARD_REASONS
 
 CAP = Config.max_metric_keys  # label sets per family and process (rlotel.init's default)
 # `rlotel_train_metric` has budgets of its own: training keys and validation keys.

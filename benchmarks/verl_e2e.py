@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlotel import vocabulary as voc
+from rlotel.schema import vocabulary as voc
 from tests.e2e.main_ppo import run_isolated
 
 FIRST_MEASURED_STEP = 2

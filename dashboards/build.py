@@ -4,10 +4,11 @@
     python dashboards/build.py --check   # fail on drift or on a metric nothing exports
 
 Panels are data: each `Panel` lists `Target`s, and each target names the catalogue entries
-(`rlotel.catalogue`) or rollout-engine metrics (`rlotel.engine_metrics`) it queries; units
-come from those entries. The check parses every PromQL expression (`promql_names`) and fails
-when a target queries a series other than the ones it names, or a name that neither rlotel,
-an engine nor a recording rule in `collector/rules/` provides. The Grafana alert takes its
+(`rlotel.schema.catalogue`) or rollout-engine metrics (`rlotel.schema.engine_metrics`) it
+queries; units come from those entries. The check parses every PromQL expression
+(`promql_names`) and fails when a target queries a series other than the ones it names,
+or a name that neither rlotel, an engine nor a recording rule in `collector/rules/`
+provides. The Grafana alert takes its
 query, threshold, `for` and severity from the Prometheus rule file, so the two cannot drift.
 """
 
@@ -55,8 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dashboards import promql_names  # noqa: E402
-from rlotel import catalogue as cat  # noqa: E402
-from rlotel import engine_metrics as eng  # noqa: E402
+from rlotel.schema import catalogue as cat  # noqa: E402
+from rlotel.schema import engine_metrics as eng  # noqa: E402
 
 Metric = cat.MetricSpec | eng.EngineMetric
 

@@ -3,8 +3,8 @@
 An expression is parsed into PromQL's syntax tree (promql-parser, the Rust parser that
 follows Prometheus' grammar), so a name is found only where PromQL selects a series — not
 inside a label value, a function name or a `by (...)` list — and an expression that does
-not parse is an error too. A name is known when rlotel exports it (`rlotel.catalogue`), a
-rollout engine serves it (`rlotel.engine_metrics`) or a recording rule records it.
+not parse is an error too. A name is known when rlotel exports it (`rlotel.schema.catalogue`), a
+rollout engine serves it (`rlotel.schema.engine_metrics`) or a recording rule records it.
 
 `dashboards/build.py --check` and `tests/test_alert_rules.py` both use this module.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import promql_parser
 import yaml
 
-from rlotel import catalogue, engine_metrics
+from rlotel.schema import catalogue, engine_metrics
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "collector" / "rules"
 

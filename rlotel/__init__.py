@@ -12,12 +12,12 @@ from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from rlotel import active
-from rlotel import diagnose as _diagnose
-from rlotel.diagnose import StepFacts, Thresholds, Verdict
+from rlotel.derive import diagnose as _diagnose
+from rlotel.derive.diagnose import StepFacts, Thresholds, Verdict
 from rlotel.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rlotel.ledger import Phase
+    from rlotel.record.ledger import Phase
     from rlotel.telemetry import Telemetry
 
 __all__ = [
@@ -42,10 +42,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Config": "rlotel.config",
-    "Diagnoser": "rlotel.diagnose",
+    "Diagnoser": "rlotel.derive.diagnose",
     "ProfileConfig": "rlotel.profile.config",
-    "Sink": "rlotel.sink",
-    "Step": "rlotel.ledger",
+    "Sink": "rlotel.publish.sink",
+    "Step": "rlotel.record.ledger",
     "Telemetry": "rlotel.telemetry",
     "sglang_profiler_args": "rlotel.profile.config",
     "vllm_profiler_args": "rlotel.profile.config",
@@ -112,7 +112,7 @@ def marked_timer(
 
 def _load_new_phase() -> Callable[..., Phase]:
     global _new_phase
-    from rlotel.ledger import new_phase
+    from rlotel.record.ledger import new_phase
 
     _new_phase = new_phase
     return new_phase

@@ -18,9 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import rlotel
-from rlotel import goodput
-from rlotel import vocabulary as voc
-from rlotel.diagnose import Diagnoser, Verdict
+from rlotel.derive import goodput
+from rlotel.derive.diagnose import Diagnoser, Verdict
+from rlotel.schema import vocabulary as voc
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
@@ -141,7 +141,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _demo_report(run_dir: Path) -> int:
     """The run's report.html, printed by path; a failure is one line, the demo still ran."""
-    from rlotel.report import ReportError, write_report
+    from rlotel.offline.report import ReportError, write_report
 
     try:
         result = write_report(run_dir, run_dir / "report.html")
@@ -153,7 +153,7 @@ def _demo_report(run_dir: Path) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from rlotel.report import ReportError, write_report
+    from rlotel.offline.report import ReportError, write_report
 
     source = Path(args.path)
     out = Path(args.out) if args.out else _default_output(source, "report.html")
@@ -173,7 +173,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _perfetto(args: argparse.Namespace) -> int:
-    from rlotel.perfetto import PerfettoError, write_perfetto
+    from rlotel.offline.perfetto import PerfettoError, write_perfetto
 
     source = Path(args.path)
     out = Path(args.out) if args.out else _default_output(source, "trace.json.gz")
@@ -201,7 +201,7 @@ def _default_output(source: Path, name: str) -> Path:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from rlotel.analyze import load_run
+    from rlotel.offline.analyze import load_run
 
     path = Path(args.path)
     if not path.exists():
@@ -235,7 +235,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from rlotel.replay import replay
+    from rlotel.offline.replay import replay
 
     source = Path(args.path)
     if not source.is_file():
@@ -262,7 +262,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     """0: no gate crossed; 1: a significant change crossed a `--fail-if`; 2: bad input."""
-    from rlotel import compare
+    from rlotel.offline import compare
 
     try:
         gates = [compare.parse_gate(expression) for expression in args.fail_if]
@@ -302,8 +302,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _compare_table(result) -> Table:
     """Per window: base and new medians, the change, its 95 % interval, significance."""
-    from rlotel import compare
-    from rlotel.compare import format_interval, format_percent, format_value
+    from rlotel.offline import compare
+    from rlotel.offline.compare import format_interval, format_percent, format_value
 
     sides = (result.base, result.new)
     table = Table(

@@ -17,16 +17,16 @@ from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlotel import catalogue as cat
-from rlotel.diagnose import Thresholds
+from rlotel.derive.diagnose import Thresholds
+from rlotel.derive.goodput import BUCKETS
 from rlotel.env import Environment
 from rlotel.errors import ConfigError
-from rlotel.goodput import BUCKETS
 from rlotel.profile.config import ProfileConfig
-from rlotel.sink import Sink
+from rlotel.publish.sink import Sink
+from rlotel.schema import catalogue as cat
 
 if TYPE_CHECKING:
-    from rlotel.ledger import StepHookFactory
+    from rlotel.record.ledger import StepHookFactory
 
 DEFAULT_SERVICE_NAME = "rlotel"
 MAX_SHUTDOWN_TIMEOUT_S = 3600.0  # a flush that may block exit longer is a mistake
@@ -71,9 +71,9 @@ class Config:
     resource_attributes: this process's own resource attributes (e.g. `rl.role`,
         `rl.rank`, `rl.node`), next to `service.name` and `rl.run`.
     phase_buckets: `{"my_wait": "idle"}` puts phase names in goodput buckets (productive,
-        overhead, idle, wasted), over rlotel's table for verl's names (rlotel.goodput).
-    step_hooks: factories of ledger hooks (`rlotel.ledger.StepHooks`) an integration
-        injects: each gets `rlotel.ledger.HookServices` at init and returns a hook or None
+        overhead, idle, wasted), over rlotel's table for verl's names (rlotel.derive.goodput).
+    step_hooks: factories of ledger hooks (`rlotel.record.ledger.StepHooks`) an integration
+        injects: each gets `rlotel.record.ledger.HookServices` at init and returns a hook or None
         (verl's capture discovery: `rlotel.integrations.verl_captures.discover`).
     """
 
@@ -160,7 +160,7 @@ class Config:
         for factory in self.step_hooks:
             if not callable(factory):
                 raise ConfigError(
-                    "step_hooks must be callables that take rlotel.ledger.HookServices and "
+                    "step_hooks must be callables that take rlotel.record.ledger.HookServices and "
                     f"return a ledger hook (or None), got {factory!r}"
                 )
         writable_dir(self.environment.traces_dir, "RLOTEL_TRACES_DIR")

@@ -18,13 +18,19 @@ from dataclasses import replace
 from typing import Any
 
 from rlotel import active
-from rlotel import attributes as attr
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
-from rlotel.diagnose import Diagnoser, Verdict
-from rlotel.drops import Drops, describe, encodable
+from rlotel.derive.diagnose import Diagnoser, Verdict
+from rlotel.derive.goodput import PhaseBuckets, Timeline
+from rlotel.derive.summary import StepSummary, summarize
 from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
-from rlotel.goodput import PhaseBuckets, Timeline
-from rlotel.ledger import (
+from rlotel.metrics.recorder import Recorder
+from rlotel.metrics.store import SeriesStore
+from rlotel.publish.pipeline import LogRecord, Pipeline
+from rlotel.publish.publisher import Publisher
+from rlotel.publish.sink import CompositeSink, Sink
+from rlotel.publish.stall import RankWait, StallWatch
+from rlotel.record.drops import Drops, describe, encodable
+from rlotel.record.ledger import (
     HookServices,
     Ledger,
     Phase,
@@ -34,17 +40,11 @@ from rlotel.ledger import (
     innermost_open,
     new_phase,
 )
-from rlotel.metrics.recorder import Recorder
-from rlotel.metrics.store import SeriesStore
-from rlotel.pipeline import LogRecord, Pipeline
-from rlotel.propagation import parse, traceparent
-from rlotel.publisher import Publisher
-from rlotel.ranks import RankCompute, RankReply, RankSeconds
-from rlotel.samples import build_batch, use_remote_spans
-from rlotel.sink import CompositeSink, Sink
-from rlotel.sinks.export_queue import SpanBatchExporter
-from rlotel.stall import RankWait, StallWatch
-from rlotel.summary import StepSummary, summarize
+from rlotel.record.propagation import parse, traceparent
+from rlotel.record.ranks import RankCompute, RankReply, RankSeconds
+from rlotel.record.samples import build_batch, use_remote_spans
+from rlotel.schema import attributes as attr
+from rlotel.sinks.traces.export_queue import SpanBatchExporter
 
 log = logging.getLogger("rlotel")
 
@@ -106,11 +106,11 @@ class Telemetry:
     def _build_sinks(self) -> list[Sink]:
         from opentelemetry.sdk.resources import Resource
 
-        from rlotel.sinks.jsonl import JsonLinesExporter, traces_dir_file
-        from rlotel.sinks.otlp import SdkSpanExporter, otlp_exporter
-        from rlotel.sinks.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
-        from rlotel.sinks.prometheus import PrometheusEndpoint
-        from rlotel.sinks.spans import SpanSink
+        from rlotel.sinks.metrics.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
+        from rlotel.sinks.metrics.prometheus import PrometheusEndpoint
+        from rlotel.sinks.traces.jsonl import JsonLinesExporter, traces_dir_file
+        from rlotel.sinks.traces.otlp import SdkSpanExporter, otlp_exporter
+        from rlotel.sinks.traces.spans import SpanSink
 
         config, environment = self.config, self.config.environment
         identity = {
@@ -309,7 +309,7 @@ class Telemetry:
         process, e.g. an agent-loop worker's: the span links it).
 
         A sample span is a GenAI `invoke_agent` operation (OpenTelemetry GenAI semantic
-        conventions, pinned in `rlotel.attributes`); its `gen_ai.conversation.id` is the
+        conventions, pinned in `rlotel.schema.attributes`); its `gen_ai.conversation.id` is the
         trajectory key `{uid}_{session}_{output}` (as many parts as given). Also read only
         for the samples with spans: `reward` (a number per sample: a
         `gen_ai.evaluation.result` event on the span, `gen_ai.evaluation.name` "reward"),

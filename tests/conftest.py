@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import rlotel
-from rlotel import nvtx
+from rlotel.record import nvtx
 from tests.fuzzing import RUN
 from tests.helpers import RecordingNvtx
 

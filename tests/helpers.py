@@ -115,7 +115,7 @@ def serve_engine(engine: str) -> tuple[object, threading.Event, int]:
     the server, the event that stops the feeding, and the port."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-    from rlotel.engine_metrics import ENGINE_METRICS
+    from rlotel.schema.engine_metrics import ENGINE_METRICS
     from tests.promserver import free_port
 
     registry = CollectorRegistry()

@@ -6,7 +6,7 @@ import pytest
 
 import rlotel
 from rlotel import cli
-from rlotel.analyze import load_steps
+from rlotel.offline.analyze import load_steps
 
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 

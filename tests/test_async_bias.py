@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import async_bias
-from rlotel.diagnose import StepFacts, Thresholds, diagnose
+from rlotel.derive import async_bias
+from rlotel.derive.diagnose import StepFacts, Thresholds, diagnose
 from tests.helpers import parse_exposition, scrape
 
 KS = "rlotel/async_bias/ks/"

@@ -7,7 +7,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from rlotel import catalogue as cat
+from rlotel.schema import catalogue as cat
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -12,10 +12,12 @@ import urllib.request
 
 import pytest
 
-from rlotel import clock, env, otlp_json
+from rlotel import env
 from rlotel.integrations import ray as ray_integration
 from rlotel.integrations import verl_workers
-from rlotel.otlp_json import SpanRecord
+from rlotel.record import clock
+from rlotel.sinks.traces import otlp_json
+from rlotel.sinks.traces.otlp_json import SpanRecord
 
 S = 1_000_000_000
 

@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import rlotel  # noqa: E402
-from rlotel import attributes as attr  # noqa: E402
-from rlotel.diagnose import StepFacts, diagnose  # noqa: E402
+from rlotel.derive.diagnose import StepFacts, diagnose  # noqa: E402
 from rlotel.integrations import collectives, verl_workers  # noqa: E402
-from rlotel.ranks import RankReply  # noqa: E402
+from rlotel.record.ranks import RankReply  # noqa: E402
+from rlotel.schema import attributes as attr  # noqa: E402
 from tests.helpers import parse_exposition, scrape  # noqa: E402
 
 LATE_S = 0.3  # how late rank 1 joins a collective
@@ -396,8 +396,8 @@ def test_under_fsdp2_every_rank_replies_together_and_compute_names_the_slow_rank
         RayWorkerGroup,
     )
 
-    from rlotel import analyze
     from rlotel.integrations import verl as plugin
+    from rlotel.offline import analyze
 
     traces = tmp_path / "traces"
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):

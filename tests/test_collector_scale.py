@@ -18,9 +18,9 @@ import yaml
 from opentelemetry.trace import StatusCode
 
 import rlotel
-from rlotel import attributes as attr
-from rlotel.ranks import RankReply
-from rlotel.samples import DURATION_FIELDS
+from rlotel.record.ranks import RankReply
+from rlotel.record.samples import DURATION_FIELDS
+from rlotel.schema import attributes as attr
 from tests.helpers import finished_spans
 from tests.otelcol_schema import (
     LOADBALANCING_EXPORTER,

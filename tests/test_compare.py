@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import cli, compare
-from rlotel import vocabulary as voc
+from rlotel import cli
+from rlotel.offline import compare
+from rlotel.schema import vocabulary as voc
 
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]
 WINDOW_KEYS = {"base", "new", "change", "ci95", "significant"}

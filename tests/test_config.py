@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import rlotel
-from rlotel import ProfileConfig, catalogue
+from rlotel import ProfileConfig
+from rlotel.schema import catalogue
 from tests.fuzzing import (
     FINITE,
     INF,

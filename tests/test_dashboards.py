@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from dashboards import promql_names
-from rlotel import catalogue as cat
-from rlotel import engine_metrics as eng
+from rlotel.schema import catalogue as cat
+from rlotel.schema import engine_metrics as eng
 from tests.helpers import parse_exposition, scrape, serve_engine
 from tests.promserver import Prometheus
 

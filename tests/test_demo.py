@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import catalogue, cli
+from rlotel import cli
+from rlotel.schema import catalogue
 from tests.helpers import file_spans, parse_exposition, scrape
 
 pytest.importorskip("torch")

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import rlotel
-from rlotel.diagnose import Diagnoser, StepFacts, Thresholds, diagnose
+from rlotel.derive.diagnose import Diagnoser, StepFacts, Thresholds, diagnose
 from tests.helpers import finished_spans, parse_exposition, scrape
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import rlotel
-from rlotel import engine_metrics
+from rlotel.schema import engine_metrics
 from tests.helpers import file_spans
 from tests.otlp_receiver import HttpReceiver
 from tests.promserver import Prometheus, free_port

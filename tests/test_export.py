@@ -190,7 +190,7 @@ def test_a_step_with_sample_spans_and_rank_seconds_keeps_both(make_tel, span_exp
     """A verl step records samples in `gen` and waits on worker ranks in `update_actor`:
     the sample blocks among its spans must not stop the rank spread being attached (they
     once made the whole step's spans a dropped `sink_error`)."""
-    from rlotel import attributes as attr
+    from rlotel.schema import attributes as attr
     from tests.helpers import finished_spans
 
     tel = make_tel(max_sample_spans=2)
@@ -208,7 +208,7 @@ def test_a_step_with_sample_spans_and_rank_seconds_keeps_both(make_tel, span_exp
 def test_rank_spread_lands_on_its_phase_only_beside_sample_spans(tmp_path):
     """Phases of one name share their attributes until one gets its ranks' spread; a step
     with sample spans (a column block) and a spread exports both."""
-    from rlotel import attributes as attr
+    from rlotel.schema import attributes as attr
 
     path = tmp_path / "t.jsonl"
     tel = rlotel.init(run="file", prometheus_port=None, traces_file=path, max_sample_spans=2)

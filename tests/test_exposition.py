@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.samples import Exemplar
 
-from rlotel import catalogue as cat
-from rlotel.drops import Drops
 from rlotel.metrics.store import SeriesStore
-from rlotel.sinks.exposition import OPENMETRICS, TEXT, Renderer, StoreCollector
+from rlotel.record.drops import Drops
+from rlotel.schema import catalogue as cat
+from rlotel.sinks.metrics.exposition import OPENMETRICS, TEXT, Renderer, StoreCollector
 
 # What Prometheus 2.x and 3.x send when scraping (OpenMetrics, gzip-compressed).
 PROMETHEUS_2_ACCEPT = (

@@ -20,9 +20,11 @@ from opentelemetry.semconv import schemas
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as semconv
 
 import rlotel
-from rlotel import attributes as attr
-from rlotel import cli, otlp_json, samples
-from rlotel.analyze import load_steps
+from rlotel import cli
+from rlotel.offline.analyze import load_steps
+from rlotel.record import samples
+from rlotel.schema import attributes as attr
+from rlotel.sinks.traces import otlp_json
 from tests.helpers import finished_spans
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,15 +88,15 @@ def test_every_genai_name_is_published_in_the_installed_conventions() -> None:
 
 
 def test_genai_names_are_spelled_once_and_all_are_checked() -> None:
-    """Every `gen_ai.*` literal in rlotel lives in rlotel/attributes.py, and each one is
+    """Every `gen_ai.*` literal in rlotel lives in rlotel/schema/attributes.py, and each one is
     an attribute checked above (or the evaluation event's name)."""
     owners = {
         path.relative_to(ROOT).as_posix(): names
         for path in sorted((ROOT / "rlotel").rglob("*.py"))
         if (names := genai_literals(path))
     }
-    assert set(owners) == {"rlotel/attributes.py"}, owners
-    assert owners["rlotel/attributes.py"] == {*attr.GENAI_ATTRIBUTES, attr.EVALUATION_EVENT}
+    assert set(owners) == {"rlotel/schema/attributes.py"}, owners
+    assert owners["rlotel/schema/attributes.py"] == {*attr.GENAI_ATTRIBUTES, attr.EVALUATION_EVENT}
 
 
 def record_trajectories(tel: rlotel.Telemetry, **extra) -> tuple[int, dict]:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import goodput
-from rlotel.diagnose import StepFacts, diagnose
+from rlotel.derive import goodput
+from rlotel.derive.diagnose import StepFacts, diagnose
 from tests.helpers import file_spans
 
 S = 1_000_000_000  # one second in ns

@@ -204,7 +204,7 @@ def test_service_name_and_run_on_resource(make_tel, span_exporter, monkeypatch):
 def test_nvtx_package_backend_pushes_and_pops():
     """The `nvtx` package path works (ranges go nowhere without Nsight, but must not fail)."""
     nvtx_package = pytest.importorskip("nvtx")
-    from rlotel.nvtx import _NvtxPackage, detect_backend
+    from rlotel.record.nvtx import _NvtxPackage, detect_backend
 
     backend = _NvtxPackage(nvtx_package)
     for name, color in (("gen", "red"), ("gen", "red"), ("update_actor", None)):
@@ -220,7 +220,7 @@ def test_nvtx_package_backend_pushes_and_pops():
 def test_a_known_phase_name_makes_the_phase_new_phase_makes():
     """`Telemetry.phase` builds phases of known names inline (one call less per phase):
     every slot as `new_phase` sets it."""
-    from rlotel.ledger import Phase, new_phase
+    from rlotel.record.ledger import Phase, new_phase
 
     tel = rlotel.init(run="inline", prometheus_port=None)
     try:

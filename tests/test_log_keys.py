@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlotel import config
-from rlotel import vocabulary as voc
-from rlotel.replay import replay
+from rlotel.offline.replay import replay
+from rlotel.schema import vocabulary as voc
 from tests.helpers import parse_exposition, scrape
 
 # verl 0.9.1's own FileLogger output (`VERL_FILE_LOGGER_PATH`) of a real `main_ppo` run of

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import goodput, occupancy
-from rlotel.diagnose import StepFacts, Thresholds, diagnose
+from rlotel.derive import goodput, occupancy
+from rlotel.derive.diagnose import StepFacts, Thresholds, diagnose
 from tests.helpers import parse_exposition, scrape
 
 S = 1_000_000_000

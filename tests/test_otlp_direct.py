@@ -17,10 +17,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 
 import rlotel
-from rlotel.propagation import traceparent
-from rlotel.sinks import otlp
-from rlotel.sinks.otlp_proto import RequestEncoder, varint
-from rlotel.sinks.span_data import EventData, LinkData, SampleBlock, SpanData
+from rlotel.record.propagation import traceparent
+from rlotel.sinks.traces import otlp
+from rlotel.sinks.traces.otlp_proto import RequestEncoder, varint
+from rlotel.sinks.traces.span_data import EventData, LinkData, SampleBlock, SpanData
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
@@ -164,7 +164,7 @@ def assert_same_spans(got: list, want: list) -> None:
 
 def span_exporters(tel: rlotel.Telemetry) -> dict:
     """The span exporters of a telemetry by name (its span sink's export queues)."""
-    from rlotel.sinks.spans import SpanSink
+    from rlotel.sinks.traces.spans import SpanSink
 
     (sink,) = [sink for sink in tel._sink.sinks if isinstance(sink, SpanSink)]
     return {queue.name: queue._exporter for queue in sink._queues}
@@ -341,7 +341,7 @@ def test_sample_blocks_encoded_from_arrays_are_the_rows_bytes(count, remote):
 
 
 def test_sample_blocks_with_cells_arrays_cannot_hold_take_the_row_path():
-    from rlotel.sinks import otlp_proto
+    from rlotel.sinks.traces import otlp_proto
 
     block = block_with_arrays(np.random.default_rng(4), 20, False)
     tokens = block.arrays[2].copy()

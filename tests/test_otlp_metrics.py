@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import catalogue
+from rlotel.schema import catalogue
 from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 

@@ -69,7 +69,7 @@ def test_concurrent_remote_calls_keep_their_own_parents(make_tel, span_exporter)
     root of its own trace under its own caller, and what opens inside nests in it."""
     import asyncio
 
-    from rlotel.propagation import parse, traceparent
+    from rlotel.record.propagation import parse, traceparent
 
     tel = make_tel(run="remote", span_exporters=[span_exporter])
     callers = [traceparent(0xA1 + n, 0xB1 + n) for n in range(2)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import rlotel
-from rlotel.propagation import traceparent
+from rlotel.record.propagation import traceparent
 from tests.helpers import parse_exposition, scrape
 
 NAME = "rlotel_rank_phase_seconds"

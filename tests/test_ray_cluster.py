@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import rlotel
-from rlotel import analyze, perfetto
-from rlotel.otlp_json import STATUS_ERROR, SpanRecord
+from rlotel.offline import analyze, perfetto
+from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
 from tests.helpers import scrape
 
 pytestmark = pytest.mark.slow  # a Ray cluster of several raylets and verl worker processes

@@ -1,4 +1,4 @@
-"""`rlotel.replay`: verl's real FileLogger output → backfilled Prometheus and step traces.
+"""`rlotel.offline.replay`: verl's real FileLogger output → backfilled Prometheus and step traces.
 
 Checked with the real tools: promtool builds TSDB blocks from metrics.om, a real
 Prometheus serves them back, and the traces file parses as OTLP/JSON lines.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import otlp_json
-from rlotel.replay import LOG_KEYS, STAGE_ORDER, ReplayResult, _timestamp, replay
-from rlotel.vocabulary import VERL_STEP_STAGES
+from rlotel.offline.replay import LOG_KEYS, STAGE_ORDER, ReplayResult, _timestamp, replay
+from rlotel.schema.vocabulary import VERL_STEP_STAGES
+from rlotel.sinks.traces import otlp_json
 from tests.helpers import file_spans
 from tests.promserver import Prometheus
 

@@ -15,7 +15,7 @@ import pytest
 
 import rlotel
 from rlotel import cli
-from rlotel.report import MAX_POINTS, write_report
+from rlotel.offline.report import MAX_POINTS, write_report
 
 PHASES = ["gen", "reward", "old_log_prob", "update_actor", "update_weights"]
 WORKER = """

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from rlotel import catalogue
+from rlotel.schema import catalogue
 from tests.helpers import file_spans, parse_exposition, scrape
 
 pytestmark = pytest.mark.slow  # a real Prometheus and promtool

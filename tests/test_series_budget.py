@@ -16,8 +16,8 @@ from opentelemetry.sdk.metrics._internal._view_instrument_match import (
 
 import rlotel
 from benchmarks import series_budget as sb
-from rlotel import catalogue as cat
-from rlotel.goodput import DEFAULT_BUCKETS
+from rlotel.derive.goodput import DEFAULT_BUCKETS
+from rlotel.schema import catalogue as cat
 from tests.helpers import parse_exposition, scrape
 
 ROOT = Path(__file__).resolve().parent.parent

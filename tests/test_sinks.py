@@ -12,7 +12,7 @@ import time
 import pytest
 
 import rlotel
-from rlotel.drops import Drops
+from rlotel.record.drops import Drops
 from rlotel.sinks.base import CompositeSink, Sink
 
 
@@ -88,17 +88,17 @@ class Summaries(rlotel.Sink):
 def test_one_summary_per_step_read_the_same_way_by_every_sink_and_the_training_thread(
     monkeypatch,
 ):
-    """The step's numbers are built once (`rlotel.summary`): a reader that asks before the
+    """The step's numbers are built once (`rlotel.derive.summary`): a reader that asks before the
     publisher gets the object the pipeline publishes, the verdict added; every sink then
     reads that one object."""
-    import rlotel.summary
+    import rlotel.derive.summary
     import rlotel.telemetry
 
     built = []
 
     def counting(step, n_gpus, buckets):
         built.append(step.number)
-        return rlotel.summary.summarize(step, n_gpus, buckets)
+        return rlotel.derive.summary.summarize(step, n_gpus, buckets)
 
     monkeypatch.setattr(rlotel.telemetry, "summarize", counting)
     first, second = Summaries(), Summaries()

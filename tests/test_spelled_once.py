@@ -1,8 +1,8 @@
 """Each name rlotel shares with the outside world is spelled in one module.
 
 Span and resource attribute names (`rl.*`, `gen_ai.*`, the OTel names rlotel uses) live in
-`rlotel/attributes.py`; verl's timer names, agent-loop stages, per-sample fields and metric
-key prefixes live in `rlotel/vocabulary.py`. Every other module imports them. This test
+`rlotel/schema/attributes.py`; verl's timer names, agent-loop stages, per-sample fields and metric
+key prefixes live in `rlotel/schema/vocabulary.py`. Every other module imports them. This test
 parses every module of `rlotel/` and fails on a string literal that *is* such a name (the
 whole literal, or the start of one piece of an f-string) anywhere else.
 
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import rlotel
-from rlotel import attributes as attr
-from rlotel import vocabulary as voc
+from rlotel.schema import attributes as attr
+from rlotel.schema import vocabulary as voc
 
 PACKAGE = Path(rlotel.__file__).parent
-ATTRIBUTES = "attributes.py"
-VOCABULARY = "vocabulary.py"
+ATTRIBUTES = "schema/attributes.py"
+VOCABULARY = "schema/vocabulary.py"
 
 # Attribute names: rlotel's namespace, the GenAI one, and every dotted name attributes.py
 # defines (service.name, process.pid, the profile.capture span ...).
@@ -70,10 +70,10 @@ PHASE_NAMES = frozenset(
 
 # (module path under rlotel/, literal) → why it is not the name it looks like.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("otlp_json.py", "values"): "OTLP/JSON's field of an arrayValue/kvlistValue",
-    ("sinks/otlp_proto.py", "values"): "the protobuf field of ArrayValue/KeyValueList",
-    ("sinks/jsonl.py", "values"): "OTLP/JSON's field of an arrayValue (the writer)",
-    ("attributes.py", "reward"): "the value of gen_ai.evaluation.name for the RL reward",
+    ("sinks/traces/otlp_json.py", "values"): "OTLP/JSON's field of an arrayValue/kvlistValue",
+    ("sinks/traces/otlp_proto.py", "values"): "the protobuf field of ArrayValue/KeyValueList",
+    ("sinks/traces/jsonl.py", "values"): "OTLP/JSON's field of an arrayValue (the writer)",
+    (ATTRIBUTES, "reward"): "the value of gen_ai.evaluation.name for the RL reward",
 }
 
 

@@ -9,10 +9,10 @@ import time
 import pytest
 
 import rlotel
-from rlotel import analyze
-from rlotel import attributes as attr
 from rlotel.errors import ConfigError
-from rlotel.stall import STALLED, StallWatch
+from rlotel.offline import analyze
+from rlotel.publish.stall import STALLED, StallWatch
+from rlotel.schema import attributes as attr
 from tests.helpers import finished_spans, parse_exposition, scrape
 
 THRESHOLDS = rlotel.Thresholds(stall_factor=6.0, stall_floor_s=0.5)
@@ -110,11 +110,11 @@ def test_without_history_the_floor_alone_applies(make_tel):
 
 
 def test_a_clock_running_backwards_never_gives_a_negative_age():
-    from rlotel.ledger import Ledger, Trace, new_phase
+    from rlotel.record.ledger import Ledger, Trace, new_phase
 
     now = [10_000_000_000]
     watch = StallWatch(THRESHOLDS, {}, clock=lambda: now[0])
-    ledger = Ledger(lambda s: None, lambda t: None, rlotel.drops.Drops(), lambda s: None)
+    ledger = Ledger(lambda s: None, lambda t: None, rlotel.record.drops.Drops(), lambda s: None)
     root = new_phase(None, "generate")
     root.start_ns = now[0] + 5_000_000_000  # started "after" now: the clock stepped back
     ledger.open_remote[1] = Trace(root, None)

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import rlotel
-from rlotel import analyze
 from rlotel.integrations import verl_workers
+from rlotel.offline import analyze
 from tests.helpers import parse_exposition, scrape
 
 

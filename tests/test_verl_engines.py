@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlotel import engine_metrics as eng
 from rlotel.integrations import verl_engines
+from rlotel.schema import engine_metrics as eng
 
 ROOT = Path(__file__).resolve().parents[1]
 

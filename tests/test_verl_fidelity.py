@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import formulas
+from rlotel.derive import formulas
 
 torch = pytest.importorskip("torch")
 metric_utils = pytest.importorskip("verl.trainer.ppo.metric_utils")

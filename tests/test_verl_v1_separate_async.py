@@ -573,7 +573,7 @@ def test_separate_async_windows_are_spans_that_sum_to_verls_timing_raw(cluster, 
             assert wait["start"] - CLOCK_SLACK_NS < finished[threshold - 1]
             assert finished[threshold - 1] < wait["end"] + CLOCK_SLACK_NS
 
-        # goodput in separate_async mode (rlotel/goodput.py): trainer time outside windows
+        # goodput in separate_async mode (rlotel/derive/goodput.py): trainer time outside windows
         # is overhead; the rollout runs in other processes and is idle only during syncs
         wall = verl["step"]
         idle = verl.get("switch_wait", 0.0) + verl["gen"]

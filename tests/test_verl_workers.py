@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import rlotel
-from rlotel import analyze
-from rlotel.otlp_json import STATUS_ERROR, SpanRecord
+from rlotel.offline import analyze
+from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
 from tests.helpers import parse_exposition, scrape
 
 pytestmark = pytest.mark.slow  # a Ray cluster and verl worker processes

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import torch
 
 import rlotel
-from rlotel import goodput
-from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
 from rlotel.demo.loop import DemoConfig, DemoResult, StepResult, train_on
+from rlotel.derive import goodput
+from rlotel.schema import vocabulary as voc
 
 MODE = "fully_async"
 # Decoding passes see the growing sequence; extra passes per step are scaled by this so

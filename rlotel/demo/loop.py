@@ -11,10 +11,10 @@ from time import perf_counter
 import torch
 
 import rlotel
-from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
 from rlotel.demo.rollout import Generation, LocalRollout, flat
+from rlotel.schema import vocabulary as voc
 
 CPU_PEAK_FLOPS = 448e9  # verl's table entry for CPU; override with --peak-flops
 

@@ -16,10 +16,10 @@ from typing import Any
 import ray
 import torch
 
-from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
 from rlotel.demo.rollout import trajectories, weights_digest
+from rlotel.schema import vocabulary as voc
 
 
 @ray.remote(num_cpus=1)

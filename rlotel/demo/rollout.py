@@ -14,9 +14,9 @@ from typing import Protocol
 import torch
 
 import rlotel
-from rlotel import vocabulary as voc
 from rlotel.demo import agent
 from rlotel.demo import policy as P
+from rlotel.schema import vocabulary as voc
 
 
 class Generation(Protocol):

@@ -110,8 +110,8 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         return verl_workers.worker_telemetry()
     declared = _driver[0] if _driver else Driver()
     if _driver:
-        from rlotel import attributes as attr
-        from rlotel import vocabulary
+        from rlotel.schema import attributes as attr
+        from rlotel.schema import vocabulary
 
         identity = verl_workers.process_identity()
         kwargs.setdefault("resource_attributes", {**identity, attr.ROLE: vocabulary.TRAINER_ROLE})

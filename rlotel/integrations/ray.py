@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import rlotel
-from rlotel import attributes as attr
 from rlotel import env
+from rlotel.schema import attributes as attr
 
 log = logging.getLogger("rlotel")
 

@@ -28,7 +28,6 @@ from types import ModuleType
 from typing import Any
 
 from rlotel import env
-from rlotel import vocabulary as voc
 from rlotel.integrations.patches import Patches
 from rlotel.integrations.process import (
     declare_verl_driver,
@@ -36,6 +35,7 @@ from rlotel.integrations.process import (
     telemetry,
     verl_profile_config,
 )
+from rlotel.schema import vocabulary as voc
 
 log = logging.getLogger("rlotel")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rlotel.profile.capture import Capture
 
 if TYPE_CHECKING:
-    from rlotel.ledger import HookServices
+    from rlotel.record.ledger import HookServices
 
 
 def find_verl_captures(

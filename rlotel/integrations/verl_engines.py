@@ -71,7 +71,7 @@ def replica_ranks(addresses: Sequence[str]) -> list[str]:
 def labelled_config(config_data: Mapping[str, Any], run: str) -> dict[str, Any] | None:
     """verl's config with its rollout job as one labelled group per engine; None when it
     has no such job in the shape verl writes (then it is left as it is)."""
-    from rlotel import engine_metrics
+    from rlotel.schema import engine_metrics
 
     labelled = copy.deepcopy(dict(config_data))
     jobs = labelled.get("scrape_configs")

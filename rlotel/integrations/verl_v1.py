@@ -27,8 +27,9 @@ import logging
 import time
 from typing import Any
 
-from rlotel import clock, vocabulary
 from rlotel.integrations.patches import Patches
+from rlotel.record import clock
+from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")
 

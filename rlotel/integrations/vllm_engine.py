@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlotel import attributes as attr
-from rlotel import env, vocabulary
+from rlotel import env
 from rlotel.integrations.patches import Patches
+from rlotel.schema import attributes as attr
+from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")
 

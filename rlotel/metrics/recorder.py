@@ -13,18 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlotel import catalogue as cat
-from rlotel import ranks, staleness
-from rlotel import vocabulary as voc
-from rlotel.drops import Drops, as_finite_float, describe, encodable
-from rlotel.ledger import RemotePhase, Step, Trace
+from rlotel.derive import staleness
 from rlotel.metrics.store import Exemplar, SeriesStore
 from rlotel.profile.capture import Capture
-from rlotel.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
-from rlotel.sink import Sink
+from rlotel.publish.sink import Sink
+from rlotel.record import ranks
+from rlotel.record.drops import Drops, as_finite_float, describe, encodable
+from rlotel.record.ledger import RemotePhase, Step, Trace
+from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
+from rlotel.schema import catalogue as cat
+from rlotel.schema import vocabulary as voc
 
 if TYPE_CHECKING:
-    from rlotel.stall import OpenPhase
+    from rlotel.publish.stall import OpenPhase
 
 
 class Recorder(Sink):
@@ -131,7 +132,7 @@ class Recorder(Sink):
                 store.inc(cat.TOKENS, float(count), kind)
 
     def _observe_goodput(self, metrics: Mapping[str, float]) -> None:
-        """rlotel.goodput's per-step keys: goodput, seconds by bucket, idle ratio by role."""
+        """rlotel.derive.goodput's per-step keys: goodput, seconds by bucket, idle ratio by role."""
         store = self.store
         if voc.GOODPUT in metrics:
             store.set(cat.GOODPUT, metrics[voc.GOODPUT])
@@ -144,7 +145,7 @@ class Recorder(Sink):
                 store.set(cat.ASYNC_BIAS_KS, value, key[len(voc.ASYNC_BIAS_KS) :])
 
     def observe_occupancy(self, replicas: Mapping[str, Any]) -> None:
-        """Each replica's measured occupancy and tail of the last step (rlotel.occupancy)."""
+        """Each replica's measured occupancy and tail of the last step (rlotel.derive.occupancy)."""
         for replica, measured in replicas.items():
             self.store.set(cat.ROLLOUT_OCCUPANCY, measured.ratio, replica)
             self.store.set(cat.ROLLOUT_TAIL, measured.tail_seconds, replica)

@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlotel import catalogue as cat
-from rlotel import vocabulary as voc
-from rlotel.drops import Drops, encodable
+from rlotel.record.drops import Drops, encodable
+from rlotel.schema import catalogue as cat
+from rlotel.schema import vocabulary as voc
 
 
 class Exemplar(NamedTuple):

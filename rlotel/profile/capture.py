@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlotel import attributes as attr
-from rlotel import ids
+from rlotel.record import ids
+from rlotel.schema import attributes as attr
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z.=+-]+")
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import analyze, cli
-from rlotel import vocabulary as voc
+from rlotel import cli
+from rlotel.offline import analyze
+from rlotel.schema import vocabulary as voc
 from tests.e2e.main_ppo import EXPERIMENT, run_isolated
 from tests.helpers import file_spans, parse_exposition
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import analyze
-from rlotel import vocabulary as voc
+from rlotel.offline import analyze
+from rlotel.schema import vocabulary as voc
 from tests.e2e.test_main_ppo import STEPS, main_ppo, spans_by_role, verl_log
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,1 @@
+"""derive: see docs/architecture.md."""

@@ -1,0 +1,506 @@
+"""Bottleneck verdict per step: the ledger read the way the reference material reads it.
+
+The window with the largest share of the step is the suspect; the verdict is only as
+confident as the evidence that agrees with it (per-sample tails for rollout, MFU for the
+update). Two impostors are named for what they are: `old_log_prob` looks like training but
+is actor inference, `update_weights` looks like rollout but is weight sync. Across steps, a
+window that grew is attributed to tokens (the batch's token structure changed) or to time
+per token (the system got slower).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlotel.errors import ConfigError
+from rlotel.schema import attributes as attr
+from rlotel.schema import vocabulary as voc
+
+# Top-level windows by the verdict they point to (verl names).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "rollout-bound": (voc.GEN,),
+    "update-bound": (voc.UPDATE_ACTOR, voc.UPDATE_CRITIC),
+    "logprob-bound": (voc.OLD_LOG_PROB, voc.REF, voc.VALUES),
+    "sync-bound": (voc.UPDATE_WEIGHTS,),
+    "reward-bound": (voc.REWARD,),
+    "checkpoint": (voc.SAVE_CHECKPOINT,),
+    "switch-bound": (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT),
+}
+TOP_LEVEL = (
+    frozenset(name for names in GROUPS.values() for name in names)
+    | {voc.ADV, voc.DUMP_ROLLOUT_GENERATIONS}
+    | frozenset(voc.VERL_ASYNC_STAGES)
+)
+STAGES = voc.AGENT_LOOP_STAGES
+
+NEXT_READ = {
+    "rollout-bound": "per-sample tail in rlotel_agent_loop_duration_seconds (p99 vs p50), "
+    "the slowest sample's trace, response-length distribution, rollout engine batching",
+    "update-bound": "MFU per role; micro-batch size, gradient accumulation, communication "
+    "and CPU offload in the actor workers",
+    "logprob-bound": "actor/ref inference path (log-prob micro-batch size, dynamic batch "
+    "size, recompute settings) — it is inference, not the optimizer",
+    "sync-bound": "checkpoint-engine backend, weight bucket size, KV-cache release/resume — "
+    "it is weight sync, not rollout",
+    "reward-bound": "reward function/model throughput; compute_score per sample",
+    "overhead-bound": "time between windows: Python/Ray scheduling, data movement, batch "
+    "balancing, logging",
+    "checkpoint": "checkpoint frequency and storage bandwidth (save_freq, async save)",
+    "data-starved": "the trainer waits for samples: rollout throughput (per-sample tail, "
+    "engine queue time), more rollout replicas, or allow more staleness",
+    "rollout-idle": "the rollout waits (for new weights or a full buffer): a larger buffer "
+    "or staleness bound, faster weight sync, or fewer rollout replicas",
+    "switch-bound": "hybrid replicas switching sides: switch threshold "
+    "(separate_async/switch/*), fewer switches per step, cheaper KV-cache release/resume",
+    "staleness-limited": "samples are too stale and evicted: staleness threshold, "
+    "parameter_sync_step, rollout vs trainer speed (rlotel_sample_staleness_steps)",
+    "async-bias": "the trained batch no longer looks like what was generated: the discarded "
+    "samples (rlotel_samples_discarded_total by reason) are the long or hard ones; allow more "
+    "staleness, partial rollouts, or re-queue stale prompts instead of dropping them",
+    "balanced": "no single window dominates: look at trends across steps instead",
+}
+SUB_NEXT_READ = {
+    "generation-tail": "the slowest samples' traces (exemplars) and their response lengths; "
+    "max_tokens, partial rollout / over-sampling",
+    "tool-call-tail": "tool latency of the slowest samples; tool timeouts and concurrency",
+    "compute-score-tail": "compute_score of the slowest samples; async or batched rewards",
+    "rollout-tail": "the rollout sat mostly empty waiting for its last long trajectories "
+    "(rlotel_rollout_occupancy_ratio): partial rollouts, over-sampling and dropping the "
+    "slowest, length caps, or async rollout",
+    "controller-overhead": "gen window is high but samples are not: agent-loop controller, "
+    "scheduling and output merge",
+    "compute-bound": "MFU is high: more GPUs or a smaller model/batch, not tuning",
+    "low-mfu": "MFU is low: micro-batching, communication or offload",
+    "moderate-mfu": "MFU is moderate: profile a flagged step to see the split",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a window counts as dominant and when evidence agrees. Conservative defaults."""
+
+    dominant_share: float = 0.40  # a window must hold at least this share of the step...
+    margin: float = 1.3  # ...and beat the runner-up by this factor, else "balanced"
+    tail_ratio: float = 3.0  # max/mean of a per-sample stage that counts as a tail
+    samples_cover: float = 0.5  # slowest sample / gen window below this: samples don't explain it
+    high_mfu: float = 0.35
+    low_mfu: float = 0.15
+    growth: float = 1.5  # a window grew when ≥ this x its trailing median
+    window: int = 10  # trailing steps for trends
+    idle_share: float = 0.40  # async: a role idle this share of the step is the story
+    stale_steps: float = 4.0  # async: max staleness at which eviction is the likely limit
+    straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
+    stall_factor: float = 6.0  # an open phase is stalled past this x its median duration...
+    stall_floor_s: float = 60.0  # ...and never before this many seconds
+    async_bias_ks: float = 0.2  # KS of trained vs generated at which the batch is biased
+    tail_share: float = 0.5  # rollout tail seconds ÷ gen at which the tail is the story
+
+    def validated(self) -> Thresholds:
+        """Raises `ConfigError` (at init) for a threshold the verdict cannot work with."""
+        for name, value in vars(self).items():
+            if name == "window":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ConfigError(
+                        f"Thresholds.window must be an integer ≥ 1 (steps), got {value!r}"
+                    )
+                continue
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ConfigError(f"Thresholds.{name} must be a finite number ≥ 0, got {value!r}")
+        for name in (
+            "dominant_share",
+            "samples_cover",
+            "high_mfu",
+            "low_mfu",
+            "idle_share",
+            "async_bias_ks",
+            "tail_share",
+        ):
+            if getattr(self, name) > 1:
+                raise ConfigError(
+                    f"Thresholds.{name} is a share in [0, 1], got {getattr(self, name)!r}"
+                )
+        if self.low_mfu > self.high_mfu:
+            raise ConfigError(
+                f"Thresholds.low_mfu ({self.low_mfu}) must not exceed high_mfu ({self.high_mfu})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a verdict is read from; built from a closed step or a logged verl dict."""
+
+    number: int
+    timing_raw: Mapping[str, float]
+    unaccounted: float | None = None  # from nesting when known, else derived
+    response_tokens: float | None = None
+    sequences: int | None = None
+    mfu: Mapping[str, float] = field(default_factory=dict)
+    agent_loop: Mapping[str, float] = field(default_factory=dict)  # verl agent_loop/* keys
+    idle: Mapping[str, float] = field(default_factory=dict)  # async: idle ratio by role
+    evicted: float = 0.0  # replay-buffer samples evicted as stale this step
+    staleness_max: float | None = None  # verl trajectory_staleness/max
+    # phase → (slowest rank, slowest ÷ median) of phases that ran on several ranks
+    stragglers: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # ...and (slowest rank, slowest ÷ median) of its ranks' compute: time outside
+    # torch.distributed collectives, where every rank replies together
+    compute_stragglers: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    async_bias: Mapping[str, float] = field(default_factory=dict)  # quantity → KS statistic
+    discarded: Mapping[str, float] = field(default_factory=dict)  # reason → share generated
+    rollout_tail_seconds: float | None = None  # measured (rlotel.derive.occupancy)
+    rollout_occupancy: float | None = None
+
+    @classmethod
+    def from_metrics(
+        cls, number: int, timing_raw: Mapping[str, float], metrics: Mapping[str, Any], **extra
+    ) -> StepFacts:
+        mfu = {
+            key.removeprefix(voc.MFU): float(value)
+            for key, value in metrics.items()
+            if key.startswith(voc.MFU)
+        }
+        agent_loop, idle, evicted, bias, discarded = {}, {}, 0.0, {}, {}
+        for key, value in metrics.items():
+            name = key.removeprefix(voc.TIMING_S)
+            if name.startswith(voc.AGENT_LOOP):
+                agent_loop[name] = float(value)
+            elif key.startswith(voc.IDLE_RATIO):
+                idle[key[len(voc.IDLE_RATIO) :]] = float(value)
+            elif key.startswith(voc.ASYNC_BIAS_KS):
+                bias[key[len(voc.ASYNC_BIAS_KS) :]] = float(value)
+            elif key.startswith(voc.SAMPLES_DISCARDED):
+                discarded[key[len(voc.SAMPLES_DISCARDED) :]] = float(value)
+            elif voc.eviction_reason(key) == "staleness":
+                evicted += float(value)
+        stale = metrics.get(voc.TRAJECTORY_STALENESS + "max")
+        tail = metrics.get(voc.ROLLOUT_TAIL_SECONDS)
+        occupancy = metrics.get(voc.ROLLOUT_OCCUPANCY)
+        return cls(
+            number,
+            dict(timing_raw),
+            mfu=mfu,
+            agent_loop=agent_loop,
+            idle=idle,
+            evicted=evicted,
+            staleness_max=None if stale is None else float(stale),
+            async_bias=bias,
+            discarded=discarded,
+            rollout_tail_seconds=None if tail is None else float(tail),
+            rollout_occupancy=None if occupancy is None else float(occupancy),
+            **extra,
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    detail: str  # sub-kind, or "" when the evidence does not say more
+    confidence: str  # low | medium | high
+    share: float  # the dominant window's share of the step
+    evidence: dict[str, float | str]
+    next_read: str
+    trends: dict[str, dict[str, float | str]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}/{self.detail}" if self.detail else self.kind
+
+    def attributes(self) -> dict[str, float | str]:
+        """Span attributes: `rl.bottleneck` and its evidence."""
+        attributes: dict[str, float | str] = {
+            attr.BOTTLENECK: self.label,
+            f"{attr.BOTTLENECK_PREFIX}confidence": self.confidence,
+            f"{attr.BOTTLENECK_PREFIX}share": self.share,
+            f"{attr.BOTTLENECK_PREFIX}next": self.next_read,
+        }
+        for key, value in self.evidence.items():
+            attributes[f"{attr.BOTTLENECK_PREFIX}evidence.{key}"] = value
+        for name, trend in self.trends.items():
+            for key, value in trend.items():
+                attributes[f"{attr.BOTTLENECK_PREFIX}trend.{name}.{key}"] = value
+        return attributes
+
+
+def windows(facts: StepFacts) -> dict[str, float]:
+    """Seconds per verdict group, plus `overhead-bound` for the unaccounted time."""
+    timing = facts.timing_raw
+    step = timing.get("step", 0.0)
+    grouped = {kind: sum(timing.get(n, 0.0) for n in names) for kind, names in GROUPS.items()}
+    unaccounted = facts.unaccounted
+    if unaccounted is None:
+        covered = sum(v for n, v in timing.items() if n in TOP_LEVEL)
+        unaccounted = max(0.0, step - covered)
+    grouped["overhead-bound"] = unaccounted
+    return grouped
+
+
+def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
+    """Verdict for one step, from its own evidence only (no trends)."""
+    limits = thresholds or Thresholds()
+    step = facts.timing_raw.get("step", 0.0)
+    if step <= 0:
+        return Verdict(
+            "balanced", "", "low", 0.0, {"reason": "no step time"}, NEXT_READ["balanced"]
+        )
+    bias = _bias(facts, limits)
+    if bias is not None:
+        return bias
+    if facts.idle:
+        verdict = _async(facts, step, limits)
+        if verdict is not None:
+            return verdict
+    grouped = windows(facts)
+    if facts.idle:  # async: V1's gen is the trainer waiting, judged above, not generation
+        grouped.pop("rollout-bound")
+    ranked = sorted(grouped.items(), key=lambda item: item[1], reverse=True)
+    (kind, seconds), runner_up = ranked[0], ranked[1][1]
+    share = seconds / step
+    evidence: dict[str, float | str] = {
+        "window": kind,
+        "share": round(share, 4),
+        "runner_up": ranked[1][0],
+        "runner_up_share": round(runner_up / step, 4),
+        **_efficiency(facts),
+    }
+    straggler = _straggler(facts, limits, evidence)
+    if share < limits.dominant_share or seconds < limits.margin * runner_up:
+        next_read = NEXT_READ["balanced"] + straggler
+        return Verdict("balanced", "", "medium", share, evidence, next_read)
+    detail, confidence = "", "low"  # the share alone
+    if kind == "rollout-bound":
+        detail, confidence = _rollout(facts, seconds, limits, evidence)
+    elif kind == "update-bound":
+        detail, confidence = _update(facts, limits, evidence)
+    elif kind == "logprob-bound":
+        parts = {n: facts.timing_raw.get(n, 0.0) for n in GROUPS[kind]}
+        detail = max(parts, key=parts.get)
+        evidence["impostor"] = "inference path, not the optimizer"
+        confidence = "medium"
+    elif kind == "sync-bound":
+        evidence["impostor"] = "weight sync, not rollout"
+        confidence = "medium"
+    elif share >= limits.dominant_share and seconds >= 2 * runner_up:
+        confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
+    next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + straggler
+    return Verdict(kind, detail, confidence, share, evidence, next_read)
+
+
+def _efficiency(facts: StepFacts) -> dict[str, float | str]:
+    """MFU by role and tokens per sequence, whatever the verdict: what the step achieved."""
+    evidence: dict[str, float | str] = {f"mfu_{role}": round(v, 4) for role, v in facts.mfu.items()}
+    if facts.response_tokens is not None and facts.sequences:
+        evidence["response_tokens_per_sequence"] = round(facts.response_tokens / facts.sequences, 3)
+    return evidence
+
+
+def _straggler(facts: StepFacts, limits: Thresholds, evidence: dict[str, float | str]) -> str:
+    """Names the rank that held a multi-rank phase up most, when its spread — of replies,
+    or of compute (outside collectives, where all ranks reply together) — passes the
+    threshold; returns what to add to `next_read` ("" when no rank stands out)."""
+    over = {
+        (measure, phase): (rank, spread)
+        for measure, spreads in (("reply", facts.stragglers), ("compute", facts.compute_stragglers))
+        for phase, (rank, spread) in spreads.items()
+        if spread >= limits.straggler_spread
+    }
+    if not over:
+        return ""
+    measure, phase = max(over, key=lambda key: over[key][1])
+    rank, spread = over[measure, phase]
+    evidence["straggler_rank"] = rank
+    evidence["straggler_phase"] = phase
+    evidence["straggler_spread"] = round(spread, 3)
+    evidence["straggler_measure"] = measure
+    if measure == "compute":
+        return (
+            f"; rank {rank} computed {spread:.1f}x the median rank in {phase} while the others "
+            "waited for it in collectives: its node and device, or its share of the batch "
+            "(sequence balancing)"
+        )
+    return (
+        f"; rank {rank} took {spread:.1f}x the median rank in {phase}: its node and device, "
+        "or its share of the batch (sequence balancing)"
+    )
+
+
+def _bias(facts: StepFacts, limits: Thresholds) -> Verdict | None:
+    """The trained samples differ from what was generated (KS past the threshold): the
+    step is fast or slow, but it learns from a biased batch, which matters more."""
+    if not facts.async_bias:
+        return None
+    quantity = max(facts.async_bias, key=facts.async_bias.get)
+    statistic = facts.async_bias[quantity]
+    if statistic < limits.async_bias_ks or statistic <= 0:
+        return None
+    evidence: dict[str, float | str] = {
+        f"ks_{name}": round(value, 4) for name, value in facts.async_bias.items()
+    }
+    for reason, share in facts.discarded.items():
+        if share:
+            evidence[f"discarded_{reason}"] = round(share, 4)
+    confidence = "high" if statistic >= 2 * limits.async_bias_ks else "medium"
+    return Verdict("async-bias", quantity, confidence, statistic, evidence, NEXT_READ["async-bias"])
+
+
+def _async(facts: StepFacts, step: float, limits: Thresholds) -> Verdict | None:
+    """Async modes: who waits for whom. Starved trainer (stale samples evicted: limited by
+    staleness), idle rollout, or switching hybrid replicas; None when nobody is stuck."""
+    trainer, rollout = facts.idle.get("trainer", 0.0), facts.idle.get("rollout", 0.0)
+    timing = facts.timing_raw
+    switching = sum(
+        timing.get(name, 0.0) for name in (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT)
+    )
+    evidence: dict[str, float | str] = {
+        "idle_trainer": round(trainer, 4),
+        "idle_rollout": round(rollout, 4),
+        "switch_share": round(switching / step, 4),
+        **_efficiency(facts),
+    }
+    if facts.staleness_max is not None:
+        evidence["staleness_max"] = facts.staleness_max
+    if facts.evicted:
+        evidence["evicted_stale"] = facts.evicted
+    if switching / step >= limits.dominant_share and switching / step >= max(trainer, rollout):
+        return Verdict(
+            "switch-bound", "", "medium", switching / step, evidence, NEXT_READ["switch-bound"]
+        )
+    if trainer >= limits.idle_share and trainer >= limits.margin * rollout:
+        stale = facts.evicted > 0 or (
+            facts.staleness_max is not None and facts.staleness_max >= limits.stale_steps
+        )
+        kind = "staleness-limited" if stale else "data-starved"
+        confidence = "high" if rollout < limits.idle_share / 2 else "medium"
+        return Verdict(kind, "", confidence, trainer, evidence, NEXT_READ[kind])
+    if rollout >= limits.idle_share and rollout >= limits.margin * trainer:
+        waits = {
+            "waiting-for-weights": timing.get(voc.ROLLOUT_WAIT_WEIGHTS, 0.0),
+            "buffer-full": timing.get(voc.ROLLOUT_WAIT_BUFFER, 0.0),
+        }
+        detail = max(waits, key=waits.get) if any(waits.values()) else ""
+        confidence = "high" if trainer < limits.idle_share / 2 else "medium"
+        return Verdict(
+            "rollout-idle", detail, confidence, rollout, evidence, NEXT_READ["rollout-idle"]
+        )
+    return None
+
+
+def _rollout(
+    facts: StepFacts, gen_seconds: float, limits: Thresholds, evidence: dict
+) -> tuple[str, str]:
+    loop = facts.agent_loop
+    slowest = {s: loop.get(f"{voc.AGENT_LOOP_SLOWEST}{s}") for s in STAGES}
+    tail = facts.rollout_tail_seconds
+    if tail is not None and gen_seconds > 0:
+        evidence["rollout_tail_share"] = round(min(tail, gen_seconds) / gen_seconds, 4)
+        if facts.rollout_occupancy is not None:
+            evidence["rollout_occupancy"] = round(facts.rollout_occupancy, 4)
+        if tail >= limits.tail_share * gen_seconds:
+            return "rollout-tail", "high"  # measured: most of gen waited for a few samples
+    if slowest[voc.GENERATE_SEQUENCES] is None:
+        return "", "low"  # no per-sample evidence
+    total = sum(v for v in slowest.values() if v is not None)
+    evidence["slowest_sample_s"] = round(total, 6)
+    tails = {}
+    for stage in STAGES:
+        peak = loop.get(f"{voc.AGENT_LOOP}{stage}/max")
+        mean = loop.get(f"{voc.AGENT_LOOP}{stage}/mean")
+        if peak is not None and mean:
+            tails[stage] = peak / mean
+            evidence[f"{stage}_max_over_mean"] = round(tails[stage], 3)
+    length = loop.get(voc.AGENT_LOOP_SLOWEST + voc.RESPONSE_LENGTH)
+    if length is not None and facts.response_tokens and facts.sequences:
+        ratio = length / (facts.response_tokens / facts.sequences)
+        evidence["slowest_length_over_mean"] = round(ratio, 3)
+    if total < limits.samples_cover * gen_seconds:
+        return "controller-overhead", "medium"
+    stage = max(STAGES, key=lambda s: slowest[s] or 0.0)
+    detail = {
+        voc.GENERATE_SEQUENCES: "generation-tail",
+        voc.TOOL_CALLS: "tool-call-tail",
+        voc.COMPUTE_SCORE: "compute-score-tail",
+    }[stage]
+    return detail, "high" if tails.get(stage, 0.0) >= limits.tail_ratio else "medium"
+
+
+def _update(facts: StepFacts, limits: Thresholds, evidence: dict) -> tuple[str, str]:
+    mfu = facts.mfu.get("actor")
+    if mfu is None:
+        return "", "low"
+    evidence["mfu_actor"] = round(mfu, 4)
+    if mfu >= limits.high_mfu:
+        return "compute-bound", "high"
+    if mfu < limits.low_mfu:
+        return "low-mfu", "high"
+    return "moderate-mfu", "medium"
+
+
+class Diagnoser:
+    """Verdicts with trends over a trailing window of steps; thread-safe, one per run."""
+
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.thresholds = thresholds or Thresholds()
+        self._history: deque[StepFacts] = deque(maxlen=self.thresholds.window)
+        self._lock = threading.Lock()
+
+    def observe(self, facts: StepFacts) -> Verdict:
+        verdict = diagnose(facts, self.thresholds)
+        with self._lock:
+            history = [f for f in self._history if f.number < facts.number]
+            self._history.append(facts)
+        trends = _trends(facts, history, self.thresholds)
+        if not trends:
+            return verdict
+        return Verdict(
+            verdict.kind,
+            verdict.detail,
+            verdict.confidence,
+            verdict.share,
+            verdict.evidence,
+            verdict.next_read,
+            trends,
+        )
+
+
+def _trends(
+    facts: StepFacts, history: list[StepFacts], limits: Thresholds
+) -> dict[str, dict[str, float | str]]:
+    """Windows (and the step: throughput) that grew vs their trailing median; gen and step
+    growth is attributed to tokens or to time per token."""
+    if len(history) < 3:
+        return {}
+    trends: dict[str, dict[str, float | str]] = {}
+    now = {**windows(facts), "step": facts.timing_raw.get("step", 0.0)}
+    past = [{**windows(f), "step": f.timing_raw.get("step", 0.0)} for f in history]
+    tokens_now = facts.response_tokens
+    tokens_past = [f.response_tokens for f in history if f.response_tokens]
+    token_ratio = (
+        tokens_now / statistics.median(tokens_past) if tokens_now and tokens_past else None
+    )
+    for kind, seconds in now.items():
+        baseline = statistics.median(w[kind] for w in past)
+        if baseline <= 0 or seconds < limits.growth * baseline:
+            continue
+        ratio = seconds / baseline
+        trend: dict[str, float | str] = {"ratio": round(ratio, 3)}
+        if kind in ("rollout-bound", "step") and token_ratio is not None:
+            trend["tokens_ratio"] = round(token_ratio, 3)
+            per_token = ratio / token_ratio
+            trend["per_token_ratio"] = round(per_token, 3)
+            trend["attribution"] = (
+                "tokens: token structure changed, not the system"
+                if per_token < limits.growth**0.5
+                else "time per token: the system got slower"
+            )
+        trends[kind] = trend
+    return trends

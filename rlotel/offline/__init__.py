@@ -1,0 +1,1 @@
+"""offline: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""publish: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""record: see docs/architecture.md."""

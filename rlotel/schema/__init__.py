@@ -1,0 +1,1 @@
+"""schema: see docs/architecture.md."""

@@ -1,0 +1,365 @@
+"""The one list of rlotel's Prometheus metrics.
+
+Exporters, the dashboards builder and the alert rules import these specs, so a panel or
+rule that names a metric missing here fails the build instead of showing an empty graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+PREFIX = "rlotel_"
+
+# RL windows span milliseconds (a reward call) to an hour (a long rollout or checkpoint):
+# roughly three buckets per decade from 10 ms to 3600 s.
+_DECADES = np.outer(10.0 ** np.arange(-2, 4), [1.0, 2.5, 5.0]).ravel()
+DURATION_BUCKETS: tuple[float, ...] = (
+    *(float(f"{v:.3g}") for v in _DECADES if v < 3600.0),
+    3600.0,
+)
+
+# Per-sample windows are shorter than phases (a reward call, a tool call): from 1 ms.
+_SAMPLE_DECADES = np.outer(10.0 ** np.arange(-3, 4), [1.0, 2.5, 5.0]).ravel()
+SAMPLE_DURATION_BUCKETS: tuple[float, ...] = (
+    *(float(f"{v:.3g}") for v in _SAMPLE_DECADES if v < 3600.0),
+    3600.0,
+)
+# Prompt and response lengths: powers of two from 1 to 2^20 (~1M) tokens.
+LENGTH_BUCKETS: tuple[float, ...] = tuple(float(2**k) for k in range(21))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Name, kind, unit and labels of one metric family; `run` is added to every series."""
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return ("run", *self.labels)
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """Series names as they appear in the text exposition (what PromQL queries)."""
+        if self.kind == "counter":
+            return (f"{self.name}_total",)
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+STEP_PHASE_SECONDS = MetricSpec(
+    "rlotel_step_phase_seconds",
+    "gauge",
+    "seconds",
+    "Seconds spent in each phase during the last completed step (0 for a phase seen earlier "
+    "in the run but absent from that step).",
+    ("phase",),
+)
+PHASE_DURATION = MetricSpec(
+    "rlotel_phase_duration_seconds",
+    "histogram",
+    "seconds",
+    "Per-step total seconds of each phase (repeated phases within a step are summed).",
+    ("phase",),
+    DURATION_BUCKETS,
+)
+STEP_TIME = MetricSpec(
+    "rlotel_step_time_seconds",
+    "gauge",
+    "seconds",
+    "Wall time of the last completed step (verl perf/time_per_step).",
+)
+STEP_DURATION = MetricSpec(
+    "rlotel_step_duration_seconds",
+    "histogram",
+    "seconds",
+    "Wall time of every completed step.",
+    (),
+    DURATION_BUCKETS,
+)
+STEP_UNACCOUNTED = MetricSpec(
+    "rlotel_step_unaccounted_seconds",
+    "gauge",
+    "seconds",
+    "Seconds of the last step covered by no top-level phase (waiting between windows).",
+)
+STEPS = MetricSpec("rlotel_steps", "counter", "", "Completed steps.")
+STEP = MetricSpec("rlotel_step", "gauge", "", "Global step of the last completed or logged step.")
+LAST_STEP_TIMESTAMP = MetricSpec(
+    "rlotel_last_step_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "Unix time at which the last step completed (alert when it stops moving).",
+)
+PHASE_TIME_PER_TOKEN = MetricSpec(
+    "rlotel_phase_time_per_token_seconds",
+    "gauge",
+    "seconds",
+    "verl timing_per_token_ms of the last step, in seconds per token.",
+    ("phase",),
+)
+THROUGHPUT = MetricSpec(
+    "rlotel_throughput_tokens_per_second_per_gpu",
+    "gauge",
+    "",
+    "verl perf/throughput of the last step: total tokens / (step seconds * GPUs).",
+)
+STEP_TOKENS = MetricSpec(
+    "rlotel_step_tokens",
+    "gauge",
+    "tokens",
+    "Tokens in the last step by kind (prompt, response, total).",
+    ("kind",),
+)
+TOKENS = MetricSpec("rlotel_tokens", "counter", "tokens", "Tokens processed by kind.", ("kind",))
+MFU = MetricSpec(
+    "rlotel_mfu_ratio",
+    "gauge",
+    "ratio",
+    "Model FLOPs utilisation of the last step by role (verl perf/mfu/*).",
+    ("role",),
+)
+TRAIN_METRIC = MetricSpec(
+    "rlotel_train_metric",
+    "gauge",
+    "",
+    "Any other numeric scalar passed to tel.log, by key (distinct keys are capped).",
+    ("key",),
+)
+AGENT_LOOP_DURATION = MetricSpec(
+    "rlotel_agent_loop_duration_seconds",
+    "histogram",
+    "seconds",
+    "Per-sample agent-loop seconds by stage (generate_sequences, tool_calls, compute_score); "
+    "exemplars link the slowest samples to their spans.",
+    ("stage",),
+    SAMPLE_DURATION_BUCKETS,
+)
+AGENT_LOOP_LENGTH = MetricSpec(
+    "rlotel_agent_loop_length_tokens",
+    "histogram",
+    "tokens",
+    "Per-sample prompt and response lengths.",
+    ("kind",),
+    LENGTH_BUCKETS,
+)
+AGENT_LOOP_PREEMPTIONS = MetricSpec(
+    "rlotel_agent_loop_preemptions",
+    "counter",
+    "",
+    "Preemptions reported by agent-loop samples (samples reporting -1, unknown, add nothing).",
+)
+AGENT_LOOP_SLOWEST = MetricSpec(
+    "rlotel_agent_loop_slowest_seconds",
+    "gauge",
+    "seconds",
+    "Stage seconds of the last step's slowest sample (verl agent_loop/slowest/*).",
+    ("stage",),
+)
+AGENT_LOOP_SLOWEST_LENGTH = MetricSpec(
+    "rlotel_agent_loop_slowest_length_tokens",
+    "gauge",
+    "tokens",
+    "Prompt and response length of the last step's slowest sample.",
+    ("kind",),
+)
+PROFILE_CAPTURES = MetricSpec(
+    "rlotel_profile_captures",
+    "counter",
+    "",
+    "Profiler captures linked from step spans, by tool (torch, torch_memory, nsys).",
+    ("tool",),
+)
+BOTTLENECK = MetricSpec(
+    "rlotel_step_bottleneck",
+    "gauge",
+    "",
+    "1 for the last step's bottleneck verdict (rlotel.derive.diagnose); one series per run.",
+    ("verdict", "detail"),
+)
+DROPPED = MetricSpec(
+    "rlotel_telemetry_dropped",
+    "counter",
+    "",
+    "Telemetry inputs dropped, by signal and reason; training is never interrupted.",
+    ("signal", "reason"),
+)
+INTEGRATION_EVENTS = MetricSpec(
+    "rlotel_integration_events",
+    "counter",
+    "",
+    "Times each zero-code integration hook fired in this process (verl's timers, Tracking, "
+    "replay batches, worker calls, ...); one that stops counting has stopped firing.",
+    ("hook",),
+)
+INTEGRATION_SECONDS = MetricSpec(
+    "rlotel_integration_seconds",
+    "counter",
+    "seconds",
+    "Seconds the hooks that do work in the caller's thread cost it (e.g. the V1 replay "
+    "batch's per-sample read, inside verl's gen window).",
+    ("hook",),
+)
+
+# Weight versions a sample lags or spans: integers, fine where small, coarser further out.
+STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(
+    float(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+)
+
+PHASE_OPEN = MetricSpec(
+    "rlotel_phase_open_seconds",
+    "gauge",
+    "seconds",
+    "Age of the oldest open span of each phase in this process (0 while none is open): a "
+    "stuck step never closes, this shows it while it hangs.",
+    ("phase",),
+)
+PHASE_STALLED = MetricSpec(
+    "rlotel_phase_stalled",
+    "gauge",
+    "",
+    "1 while the phase's oldest open span is older than max(stall_factor x its median "
+    "closed duration, stall_floor_s), else 0.",
+    ("phase",),
+)
+PHASE_RANK_SPREAD = MetricSpec(
+    "rlotel_phase_rank_spread_ratio",
+    "gauge",
+    "ratio",
+    "Slowest rank's seconds divided by the median rank's, for each phase of the last step that "
+    "ran on several ranks (1 = balanced).",
+    ("phase",),
+)
+RANK_PHASE_SECONDS = MetricSpec(
+    "rlotel_rank_phase_seconds",
+    "gauge",
+    "seconds",
+    "Seconds one worker process (a rank of a worker group: role, rank) spent in each method "
+    "the driver called, during the latest driver step that called it (its trace), summed "
+    "over that step's calls. Only worker processes write it.",
+    ("phase", "role", "rank"),
+)
+PHASE_RANK_COMPUTE_SPREAD = MetricSpec(
+    "rlotel_phase_rank_compute_spread_ratio",
+    "gauge",
+    "ratio",
+    "Slowest rank's compute seconds (outside torch.distributed collectives) divided by the "
+    "median rank's, for each phase of the last step whose ranks reported them (1 = balanced; "
+    "under collectives every rank replies together, so this is the straggler's tell).",
+    ("phase",),
+)
+RANK_COMPUTE = MetricSpec(
+    "rlotel_rank_compute_seconds",
+    "gauge",
+    "seconds",
+    "A worker rank's seconds outside torch.distributed collectives in its last traced call "
+    "of each phase (its own compute); exposed by the worker process.",
+    ("phase", "role", "rank"),
+)
+RANK_COLLECTIVE = MetricSpec(
+    "rlotel_rank_collective_seconds",
+    "gauge",
+    "seconds",
+    "A worker rank's seconds inside torch.distributed collectives (waiting for the other "
+    "ranks, plus the transfer) in its last traced call of each phase; exposed by the worker.",
+    ("phase", "role", "rank"),
+)
+GOODPUT = MetricSpec(
+    "rlotel_goodput_ratio",
+    "gauge",
+    "ratio",
+    "Productive seconds of the last step divided by its wall time.",
+)
+BUCKET_SECONDS = MetricSpec(
+    "rlotel_bucket_seconds",
+    "counter",
+    "seconds",
+    "Phase seconds by goodput bucket (productive, overhead, idle, wasted).",
+    ("bucket",),
+)
+ROLE_IDLE = MetricSpec(
+    "rlotel_role_idle_ratio",
+    "gauge",
+    "ratio",
+    "Fraction of the last step's wall time a role (trainer, rollout) spent idle, 0 to 1.",
+    ("role",),
+)
+SAMPLE_STALENESS = MetricSpec(
+    "rlotel_sample_staleness_steps",
+    "histogram",
+    "steps",
+    "Per-sample staleness at consumption: (step - 1) - the newest weight version it used.",
+    (),
+    STEP_COUNT_BUCKETS,
+)
+SAMPLE_WEIGHT_SPAN = MetricSpec(
+    "rlotel_sample_weight_span_steps",
+    "histogram",
+    "steps",
+    "Weight versions a trajectory spans: newest - oldest + 1.",
+    (),
+    STEP_COUNT_BUCKETS,
+)
+REPLAY_EVICTED = MetricSpec(
+    "rlotel_replay_evicted_samples",
+    "counter",
+    "",
+    "Samples evicted from the replay buffer, by reason (staleness, filter_groups, "
+    "rollout_failure, ...).",
+    ("reason",),
+)
+ASYNC_BIAS_KS = MetricSpec(
+    "rlotel_async_bias_ks",
+    "gauge",
+    "",
+    "Two-sample KS statistic (0 to 1) of the last step's trained samples against every sample "
+    "generated in its window (trained plus discarded), by quantity (response_length, reward).",
+    ("quantity",),
+)
+SAMPLES_DISCARDED = MetricSpec(
+    "rlotel_samples_discarded",
+    "counter",
+    "",
+    "Generated samples never trained, by reason (stale, evicted, filtered, other), as "
+    "recorded with record_samples(..., discarded=reason).",
+    ("reason",),
+)
+ROLLOUT_OCCUPANCY = MetricSpec(
+    "rlotel_rollout_occupancy_ratio",
+    "gauge",
+    "ratio",
+    "Last step's rollout occupancy per replica, from trajectories' real start/end times: mean "
+    "in-flight trajectories divided by the peak in flight (1 = all ran to the end together).",
+    ("replica",),
+)
+ROLLOUT_TAIL = MetricSpec(
+    "rlotel_rollout_tail_seconds",
+    "gauge",
+    "seconds",
+    "Seconds of the last step during which a rollout replica had fewer than half its peak "
+    "trajectories in flight (waiting for the last long samples).",
+    ("replica",),
+)
+
+# Every spec defined above, in definition order: a family cannot be defined and left out.
+CATALOGUE: tuple[MetricSpec, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, MetricSpec)
+)
+
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
+
+
+def series_names() -> set[str]:
+    """Every series name a PromQL query may use."""
+    return {name for spec in CATALOGUE for name in spec.sample_names}

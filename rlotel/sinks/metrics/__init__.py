@@ -1,0 +1,1 @@
+"""metrics: see docs/architecture.md."""

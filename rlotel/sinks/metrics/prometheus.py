@@ -1,0 +1,61 @@
+"""`/metrics`: the series store served to Prometheus (text and OpenMetrics, exemplars).
+
+The endpoint only reads the store the recorder writes; the training thread touches
+neither. Plain scrapes get the fast renderer's bytes, anything else prometheus_client's
+own app over the same store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from rlotel.metrics.store import SeriesStore
+from rlotel.sinks.base import Sink
+from rlotel.sinks.metrics import endpoint, exposition
+
+
+class PrometheusEndpoint(Sink):
+    """Serves one store; a sink only for its lifecycle (shutdown closes the listener)."""
+
+    def __init__(self, store: SeriesStore) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(exposition.StoreCollector(store))
+        self._renderer = exposition.Renderer(store)
+        self._server = None
+        self._routes: dict[str, Callable[[], tuple[str, bytes]]] = {}
+        self.url: str | None = None
+
+    def add_route(self, path: str, handler: Callable[[], tuple[str, bytes]]) -> None:
+        """Serve `path` next to /metrics (same listener, TLS and credentials): `handler`
+        returns (content type, body) per request and must not raise."""
+        self._routes[path] = handler
+
+    def serve(
+        self,
+        addr: str,
+        port: int,
+        tls: tuple[str, str] | None = None,
+        credentials: tuple[str, str] | None = None,
+        port_retries: int = 0,
+    ) -> str:
+        app = exposition.wsgi_app(self._renderer, self.registry, self._routes)
+        self._server = endpoint.serve(app, addr, port, tls, credentials, port_retries)
+        host = f"[{addr}]" if ":" in addr else addr
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://{host}:{self._server.server_port}/metrics"
+        return self.url
+
+    def release_in_child(self) -> None:
+        """In a forked child: close its copy of the listening socket (the serving threads
+        stayed in the parent), so a child that outlives the parent does not hold the port."""
+        if self._server is not None:
+            self._server.socket.close()
+            self._server = None
+
+    def shutdown(self, deadline: float) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

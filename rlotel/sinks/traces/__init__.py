@@ -1,0 +1,1 @@
+"""traces: see docs/architecture.md."""

@@ -1,0 +1,111 @@
+"""Finished spans as plain data: what the span builder makes and every exporter reads.
+
+Backend-neutral (no SDK objects): the traces file encodes it straight to OTLP/JSON, OTLP
+export straight to protobuf (`otlp_proto`), SDK exporters get `ReadableSpan`s made from it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from rlotel.schema import attributes as attr
+
+SCOPE_NAME = "rlotel"  # the instrumentation scope of every span rlotel exports
+EXCEPTION_EVENT = "exception"  # the OTel event an error adds (semantic conventions)
+
+
+class LinkData(NamedTuple):
+    trace_id: int
+    span_id: int
+    attributes: dict[str, Any]
+
+
+class EventData(NamedTuple):
+    """A span event (the reward's `gen_ai.evaluation.result`); time in Unix ns."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+class SpanData(NamedTuple):
+    """One finished span, backend-neutral; times are Unix nanoseconds."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int  # 0 for a root
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    links: Sequence[LinkData] = ()
+    error: BaseException | None = None
+    remote_parent: bool = False
+    events: Sequence[EventData] = ()  # besides the exception event of an error
+
+
+def exception_attributes(error: BaseException) -> dict[str, Any]:
+    """The OTel `exception` event's attributes (semantic conventions)."""
+    return {
+        "exception.type": type(error).__name__,
+        "exception.message": str(error),
+        "exception.stacktrace": "".join(
+            traceback.format_exception(type(error), error, error.__traceback__)
+        ),
+        "exception.escaped": "True",
+    }
+
+
+def status_message(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+class SampleBlock(NamedTuple):
+    """The sample spans of one batch as columns: the traces file and OTLP encode them in
+    one pass (one template for the batch); SDK exporters get them expanded to `SpanData`."""
+
+    trace_id: int
+    parent_span_id: int
+    remote_parent: bool
+    end_ns: int
+    starts: list[int]
+    span_ids: list[int]
+    common: dict[str, Any]
+    keys: tuple[str, ...]  # attribute per column (the sample index first)
+    integral: tuple[bool, ...]
+    rows: list[tuple]  # per sample: its value in each column, NaN where invalid
+    arrays: tuple[Any, ...] | None = None  # the same columns as numpy arrays, if at hand
+
+    @property
+    def count(self) -> int:
+        return len(self.span_ids)
+
+    def spans(self) -> list[SpanData]:
+        result = []
+        for span_id, start, row in zip(self.span_ids, self.starts, self.rows, strict=True):
+            attributes = dict(self.common)
+            for key, whole, value in zip(self.keys, self.integral, row, strict=True):
+                if value == value:  # not NaN: an invalid entry has no attribute
+                    attributes[key] = int(value) if whole else value
+            result.append(
+                SpanData(
+                    self.trace_id,
+                    span_id,
+                    self.parent_span_id,
+                    attr.SAMPLE_SPAN,
+                    start,
+                    self.end_ns,
+                    attributes,
+                    remote_parent=self.remote_parent,
+                )
+            )
+        return result
+
+
+SpanItem = SpanData | SampleBlock  # what an exporter receives in a batch
+
+
+def span_count(items: Sequence[SpanItem]) -> int:
+    return sum(item.count if type(item) is SampleBlock else 1 for item in items)
