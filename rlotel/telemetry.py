@@ -376,24 +376,17 @@ class Telemetry:
         """Seconds per rank of work the innermost open phase waited for (a worker-group
         call on N ranks; calls in one phase add up): its span then names the slowest rank,
         its seconds and the spread (slowest ÷ median)."""
-        try:
-            step = self.ledger.current_step
-            phase = innermost_open(step.trace.records) if step is not None else None
-            if phase is None:
-                return  # outside a step's phase there is no span to carry it
-            if not phase.span_id:
-                self.ledger.current_context()  # draws the span id
-            record = step.rank_seconds.get(phase.span_id)
-            if record is None:
-                record = step.rank_seconds[phase.span_id] = RankSeconds(phase.name)
-            record.add(seconds_by_rank)
-        except Exception as error:
-            self.drops.add("spans", "internal_error", f"rank seconds: {error!r}")
+        self._add_to_phase("rank_seconds", RankSeconds, seconds_by_rank)
 
     def record_rank_compute(self, replies: Mapping[int, RankReply]) -> None:
         """Each rank's compute and collective seconds of work the innermost open phase
         waited for (their replies to a worker-group call; calls in one phase add up): its
         span then names the rank that computed longest and the compute spread."""
+        self._add_to_phase("rank_compute", RankCompute, replies)
+
+    def _add_to_phase(self, table: str, make: Callable[[str], Any], values: Mapping) -> None:
+        """Add `values` to the record the open step keeps for its innermost open phase in
+        `step.<table>` (by span id; made with `make(phase name)` on first use)."""
         try:
             step = self.ledger.current_step
             phase = innermost_open(step.trace.records) if step is not None else None
@@ -401,12 +394,13 @@ class Telemetry:
                 return  # outside a step's phase there is no span to carry it
             if not phase.span_id:
                 self.ledger.current_context()  # draws the span id
-            record = step.rank_compute.get(phase.span_id)
+            records = getattr(step, table)
+            record = records.get(phase.span_id)
             if record is None:
-                record = step.rank_compute[phase.span_id] = RankCompute(phase.name)
-            record.add(replies)
+                record = records[phase.span_id] = make(phase.name)
+            record.add(values)
         except Exception as error:
-            self.drops.add("spans", "internal_error", f"rank compute: {error!r}")
+            self.drops.add("spans", "internal_error", f"{table}: {error!r}")
 
     def waiting_on_ranks(self, pending: set[int]) -> RankWait | None:
         """A blocking call on several ranks starts inside the innermost open phase: until
