@@ -8,11 +8,15 @@ Importing this module is cheap: the verl plugin reads `enabled()` in every verl 
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import tempfile
-from collections.abc import Mapping, MutableMapping
+import urllib.parse
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
 from opentelemetry.sdk.environment_variables import (
@@ -40,11 +44,13 @@ RLOTEL_TRACES_DIR = "RLOTEL_TRACES_DIR"  # each process writes <dir>/<role>-<ran
 RLOTEL_ROLE = "RLOTEL_ROLE"
 RLOTEL_PROMETHEUS_SD_DIR = "RLOTEL_PROMETHEUS_SD_DIR"
 RLOTEL_TEST_CLOCK_SHIFT_S = "RLOTEL_TEST_CLOCK_SHIFT_S"  # test-only: shift rlotel's Unix clock
+RLOTEL_TEST_FAULTS = "RLOTEL_TEST_FAULTS"  # test-only: hooks whose rlotel part raises ("all")
 RANK = "RANK"  # torch.distributed's, as verl's workers set it
 WORLD_SIZE = "WORLD_SIZE"
 
 TRACES, METRICS = "TRACES", "METRICS"
-OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")  # every value OTel's spec allows
+DEFAULT_OTLP_PROTOCOL = "http/protobuf"
 DEFAULT_PROMETHEUS_PORT = 9464
 DEFAULT_EXPORT_INTERVAL_MS = 60000.0
 # Span export at most this often (OTEL_BSP_SCHEDULE_DELAY, ms): OTel's 5 s would lose the
@@ -65,6 +71,10 @@ _OTLP = {
 }
 
 
+log = logging.getLogger("rlotel")
+T = TypeVar("T")
+
+
 def truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -76,7 +86,7 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 @dataclass(frozen=True)
 class Environment:
-    """What the environment says, parsed; `read()` raises `ConfigError` on a bad value."""
+    """What the environment says, parsed (`read()`)."""
 
     sdk_disabled: bool
     service_name: str | None
@@ -93,18 +103,29 @@ class Environment:
     rank: int
     world_size: int
     prometheus_sd_dir: Path
+    problems: tuple[str, ...] = ()  # each bad value read as its default, and why
 
     @classmethod
-    def read(cls, environ: Mapping[str, str] = os.environ) -> Environment:
+    def read(cls, environ: Mapping[str, str] = os.environ, strict: bool = False) -> Environment:
+        """`strict` (`rlotel.init`: the user asked for this configuration) raises
+        `ConfigError` on a bad value; otherwise (the zero-code integrations, inside someone
+        else's process) a bad value reads as its default and `problems` says so."""
+        values = _Values(strict)
         return cls(
             sdk_disabled=truthy(environ.get(OTEL_SDK_DISABLED)),
             service_name=environ.get(OTEL_SERVICE_NAME) or None,
-            otlp_traces=_otlp(environ, TRACES),
-            otlp_metrics=_otlp(environ, METRICS),
-            metric_export_interval_s=_interval_s(environ),
-            span_export_delay_s=_milliseconds(environ, OTEL_BSP_SCHEDULE_DELAY, allow_zero=True),
+            otlp_traces=_otlp(values, environ, TRACES),
+            otlp_metrics=_otlp(values, environ, METRICS),
+            metric_export_interval_s=values.parsed(
+                lambda: _interval_s(environ), DEFAULT_EXPORT_INTERVAL_MS / 1000
+            ),
+            span_export_delay_s=values.parsed(
+                lambda: _milliseconds(environ, OTEL_BSP_SCHEDULE_DELAY, allow_zero=True), None
+            ),
             prometheus_host=environ.get(OTEL_EXPORTER_PROMETHEUS_HOST) or None,
-            prometheus_port=_port(environ.get(OTEL_EXPORTER_PROMETHEUS_PORT)),
+            prometheus_port=values.parsed(
+                lambda: _port(environ.get(OTEL_EXPORTER_PROMETHEUS_PORT)), None
+            ),
             run=environ.get(RLOTEL_RUN) or None,
             traces_file=environ.get(RLOTEL_TRACES_FILE) or None,
             traces_dir=Path(environ[RLOTEL_TRACES_DIR]) if environ.get(RLOTEL_TRACES_DIR) else None,
@@ -115,26 +136,85 @@ class Environment:
                 environ.get(RLOTEL_PROMETHEUS_SD_DIR)
                 or Path(tempfile.gettempdir()) / "ray" / "rlotel_prometheus_sd"
             ),
+            problems=tuple(values.problems),
         )
 
 
-def _otlp(environ: Mapping[str, str], signal: str) -> str | None:
+class _Values:
+    """Runs the parsers of one `read`: strict, a `ConfigError` raises; lenient, the value is
+    its default and the error a problem."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.problems: list[str] = []
+
+    def parsed(self, parse: Callable[[], T], default: T, outcome: str = "its default used") -> T:
+        try:
+            return parse()
+        except ConfigError as error:
+            if self.strict:
+                raise
+            self.problems.append(f"{error} ({outcome})")
+            return default
+
+
+def _otlp(values: _Values, environ: Mapping[str, str], signal: str) -> str | None:
     """The protocol when OTLP export of `signal` is on: an endpoint variable is set and
-    `OTEL_{signal}_EXPORTER` does not say `none`."""
-    exporter, endpoint, protocol_name = _OTLP[signal]
+    `OTEL_{signal}_EXPORTER` does not say `none`; a malformed endpoint leaves it off."""
+    exporter = _OTLP[signal][0]
     if "none" in environ.get(exporter, "").replace(" ", "").split(","):
         return None
-    if not (environ.get(endpoint) or environ.get(OTEL_EXPORTER_OTLP_ENDPOINT)):
+    off = f"no OTLP {signal.lower()} export"
+    if values.parsed(lambda: _otlp_endpoint(environ, signal), None, off) is None:
         return None
-    protocol = (
-        environ.get(protocol_name) or environ.get(OTEL_EXPORTER_OTLP_PROTOCOL) or "http/protobuf"
-    ).strip()
+    used = f"{DEFAULT_OTLP_PROTOCOL} used"
+    return values.parsed(lambda: _protocol(environ, signal), DEFAULT_OTLP_PROTOCOL, used)
+
+
+def _otlp_endpoint(environ: Mapping[str, str], signal: str) -> str | None:
+    """The endpoint `signal` goes to (its own variable, else the common one), or None; a
+    URL the exporter cannot use raises."""
+    name = _OTLP[signal][1]
+    if not environ.get(name):
+        name = OTEL_EXPORTER_OTLP_ENDPOINT
+    endpoint = environ.get(name)
+    if not endpoint:
+        return None
+    try:  # gRPC also takes a bare host:port
+        parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
+        usable = bool(parts.hostname) and (parts.port or 0) >= 0  # .port raises for "x"
+    except ValueError:
+        usable = False
+    if not usable or ("://" in endpoint and parts.scheme not in ("http", "https")):
+        raise ConfigError(f"{name} must be a URL such as http://collector:4318, got {endpoint!r}")
+    return endpoint
+
+
+def _protocol(environ: Mapping[str, str], signal: str) -> str:
+    """`grpc` or `http/protobuf`: OTLP/JSON is sent as http/protobuf (the Python exporters
+    have no JSON encoding; an OTLP/HTTP receiver takes both on the same path)."""
+    name = _OTLP[signal][2]
+    if not environ.get(name):
+        name = OTEL_EXPORTER_OTLP_PROTOCOL
+    protocol = (environ.get(name) or DEFAULT_OTLP_PROTOCOL).strip()
     if protocol not in OTLP_PROTOCOLS:
         raise ConfigError(
-            f"OTLP protocol {protocol!r} is not supported: set {OTEL_EXPORTER_OTLP_PROTOCOL} "
-            f"to one of {', '.join(OTLP_PROTOCOLS)}"
+            f"OTLP protocol {protocol!r} ({name}) is not supported: set "
+            f"{OTEL_EXPORTER_OTLP_PROTOCOL} to one of {', '.join(OTLP_PROTOCOLS)}"
         )
+    if protocol == "http/json":
+        _json_as_protobuf(name)
+        return DEFAULT_OTLP_PROTOCOL
     return protocol
+
+
+@functools.cache
+def _json_as_protobuf(name: str) -> None:
+    log.warning(
+        "rlotel: %s=http/json is sent as http/protobuf to the same endpoint (the Python OTLP "
+        "exporters have no JSON encoding; an OTLP/HTTP receiver accepts both)",
+        name,
+    )
 
 
 def _interval_s(environ: Mapping[str, str]) -> float:
@@ -161,11 +241,12 @@ def _port(raw: str | None) -> int | None:
     if not raw:
         return None
     try:
-        return int(raw)
+        port = int(raw)
     except ValueError:
-        raise ConfigError(
-            f"{OTEL_EXPORTER_PROMETHEUS_PORT} must be a port number, got {raw!r}"
-        ) from None
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{OTEL_EXPORTER_PROMETHEUS_PORT} must be a port number, got {raw!r}")
+    return port
 
 
 def _count(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -188,8 +269,10 @@ def world_size(environ: Mapping[str, str] = os.environ) -> int:
 def otlp_traces_endpoint(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
     """(endpoint URL, protocol) spans go to, for a library that takes one URL (vLLM):
     `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, else `OTEL_EXPORTER_OTLP_ENDPOINT` with
-    the signal's path for http (OTel's spec); None when OTLP span export is off."""
-    protocol = _otlp(environ, TRACES)
+    the signal's path for http (OTel's spec); None when OTLP span export is off. Read as
+    rlotel's own span export reads them (http/json as http/protobuf, a bad value as its
+    default, a malformed endpoint as off)."""
+    protocol = Environment.read(environ).otlp_traces
     if protocol is None:
         return None
     endpoint = environ.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
@@ -207,6 +290,12 @@ def test_clock_shift_ns(environ: Mapping[str, str] = os.environ) -> int:
         return round(float(environ.get(RLOTEL_TEST_CLOCK_SHIFT_S, "") or 0) * 1e9)
     except ValueError:
         return 0
+
+
+def test_faults(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+    """Test-only: the hooks whose rlotel part is made to raise (`all`: every hook); empty
+    unless a test sets it."""
+    return frozenset(filter(None, environ.get(RLOTEL_TEST_FAULTS, "").replace(" ", "").split(",")))
 
 
 def set_default(name: str, value: str, environ: MutableMapping[str, str] = os.environ) -> None:

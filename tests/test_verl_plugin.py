@@ -247,7 +247,27 @@ def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
     plugin.install()
     try:
         assert not plugin.patched() and performance._timer is before
-        assert "does not support verl 0.12.0 (supported: >=0.9.0,<0.10.0)" in caplog.text
+        assert "does not support verl 0.12.0 (>=0.9.0,<0.10.0)" in caplog.text
+    finally:
+        plugin.uninstall()
+
+
+def test_an_untested_version_of_the_series_installs_with_one_warning(monkeypatch, caplog):
+    pytest.importorskip("verl")
+    from importlib import metadata
+
+    from verl.utils.profiler import performance
+
+    from rlotel.integrations import verl as plugin
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.9.7" if name == "verl" else real(name))
+    before = performance._timer
+    plugin.install()
+    try:
+        assert plugin.patched() and performance._timer is not before
+        assert "not tested with verl 0.9.7 (>=0.9.1,<0.9.2)" in caplog.text
+        assert "ray" not in caplog.text.split("not tested with")[1].split(";")[0]  # 2.60 tested
     finally:
         plugin.uninstall()
 

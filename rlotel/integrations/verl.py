@@ -23,11 +23,13 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 from rlotel import env
+from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 from rlotel.integrations.process import (
     declare_verl_driver,
@@ -50,9 +52,13 @@ _patches = Patches()  # what was replaced, with the originals (for uninstall)
 # --- timers ------------------------------------------------------------------------------
 
 
-def _caller_global_step() -> int | None:
-    """verl's trainers keep the step on `self.global_steps`; read it from the caller."""
-    frame = sys._getframe(3)
+TIMER_HOOK = "verl_timer"
+
+
+def _caller_global_step(frame: FrameType | None) -> int | None:
+    """verl's trainers keep the step on `self.global_steps`; read it from the callers of
+    verl's timer (`frame`: contextlib's `__enter__`, then the trainer)."""
+    frame = frame.f_back if frame is not None else None
     for _ in range(4):
         if frame is None:
             return None
@@ -64,13 +70,40 @@ def _caller_global_step() -> int | None:
     return None
 
 
-def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
+def traced_timer(original: Callable[..., Iterator[None]]) -> Callable[..., Iterator[None]]:
     """Drop-in for `verl.utils.profiler.performance._timer` (a generator verl's timers
-    `yield from`), recording into the ledger. The `step` timer opens the ledger step."""
+    `yield from`), recording into the ledger; `original` is verl's own, which runs instead
+    when rlotel's part fails or verl passes arguments rlotel does not know."""
+
+    def _timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any):
+        if args or kwargs:
+            guard.unexpected(TIMER_HOOK, args, kwargs)
+            return (yield from original(name, timing_raw, *args, **kwargs))
+        started = time.perf_counter()
+        try:
+            scope, record = _open_timer(name, sys._getframe(1))
+            scope.__enter__()
+        except Exception as error:
+            guard.failed(TIMER_HOOK, error)
+            return (yield from original(name, timing_raw))
+        try:
+            yield
+        except BaseException as raised:  # a raising body keeps its timing (verl's loses it)
+            _close_timer(name, timing_raw, scope, record, started, raised)
+            raise
+        _close_timer(name, timing_raw, scope, record, started, None)
+
+    return _timer
+
+
+def _open_timer(name: str, timer_frame: FrameType) -> tuple[Any, Any]:
+    """(the context to enter, the record that times it): the `step` timer opens the
+    ledger step, any other a phase (summed into timing_raw once, like verl, on close)."""
     tel = telemetry()
-    caller_marks = sys._getframe(1).f_globals.get("__name__", "").endswith(RANGE_MARKING_TIMERS)
+    guard.fault(TIMER_HOOK)
+    caller_marks = timer_frame.f_globals.get("__name__", "").endswith(RANGE_MARKING_TIMERS)
     if name == "step" and tel.current_step is None:
-        number = _caller_global_step()
+        number = _caller_global_step(timer_frame)
         if number is None:
             number = (tel.ledger.last_step_number or 0) + 1
         scope = tel.step(number)
@@ -78,18 +111,33 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
     else:
         import rlotel
 
-        scope = rlotel.marked_timer(name, {})  # summed below, once, like verl
+        scope = rlotel.marked_timer(name, {})
         record = scope
     if caller_marks:  # verl's NVTX/MSTX timer pushed this range: one range, not two
         record.marks_nvtx = False
+    return scope, record
+
+
+def _close_timer(
+    name: str,
+    timing_raw: dict[str, float],
+    scope: Any,
+    record: Any,
+    started: float,
+    raised: BaseException | None,
+) -> None:
+    """verl's `timing_raw[name]` gains the window's seconds whatever rlotel's close does."""
+    seconds = time.perf_counter() - started
+    if guard.exit_context(TIMER_HOOK, scope, raised):
+        try:
+            seconds = record.seconds
+        except Exception as error:
+            guard.failed(TIMER_HOOK, error)
+    timing_raw[name] = timing_raw.get(name, 0) + seconds
+    _count_codetiming(name, seconds)
     try:
-        with scope:
-            yield
-    finally:  # a raising body keeps its timing (verl's own timer loses it)
-        seconds = record.seconds
-        timing_raw[name] = timing_raw.get(name, 0) + seconds
-        _count_codetiming(name, seconds)
-        tel.drops.fired("verl_timer")
+        tel = telemetry()
+        tel.drops.fired(TIMER_HOOK)
         if record is not scope and voc.GEN in timing_raw and not scope.trace.samples:
             _warn_once(
                 "no_samples",
@@ -97,6 +145,8 @@ def _timer(name: str, timing_raw: dict[str, float]) -> Iterator[None]:
                 "loop or replay buffer hook did not fire): the tail histograms stay empty",
                 scope.number,
             )
+    except Exception as error:
+        guard.failed(TIMER_HOOK, error)
 
 
 _warned: set[str] = set()
@@ -121,32 +171,60 @@ def _count_codetiming(name: str, seconds: float) -> None:
 # --- Tracking backend --------------------------------------------------------------------
 
 
+TRACKING_HOOK = "verl_tracking"
+TRACKING_LOG_HOOK = "verl_tracking_log"
+AGENT_LOOP_HOOK = "verl_agent_loop_metrics"
+FIT_HOOK = "verl_fit"
+
+
 class RlotelBackend:
-    """The `rlotel` logger of `verl.utils.tracking.Tracking`."""
+    """The `rlotel` logger of `verl.utils.tracking.Tracking`: verl calls it in its own
+    loop over loggers, so nothing of it may raise there."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any = None) -> None:
         self.tel = telemetry(run=experiment_name, serve=True, profile=verl_profile_config(config))
         self.tel.expect_logs()  # each step's MFU and tokens arrive here, after its timers
         log.info("rlotel: verl run %r, metrics at %s", experiment_name, self.tel.metrics_url)
 
-    def log(self, data: dict, step: int) -> None:
-        self.tel.drops.fired("verl_tracking_log")
-        self.tel.log(data, step)
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            guard.fault(TRACKING_LOG_HOOK)
+            data, step = _argument(args, kwargs, 0, "data"), _argument(args, kwargs, 1, "step")
+            self.tel.drops.fired(TRACKING_LOG_HOOK)
+            self.tel.log(data, step)
+        except Exception as error:
+            guard.failed(TRACKING_LOG_HOOK, error)
 
-    def finish(self) -> None:
-        self.tel.shutdown()
+    def finish(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.tel.shutdown()
+        except Exception as error:
+            guard.failed(TRACKING_HOOK, error)
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    """An argument given by position or by name; `UnexpectedCall` when it is neither."""
+    if len(args) > position:
+        return args[position]
+    if name in kwargs:
+        return kwargs[name]
+    raise guard.UnexpectedCall(f"no {name!r} argument")
 
 
 def _patch_tracking(tracking_module: Any) -> None:
     tracking = tracking_module.Tracking
     if BACKEND not in tracking.supported_backend:
         tracking.supported_backend.append(BACKEND)
-    original_init, original_finish = tracking.__init__, tracking.finish
+    _patches.replace(tracking, "__init__", tracking_init(tracking.__init__))
+    _patches.replace(tracking, "finish", tracking_finish(tracking.finish))
 
-    parameters = inspect.signature(original_init)
+
+def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
+    """`Tracking.__init__`: verl's loggers first, then the `rlotel` one when named."""
+    parameters = inspect.signature(original)
 
     def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
+        original(self, *args, **kwargs)
         try:
             given = parameters.bind(self, *args, **kwargs)
             given.apply_defaults()
@@ -154,23 +232,31 @@ def _patch_tracking(tracking_module: Any) -> None:
             backends = options.get("default_backend") or ()
             backends = [backends] if isinstance(backends, str) else list(backends)
             if BACKEND in backends:
-                self.logger[BACKEND] = RlotelBackend(
+                backend = RlotelBackend(
                     options.get("project_name"),
                     options.get("experiment_name"),
                     options.get("config"),
                 )
-        except Exception:  # verl's loggers work on without this one
-            log.exception("rlotel: the rlotel logger did not start; verl's loggers run on")
+                guard.fault(TRACKING_HOOK)
+                self.logger[BACKEND] = backend
+        except Exception as error:  # verl's loggers work on without this one
+            guard.failed(TRACKING_HOOK, error)
+
+    return __init__
+
+
+def tracking_finish(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tracking.finish`: verl's loggers finish first, then rlotel's (once)."""
 
     def finish(self, *args, **kwargs):
         backend = getattr(self, "logger", {}).get(BACKEND)
-        original_finish(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
         if backend is not None and not getattr(self, "_rlotel_finished", False):
             self._rlotel_finished = True
             backend.finish()
+        return result
 
-    _patches.replace(tracking, "__init__", __init__)
-    _patches.replace(tracking, "finish", finish)
+    return finish
 
 
 # --- agent loop --------------------------------------------------------------------------
@@ -178,21 +264,31 @@ def _patch_tracking(tracking_module: Any) -> None:
 
 def _patch_agent_loop(agent_loop_module: Any) -> None:
     manager = agent_loop_module.AgentLoopManager
-    original = manager._performance_metrics
+    _patches.replace(
+        manager, "_performance_metrics", performance_metrics(manager._performance_metrics)
+    )
 
-    def _performance_metrics(self, metrics, output, *args, **kwargs):
+
+def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`AgentLoopManager._performance_metrics(metrics, output)`: the per-sample metrics
+    are recorded before verl reduces them."""
+
+    def _performance_metrics(self, *args, **kwargs):
         try:
             tel = telemetry()
-            tel.drops.fired("verl_agent_loop_metrics")
+            guard.fault(AGENT_LOOP_HOOK)
+            metrics = _argument(args, kwargs, 0, "metrics")
+            output = _argument(args, kwargs, 1, "output")
+            tel.drops.fired(AGENT_LOOP_HOOK)
             if _is_validation(tel, output):  # `testing`: never in the training histograms
                 tel.drops.fired("verl_agent_loop_validation")
             else:
                 tel.record_samples(metrics, **_sample_lengths(output))
         except Exception as error:
-            log.warning("rlotel: agent-loop samples not recorded: %r", error)
-        return original(self, metrics, output, *args, **kwargs)
+            guard.failed(AGENT_LOOP_HOOK, error)
+        return original(self, *args, **kwargs)
 
-    _patches.replace(manager, "_performance_metrics", _performance_metrics)
+    return _performance_metrics
 
 
 def _is_validation(tel: Any, output: Any) -> bool:
@@ -221,58 +317,72 @@ def _sample_lengths(output: Any) -> dict[str, Any]:
 def _patch_v0_fit(ray_trainer: ModuleType) -> None:
     """V0's `RayPPOTrainer.fit` (`trainer.use_v1=false`) declares its process the driver."""
     trainer = ray_trainer.RayPPOTrainer
-    original = trainer.fit
+    _patches.replace(trainer, "fit", v0_fit(trainer.fit))
 
+
+def v0_fit(original: Callable[..., Any]) -> Callable[..., Any]:
     def fit(self, *args, **kwargs):
         try:
+            guard.fault(FIT_HOOK)
             declare_verl_driver(self.config, self.resource_pool_manager.get_n_gpus())
         except Exception as error:
-            log.warning("rlotel: verl trainer config not read: %r", error)
+            guard.failed(FIT_HOOK, error)
         try:
             return original(self, *args, **kwargs)
-        finally:
-            flush_driver()
+        finally:  # its last steps go out now; an exception of the loop itself propagates
+            guard.attempt(FIT_HOOK, flush_driver)
 
-    _patches.replace(trainer, "fit", fit)
+    return fit
 
 
 # --- install -----------------------------------------------------------------------------
 
 
-SUPPORTED = {"verl": ("0.9.0", "0.10.0"), "ray": ("2.41.0", "3.0.0")}  # [low, high)
+# [low, high): what the e2e and unit tests run (constraints.txt, tests/e2e/engine-constraints.txt)
+TESTED = {"verl": ("0.9.1", "0.9.2"), "ray": ("2.60.0", "2.61.0")}
+# Outside these the plugin steps aside: another minor series of verl may move the trainers.
+SUPPORTED = {"verl": ("0.9.0", "0.10.0"), "ray": ("2.41.0", "3.0.0")}
 
 
-def unsupported_versions() -> list[str]:
-    """`name version` of each installed package outside the range rlotel was built for."""
+def versions_outside(ranges: dict[str, tuple[str, str]]) -> list[str]:
+    """`name version (range)` of each installed package outside its range."""
     from importlib import metadata
 
     from packaging.version import Version
 
     outside = []
-    for name, (low, high) in SUPPORTED.items():
+    for name, (low, high) in ranges.items():
         try:
             version = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue  # verl imports Ray lazily where it is not installed
         if not Version(low) <= Version(version) < Version(high):
-            outside.append(f"{name} {version} (supported: >={low},<{high})")
+            outside.append(f"{name} {version} (>={low},<{high})")
     return outside
 
 
 def install() -> None:
     """Patch verl's timer hook, Tracking, the agent-loop manager, the trainers and Ray's
-    actor calls (idempotent), or nothing: outside the supported versions nothing is
-    patched, and a failure part-way undoes what was already patched."""
+    actor calls (idempotent). Versions rlotel was not tested with: every patch is drift-
+    safe, so it installs, with one warning; outside the supported series nothing is
+    patched. A failure part-way undoes what was already patched."""
     if "hooks" in _installed:
         return
-    outside = unsupported_versions()
-    if outside:
+    unsupported = versions_outside(SUPPORTED)
+    if unsupported:
         log.warning(
             "rlotel: the verl plugin does not support %s; nothing patched, training runs "
             "without rlotel",
-            ", ".join(outside),
+            ", ".join(unsupported),
         )
         return
+    untested = versions_outside(TESTED)
+    if untested:
+        log.warning(
+            "rlotel: the verl plugin was not tested with %s; it installs, and any hook that "
+            "no longer fits runs verl's call untraced (rlotel_integration_failures_total)",
+            ", ".join(untested),
+        )
     try:
         _install()
     except Exception:
@@ -328,7 +438,7 @@ def _guarded(module: str, patch: Callable[[ModuleType], None]) -> Callable[[Modu
 
 
 def _patch_timer(performance: ModuleType) -> None:
-    _patches.replace(performance, "_timer", _timer)
+    _patches.replace(performance, "_timer", traced_timer(performance._timer))
 
 
 def _patch_agent_loop_module(agent_loop: ModuleType) -> None:

@@ -27,6 +27,7 @@ import logging
 import time
 from typing import Any
 
+from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 from rlotel.record import clock
 from rlotel.schema import vocabulary
@@ -37,6 +38,10 @@ TRAIN_PARTITION = "train"
 # extra_fields entry: [start ns, end ns, turns, traceparent of its worker span or None]
 STAMP_KEY = "rlotel_trajectory"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
+REPLAY_HOOK = "verl_v1_replay_batch"
+TRAJECTORY_HOOK = "verl_v1_trajectory"
+SCORE_HOOK = "verl_v1_score"
+FIT_HOOK = "verl_fit"
 _patches = Patches()
 _trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
 _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -83,15 +88,17 @@ def _patch(owner: Any, name: str, make: Any) -> None:
 
 
 def _materialize_batch(original: Any) -> Any:
-    def _materialize_batch(self, partition_id, *args, **kwargs):
-        batch = original(self, partition_id, *args, **kwargs)
-        if partition_id == TRAIN_PARTITION:
-            started = time.perf_counter()
-            try:
+    def _materialize_batch(self, *args, **kwargs):
+        batch = original(self, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            guard.fault(REPLAY_HOOK)
+            partition_id = args[0] if args else kwargs.get("partition_id")
+            if partition_id == TRAIN_PARTITION:
                 record_batch(batch)
-            except Exception as error:  # telemetry never stops training
-                log.warning("rlotel: V1 samples not recorded: %r", error)
-            _spent("verl_v1_replay_batch", time.perf_counter() - started)
+                _spent(REPLAY_HOOK, time.perf_counter() - started)
+        except Exception as error:  # telemetry never stops training
+            guard.failed(REPLAY_HOOK, error)
         return batch
 
     return _materialize_batch
@@ -210,29 +217,56 @@ async def run_agent_loop(self, *args, **kwargs):
     """`AgentLoopWorker._run_agent_loop`: V1 trajectories as spans under the dispatching
     phase, their real start kept for the stamp."""
     original = _agent_loop_original("_run_agent_loop")
-    if not any(cls.__name__ == TQ_WORKER for cls in type(self).__mro__):
+    phase = None
+    try:
+        phase = _open_trajectory(self)
+    except Exception as error:
+        guard.failed(TRAJECTORY_HOOK, error)
+    if phase is None:
         return await original(self, *args, **kwargs)
+    try:
+        result = await original(self, *args, **kwargs)
+    except BaseException as raised:
+        guard.exit_context(TRAJECTORY_HOOK, phase, raised)
+        raise
+    guard.exit_context(TRAJECTORY_HOOK, phase, None)
+    return result
+
+
+def _open_trajectory(worker: Any) -> Any:
+    """The trajectory's phase, entered: a child of the caller's (the trainer's `gen`; V1
+    dispatches fire-and-forget), its engine calls nest in it. None outside V1's TQ worker
+    or a traced call."""
+    if not any(cls.__name__ == TQ_WORKER for cls in type(worker).__mro__):
+        return None
     _trajectory_start.set(clock.unix_ns())  # this trajectory's own asyncio task
     import rlotel
     from rlotel.integrations.verl_workers import call_carrier
 
     tel, carrier = rlotel.current(), call_carrier()
     if tel is None or carrier is None:  # no traced call dispatched it
-        return await original(self, *args, **kwargs)
-    # V1 dispatches fire-and-forget: the trajectory is a child of the caller's phase
-    # (the trainer's `gen`), and its engine calls nest in it.
-    tel.drops.fired("verl_v1_trajectory")
-    with tel.phase(vocabulary.TRAJECTORY, context=carrier):
-        _trajectory_context.set(tel.current_context().get("traceparent"))
-        return await original(self, *args, **kwargs)
-
-
-async def compute_score(self, outputs, *args, **kwargs):
-    """`AgentLoopWorker._compute_score`: stamps the trajectory's times, turns and span."""
-    result = await _agent_loop_original("_compute_score")(self, outputs, *args, **kwargs)
+        return None
+    guard.fault(TRAJECTORY_HOOK)
+    tel.drops.fired(TRAJECTORY_HOOK)
+    phase = tel.phase(vocabulary.TRAJECTORY, context=carrier)
+    phase.__enter__()
     try:
+        _trajectory_context.set(tel.current_context().get("traceparent"))
+    except Exception:
+        phase.__exit__(None, None, None)
+        raise
+    return phase
+
+
+async def compute_score(self, *args, **kwargs):
+    """`AgentLoopWorker._compute_score(outputs, ...)`: stamps the trajectory's times, turns
+    and span."""
+    result = await _agent_loop_original("_compute_score")(self, *args, **kwargs)
+    try:
+        guard.fault(SCORE_HOOK)
         start = _trajectory_start.get(None)
         if start is not None:
+            outputs = args[0] if args else kwargs["outputs"]
             end = clock.unix_ns()
             context = _trajectory_context.get(None)
             for output in outputs:
@@ -240,23 +274,24 @@ async def compute_score(self, outputs, *args, **kwargs):
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
     except Exception as error:  # telemetry never stops a rollout
-        log.warning("rlotel: trajectory times not stamped: %r", error)
+        guard.failed(SCORE_HOOK, error)
     return result
 
 
 def _fit(original: Any) -> Any:
     def fit(self, *args, **kwargs):
-        try:
-            from rlotel.integrations import process
+        from rlotel.integrations import process
 
+        try:
+            guard.fault(FIT_HOOK)
             process.declare_verl_driver(self.config, self._get_n_gpus_for_throughput())
             set_mode(getattr(self, "trainer_mode", "sync"))
         except Exception as error:
-            log.warning("rlotel: V1 trainer mode not read: %r", error)
+            guard.failed(FIT_HOOK, error)
         try:
             return original(self, *args, **kwargs)
-        finally:
-            process.flush_driver()
+        finally:  # its last steps go out now; an exception of the loop itself propagates
+            guard.attempt(FIT_HOOK, process.flush_driver)
 
     return fit
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlotel.record.drops import Drops, encodable
+from rlotel.record.drops import HOOK_FAILURES, Drops, encodable
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
 
@@ -97,7 +97,7 @@ class Snapshot(NamedTuple):
 
     scalars: dict[cat.MetricSpec, dict[Labels, float]]
     histograms: dict[cat.MetricSpec, list[HistogramPoint]]
-    version: tuple[int, int]  # SeriesStore.version when it was taken
+    version: tuple[int, int, int]  # SeriesStore.version when it was taken
 
 
 class SeriesStore:
@@ -136,9 +136,10 @@ class SeriesStore:
         return self._bounds[spec]
 
     @property
-    def version(self) -> tuple[int, int]:
-        """Changes whenever a series or a drop count may have changed (cache key)."""
-        return self._writes, self._drops.total
+    def version(self) -> tuple[int, int, int]:
+        """Changes whenever a series, a drop or a hook failure count may have changed (cache
+        key)."""
+        return self._writes, self._drops.total, HOOK_FAILURES.total
 
     def _admit(self, spec: cat.MetricSpec, family: Mapping, labels: Labels) -> bool:
         if labels in family:
@@ -248,4 +249,6 @@ class SeriesStore:
             scalars.setdefault(cat.INTEGRATION_EVENTS, {})[(hook,)] = float(count)
         for hook, seconds in hook_seconds.items():
             scalars.setdefault(cat.INTEGRATION_SECONDS, {})[(hook,)] = seconds
+        for hook, count in HOOK_FAILURES.snapshot().items():
+            scalars.setdefault(cat.INTEGRATION_FAILURES, {})[(hook,)] = float(count)
         return Snapshot(scalars, histograms, version)

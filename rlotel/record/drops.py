@@ -77,6 +77,31 @@ class Drops:
             return dict(self._hook_seconds)
 
 
+class HookFailures:
+    """Failures of rlotel's own part of a zero-code hook, by hook, for the whole process
+    (`rlotel_integration_failures_total{hook}`): the hooks are the process's patches, and
+    one can fail before, or while, the process's telemetry starts."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.total = 0  # only grows (a cheap "changed?" check for readers)
+
+    def add(self, hook: str) -> int:
+        """Count one failure of `hook`; returns how many it has had."""
+        with self._lock:
+            self._counts[hook] += 1
+            self.total += 1
+            return self._counts[hook]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+HOOK_FAILURES = HookFailures()
+
+
 def describe(value: Any) -> str:
     """How a rejected value is named in a log line: never its text (it could be a prompt
     or a response), only its type and size."""

@@ -211,6 +211,14 @@ INTEGRATION_SECONDS = MetricSpec(
     "batch's per-sample read, inside verl's gen window).",
     ("hook",),
 )
+INTEGRATION_FAILURES = MetricSpec(
+    "rlotel_integration_failures",
+    "counter",
+    "",
+    "Times rlotel's own part of a zero-code hook raised in this process; the library's call "
+    "ran on as it would without rlotel (one log line per hook).",
+    ("hook",),
+)
 
 # Weight versions a sample lags or spans: integers, fine where small, coarser further out.
 STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(

@@ -1,0 +1,97 @@
+"""Where rlotel runs inside another library's call path, its own failures stop there.
+
+Every wrapper of a zero-code integration (verl's timers, Tracking, worker-group calls and
+replies, the replay buffer and agent-loop hooks, Ray's actor call path, vLLM's engine
+hooks, torch.distributed's collectives) follows one rule: when rlotel's part raises, the
+call runs exactly as it would without rlotel — the original function, the original
+arguments, the original result or exception. The failure is counted by hook
+(`rlotel_integration_failures_total{hook}`) and logged once per hook, not per call. An
+exception raised by the wrapped code itself propagates unchanged.
+
+A call rlotel cannot interpret (arguments a newer verl or Ray passes that rlotel does not
+know) is passed through untraced and counted the same way.
+
+`RLOTEL_TEST_FAULTS` (test-only, off unless a test sets it) names hooks, or `all`, whose
+rlotel part raises `InjectedFault` first thing, so a test can check the rule on the real
+library.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rlotel import env
+from rlotel.record.drops import HOOK_FAILURES
+
+log = logging.getLogger("rlotel")
+
+ALL = "all"
+
+
+class InjectedFault(RuntimeError):
+    """Raised by `fault` where a test asked for it."""
+
+
+class UnexpectedCall(TypeError):
+    """A call whose arguments rlotel does not know how to read (the library moved)."""
+
+
+_faults: frozenset[str] = env.test_faults()
+
+
+def inject(hooks: Iterable[str]) -> None:
+    """Test-only: from now on the named hooks' rlotel parts raise (empty: none)."""
+    global _faults
+    _faults = frozenset(hooks)
+
+
+def fault(hook: str) -> None:
+    """Test-only fault point, placed where a hook's rlotel part starts its own work."""
+    if _faults and (hook in _faults or ALL in _faults):
+        raise InjectedFault(f"test fault in the {hook} hook")
+
+
+def failed(hook: str, error: BaseException) -> None:
+    """rlotel's part of `hook` raised `error`: count it; the first time, say so."""
+    try:
+        if HOOK_FAILURES.add(hook) == 1:
+            log.warning(
+                "rlotel: the %s hook failed (%r); that call, and any later one where it "
+                "fails, runs without rlotel (counted in rlotel_integration_failures_total)",
+                hook,
+                error,
+            )
+            log.debug("rlotel: the %s hook's failure", hook, exc_info=error)
+    except Exception:  # the logging setup of the host process is not ours to break
+        pass
+
+
+def attempt(hook: str, function: Callable[..., Any], *args: Any) -> None:
+    """rlotel's `function(*args)`, its failure counted under `hook`; never raises."""
+    try:
+        function(*args)
+    except Exception as error:
+        failed(hook, error)
+
+
+def exit_context(hook: str, context: Any, raised: BaseException | None) -> bool:
+    """`context.__exit__` after the wrapped call returned or raised `raised`: never raises
+    (the call's own exception is the one that propagates); False when rlotel's exit
+    failed."""
+    try:
+        if raised is None:
+            context.__exit__(None, None, None)
+        else:
+            context.__exit__(type(raised), raised, raised.__traceback__)
+    except Exception as error:
+        failed(hook, error)
+        return False
+    return True
+
+
+def unexpected(hook: str, args: tuple, kwargs: dict) -> None:
+    """A call with arguments rlotel does not read: passed through untraced, counted."""
+    names = ", ".join([*(type(arg).__name__ for arg in args), *kwargs])
+    failed(hook, UnexpectedCall(f"arguments rlotel does not know: {names}"))
