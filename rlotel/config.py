@@ -103,7 +103,10 @@ class Config:
     resource_attributes: Mapping[str, str | int | float | bool] | None = None
     phase_buckets: Mapping[str, str] | None = None
     step_hooks: Sequence[StepHookFactory] = ()
-    environment: Environment = field(default_factory=Environment.read, repr=False)
+    # strict: the user asked for this configuration, so a bad variable is a ConfigError
+    environment: Environment = field(
+        default_factory=lambda: Environment.read(strict=True), repr=False
+    )
 
     def validated(self) -> Config:
         """The same options, checked and normalised (paths, tuples, the resolved service

@@ -326,7 +326,7 @@ def test_unwritable_traces_file_raises(tmp_path):
 
 def test_bad_otlp_protocol_raises(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")
     with pytest.raises(rlotel.ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
         rlotel.init(prometheus_port=0)
 

@@ -61,6 +61,8 @@ def discovery_dir() -> Path:
 def setup_worker() -> None:
     """`worker_process_setup_hook`: telemetry for this worker process, registered for
     scraping. Never raises: a worker must start even if telemetry cannot."""
+    from rlotel.integrations import process
+
     try:
         import ray
 
@@ -70,7 +72,8 @@ def setup_worker() -> None:
             attr.RANK: environment.rank,
             attr.NODE: ray.util.get_node_ip_address(),
         }
-        tel = rlotel.current() or rlotel.init(
+        tel = rlotel.current() or process.start(
+            environment=environment,
             run=environment.run or "ray",
             service_name=environment.service_name or "rlotel-ray-worker",
             prometheus_addr=environment.prometheus_host or "127.0.0.1",
@@ -80,14 +83,29 @@ def setup_worker() -> None:
         labels = {key.removeprefix(attr.NAMESPACE): str(value) for key, value in identity.items()}
         register(tel.metrics_url, labels)
     except Exception as error:
-        import logging
-
-        logging.getLogger("rlotel").warning("rlotel: Ray worker telemetry off: %r", error)
+        log.warning("rlotel: Ray worker telemetry off: %r", error)
 
 
 def register(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
-    """Write this process's target to the discovery directory (removed at exit) and, in a
+    """Write this process's target to the discovery directory (`write_target`) and, in a
     Ray process, publish it in the cluster's key-value store (kept alive by a heartbeat)."""
+    try:
+        path = write_target(metrics_url, labels)
+    except OSError as error:  # discovery is never worth failing a worker for
+        log.warning("rlotel: target not written for file discovery: %r", error)
+        return None
+    if path is None:
+        return None
+    try:
+        publish(metrics_url, labels)
+    except Exception as error:
+        log.warning("rlotel: target not published to the Ray cluster: %r", error)
+    return path
+
+
+def write_target(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
+    """This process's target as a Prometheus file-discovery JSON in `discovery_dir()`,
+    removed at exit; the file, or None without an endpoint."""
     if not metrics_url:
         return None
     target = advertised_target(metrics_url)
@@ -98,10 +116,6 @@ def register(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
     temporary.write_text(json.dumps([{"targets": [target], "labels": labels}]))
     temporary.replace(path)  # atomic: Prometheus never reads half a file
     atexit.register(path.unlink, missing_ok=True)
-    try:
-        publish(metrics_url, labels)
-    except Exception as error:  # discovery is never worth failing a worker for
-        log.warning("rlotel: target not published to the Ray cluster: %r", error)
     return path
 
 

@@ -164,7 +164,7 @@ def _bind(app: Callable, addr: str, port: int, retries: int) -> WSGIServer:
                 f"cannot serve /metrics on {addr!r}:{tried}: {error.strerror or error}; "
                 "choose a free prometheus_port (0 = ephemeral), allow "
                 "prometheus_port_retries, or prometheus_port=None for no endpoint"
-            ) from None
+            ) from error  # the cause: what `rlotel.integrations.process` tells verl's user
         except (TypeError, ValueError, UnicodeError) as error:
             raise ConfigError(
                 f"cannot serve /metrics on {addr!r}:{port}: {error}; give prometheus_addr "
