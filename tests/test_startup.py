@@ -16,7 +16,7 @@ import pytest
 
 import rlotel
 from rlotel import env
-from rlotel.integrations import process, ray, verl_workers
+from rlotel.integrations import process, ray, startup, verl_workers
 from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import HttpReceiver
 
@@ -234,7 +234,7 @@ def test_a_busy_port_still_raises_in_user_code(held_port):
 
 
 def test_what_nothing_else_covers_falls_back_to_telemetry_that_exports_nothing(caplog):
-    tel = process.start(run="last", n_gpus=-1, prometheus_port=0)
+    tel = startup.start(run="last", n_gpus=-1, prometheus_port=0)
     assert rlotel.current() is tel and tel.metrics_url is None
     with tel.step(1), tel.phase("gen"):
         pass

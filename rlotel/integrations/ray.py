@@ -61,7 +61,7 @@ def discovery_dir() -> Path:
 def setup_worker() -> None:
     """`worker_process_setup_hook`: telemetry for this worker process, registered for
     scraping. Never raises: a worker must start even if telemetry cannot."""
-    from rlotel.integrations import process
+    from rlotel.integrations import startup
 
     try:
         import ray
@@ -72,7 +72,7 @@ def setup_worker() -> None:
             attr.RANK: environment.rank,
             attr.NODE: ray.util.get_node_ip_address(),
         }
-        tel = rlotel.current() or process.start(
+        tel = rlotel.current() or startup.start(
             environment=environment,
             run=environment.run or "ray",
             service_name=environment.service_name or "rlotel-ray-worker",
