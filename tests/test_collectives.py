@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ dist = pytest.importorskip("torch.distributed")
 import rlotel  # noqa: E402
 from rlotel.derive.diagnose import StepFacts, diagnose  # noqa: E402
 from rlotel.integrations import collectives, verl_workers  # noqa: E402
+from rlotel.record.drops import HOOK_FAILURES  # noqa: E402
 from rlotel.record.ranks import RankReply  # noqa: E402
 from rlotel.schema import attributes as attr  # noqa: E402
 from tests.helpers import parse_exposition, scrape  # noqa: E402
@@ -199,6 +201,7 @@ def test_a_telemetry_error_is_counted_and_logged_and_the_collective_still_runs(
         raise RuntimeError("telemetry bug")
 
     monkeypatch.setattr(collectives, "_on_device", broken)
+    before = HOOK_FAILURES.snapshot().get(collectives.HOOK, 0)
     tally = collectives.open_tally()
     with caplog.at_level(logging.WARNING, logger="rlotel"):
         for _ in range(2):
@@ -208,9 +211,17 @@ def test_a_telemetry_error_is_counted_and_logged_and_the_collective_still_runs(
             assert tensor.tolist() == [2.0] * 4
     collectives.close_tally(tally)
     assert tally.calls == 2  # still timed on the host clock
-    assert tel.drops.snapshot()[("spans", "internal_error")] == 2
+    assert HOOK_FAILURES.snapshot()[collectives.HOOK] == before + 2
+    assert "rlotel_integration_failures_total" in scrape(tel.metrics_url)
     logged = [r for r in caplog.records if "telemetry bug" in r.getMessage()]
-    assert len(logged) == 1  # once per interval
+    assert len(logged) == (1 if before == 0 else 0)  # once per hook and process
+
+
+def worker_call(name: str, carrier: dict[str, str]) -> Any:
+    """A traced worker call of method `name`, begun as Ray's call path begins it."""
+    call = verl_workers._begin_call(None, name, (), {verl_workers.RAY_CONTEXT_KWARG: carrier})
+    assert call is not None
+    return call
 
 
 def test_a_worker_call_records_compute_and_collective_seconds_and_replies_with_them(
@@ -222,14 +233,14 @@ def test_a_worker_call_records_compute_and_collective_seconds_and_replies_with_t
         verl_workers.REPLY_KEY: "1",
     }
     late_peer(allreduce)
-    with verl_workers._worker_phase(None, "update_actor", (), carrier) as call:
-        time.sleep(0.1)  # stands for this rank's compute (a sleep: only the split is tested)
-        dist.all_reduce(torch.ones(4), group=groups[0])
-    reply = call.reply("result")
+    call = worker_call("update_actor", carrier)
+    time.sleep(0.1)  # stands for this rank's compute (a sleep: only the split is tested)
+    dist.all_reduce(torch.ones(4), group=groups[0])
+    reply = call.end(None, "result")
     assert type(reply) is RankReply and reply.value == "result"
     assert reply.collective_s >= LATE_S * 0.8 - 0.1  # waited for the late rank
     assert 0.1 <= reply.compute_s < reply.collective_s
-    assert verl_workers._worker_phase(None, "_plumbing", (), carrier).__enter__().reply(3) == 3
+    assert worker_call("_plumbing", carrier).end(None, 3) == 3
     assert tel.flush(10)
     (span,) = [s for s in span_exporter.get_finished_spans() if s.name == "update_actor"]
     assert span.attributes[attr.COLLECTIVE_CALLS] == 1
@@ -256,24 +267,22 @@ def test_a_worker_call_with_device_collectives_reports_no_split(
         verl_workers.REPLY_KEY: "1",
     }
     late_peer(allreduce, 0.0)
-    with (
-        caplog.at_level(logging.WARNING, logger="rlotel"),
-        verl_workers._worker_phase(None, "update_actor", (), carrier) as call,
-    ):
+    with caplog.at_level(logging.WARNING, logger="rlotel"):
+        call = worker_call("update_actor", carrier)
         dist.all_reduce(torch.ones(4), group=groups[0])
-    assert call.tally.device_calls == 1 and call.tally.ns == 0
-    assert call.rank_time is None and call.reply("result") == "result"
+        assert call.end(None, "result") == "result"
+    assert call.timing.tally.device_calls == 1 and call.timing.tally.ns == 0
+    assert call.timing.rank_time is None
     assert any("device tensors" in r.getMessage() for r in caplog.records)
 
 
 def test_a_call_not_asking_for_compute_gets_the_plain_result(groups, make_tel, a_rank):
     make_tel()
     carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
-    with verl_workers._worker_phase(None, "update_actor", (), carrier) as call:
-        pass
-    assert call.rank_time is not None  # measured (no collectives: all compute)...
-    assert call.rank_time.collective_s == 0 and call.rank_time.calls == 0
-    assert call.reply("result") == "result"  # ...but not sent back unasked
+    call = worker_call("update_actor", carrier)
+    assert call.end(None, "result") == "result"  # not sent back unasked...
+    assert call.timing.rank_time is not None  # ...but measured (no collectives: all compute)
+    assert call.timing.rank_time.collective_s == 0 and call.timing.rank_time.calls == 0
 
 
 def test_a_process_that_is_no_rank_times_nothing(groups, make_tel):
@@ -283,9 +292,8 @@ def test_a_process_that_is_no_rank_times_nothing(groups, make_tel):
         verl_workers.REPLY_KEY: "1",
     }
     assert not dist.is_initialized()
-    with verl_workers._worker_phase(None, "update_actor", (), carrier) as call:
-        pass
-    assert call is verl_workers._UNTIMED and call.reply("result") == "result"
+    call = worker_call("update_actor", carrier)
+    assert call.timing is verl_workers._UNTIMED and call.end(None, "result") == "result"
 
 
 def test_the_driver_unwraps_replies_and_names_the_rank_that_computed_longest(

@@ -26,23 +26,22 @@ future work). DDP's gradient all-reduce runs inside its C++ reducer and is not s
 FSDP (1 or 2) or Megatron, whose collectives are Python calls. Functions imported by name
 before `install` (`from torch.distributed import all_reduce`) keep the original.
 
-Telemetry errors are counted (`rlotel_telemetry_dropped_total{signal="spans",
-reason="internal_error"}`, one log line per interval) and never change what the
-collective returns or raises.
+rlotel's errors here are counted (`rlotel_integration_failures_total{hook="torch_collective"}`,
+one log line) and never change what the collective returns or raises.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 import threading
 from time import perf_counter_ns
 from typing import Any
 
+from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 
-log = logging.getLogger("rlotel")
+HOOK = "torch_collective"
 
 COLLECTIVES = (
     "all_reduce",
@@ -191,6 +190,7 @@ def _begin(args: tuple, kwargs: dict) -> tuple[int, bool]:
     """(host ns, whether the call's tensors are on a device)."""
     on_device = False
     try:
+        guard.fault(HOOK)
         on_device = _on_device(args, kwargs)
     except Exception as error:
         _error("collective's device unknown", error)
@@ -200,6 +200,7 @@ def _begin(args: tuple, kwargs: dict) -> tuple[int, bool]:
 def _end(began: tuple[int, bool], calls: int = 1) -> None:
     """Count one call (a wait: none) into every account open now."""
     try:
+        guard.fault(HOOK)
         host, on_device = began
         ns = perf_counter_ns() - host
         with _lock:
@@ -230,11 +231,5 @@ def _on_device(args: tuple, kwargs: dict) -> bool:
 
 
 def _error(what: str, error: BaseException) -> None:
-    """Counted on this process's telemetry (logged once per interval), else logged."""
-    import rlotel
-
-    tel = rlotel.current()
-    if tel is not None:
-        tel.drops.add("spans", "internal_error", f"{what}: {error!r}")
-    else:
-        log.warning("rlotel: %s: %r", what, error)
+    """Counted as a failure of this hook (logged once)."""
+    guard.failed(HOOK, RuntimeError(f"{what}: {error!r}"))

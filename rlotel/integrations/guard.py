@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rlotel import env
-from rlotel.record.drops import HOOK_FAILURES
 
 log = logging.getLogger("rlotel")
 
@@ -56,6 +55,8 @@ def fault(hook: str) -> None:
 def failed(hook: str, error: BaseException) -> None:
     """rlotel's part of `hook` raised `error`: count it; the first time, say so."""
     try:
+        from rlotel.record.drops import HOOK_FAILURES  # numpy's module: loaded on failure only
+
         if HOOK_FAILURES.add(hook) == 1:
             log.warning(
                 "rlotel: the %s hook failed (%r); that call, and any later one where it "
@@ -71,6 +72,7 @@ def failed(hook: str, error: BaseException) -> None:
 def attempt(hook: str, function: Callable[..., Any], *args: Any) -> None:
     """rlotel's `function(*args)`, its failure counted under `hook`; never raises."""
     try:
+        fault(hook)
         function(*args)
     except Exception as error:
         failed(hook, error)

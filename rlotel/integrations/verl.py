@@ -197,6 +197,7 @@ class RlotelBackend:
 
     def finish(self, *args: Any, **kwargs: Any) -> None:
         try:
+            guard.fault(TRACKING_HOOK)
             self.tel.shutdown()
         except Exception as error:
             guard.failed(TRACKING_HOOK, error)

@@ -29,12 +29,15 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
 
 ROLLOUT_JOB = "rollout"  # the job verl's writer lists the engines in
 WRITE_TASK = "write_config_file"  # verl's per-node task that writes the file
+WRITER_HOOK = "verl_prometheus_writer"
+REPLICA_HOOK = "verl_rollout_replica"
 IMPORTERS = (  # modules that import the writer by name: they get the labelling one too
     "verl.workers.rollout.llm_server",
     "verl.trainer.ppo.v1.trainer_separate_async",
@@ -155,10 +158,14 @@ class _LabelledTask:
         return _LabelledTask(self._task.options(*args, **kwargs), self._label, self._labelled)
 
     def remote(self, config_data: Any, *args: Any, **kwargs: Any) -> Any:
-        labelled = self._label(config_data)
-        if labelled is not None:
-            self._labelled.append(True)
-            config_data = labelled
+        try:
+            guard.fault(WRITER_HOOK)
+            labelled = self._label(config_data)
+            if labelled is not None:
+                self._labelled.append(True)
+                config_data = labelled
+        except Exception as error:  # verl's own config is written
+            guard.failed(WRITER_HOOK, error)
         return self._task.remote(config_data, *args, **kwargs)
 
 
@@ -168,6 +175,7 @@ def labelling_writer(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def update_prometheus_config(*args: Any, **kwargs: Any) -> Any:
         try:
+            guard.fault(WRITER_HOOK)
             run = caller_run()
             labelled: list[bool] = []
             ray = original.__globals__["ray"]
@@ -184,9 +192,7 @@ def labelling_writer(original: Callable[..., Any]) -> Callable[..., Any]:
             )
             writer.__kwdefaults__ = original.__kwdefaults__
         except Exception as error:  # verl's writer runs as it is
-            _warn_once(
-                "setup", "rlotel: verl's Prometheus config written without replicas: %r", error
-            )
+            guard.failed(WRITER_HOOK, error)
             return original(*args, **kwargs)
         result = writer(*args, **kwargs)
         if not labelled:
@@ -241,7 +247,7 @@ def patch_replica(replica_module: types.ModuleType) -> None:
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        note_replica(self)
+        guard.attempt(REPLICA_HOOK, note_replica, self)
 
     _patches.replace(cls, "__init__", __init__)
 

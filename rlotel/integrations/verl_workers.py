@@ -24,17 +24,16 @@ import contextvars
 import functools
 import inspect
 import logging
-import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import rlotel
 from rlotel import env
-from rlotel.integrations import collectives
+from rlotel.integrations import collectives, guard
 from rlotel.integrations.patches import Patches
 from rlotel.record import clock
 from rlotel.record.propagation import run_of, traceparent, with_run
@@ -50,6 +49,10 @@ CLOCK_KEY = "rlotel-clock"  # the driver's clock over a worker's first traced ca
 REPLY_KEY = "rlotel-reply"  # the caller unwraps a `RankReply`: send compute seconds with it
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
+WORKER_GROUP_HOOK = "verl_worker_group"
+ACTOR_SUBMIT_HOOK = "ray_actor_submit"
+ACTOR_CLASS_HOOK = "ray_actor_class"
+ACTOR_CALL_HOOK = "ray_actor_call"
 
 _installed: dict[str, Any] = {}  # Ray's tracing switch, read once
 _patches = Patches()
@@ -117,14 +120,23 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
     ranks made inside a phase times each rank's reply (the context travels with every
     actor call anyway: `_remote`)."""
 
-    def execute(method_name: str, *args: Any, **kwargs: Any) -> Any:
-        tel = rlotel.current()
-        if not blocking or tel is None or tel.ledger.current_trace is None:
-            return execute_fn(method_name, *args, **kwargs)
+    def execute(*args: Any, **kwargs: Any) -> Any:
+        tel = None
+        try:
+            guard.fault(WORKER_GROUP_HOOK)
+            if blocking:
+                tel = rlotel.current()
+                if tel is not None and tel.ledger.current_trace is None:
+                    tel = None
+        except Exception as error:
+            guard.failed(WORKER_GROUP_HOOK, error)
+            tel = None
+        if tel is None:
+            return execute_fn(*args, **kwargs)
         started = time.perf_counter()
         token = _replies_wanted.set(True)
         try:
-            output = execute_fn(method_name, *args, **kwargs)
+            output = execute_fn(*args, **kwargs)
         finally:
             _replies_wanted.reset(token)
         if isinstance(output, list) and (len(output) > 1 or (_clock_refs and output)):
@@ -139,10 +151,26 @@ def traced_collect(collect_fn: Callable[..., Any]) -> Callable[..., Any]:
     their compute seconds (`RankReply`) are unwrapped first, so verl collects exactly what
     the worker methods returned; the innermost open phase records them."""
 
-    def collect(worker_group: Any, output: Any) -> Any:
-        return collect_fn(worker_group, open_replies(output))
+    def collect(worker_group: Any, output: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            guard.fault(WORKER_GROUP_HOOK)
+            opened = open_replies(output)
+        except Exception as error:
+            guard.failed(WORKER_GROUP_HOOK, error)
+            opened = unwrapped(output)
+        return collect_fn(worker_group, opened, *args, **kwargs)
 
     return collect
+
+
+def unwrapped(output: Any) -> Any:
+    """`output` with every `RankReply` replaced by its value, nothing recorded: what verl
+    must collect even when rlotel's part failed."""
+    if type(output) is RankReply:
+        return output.value
+    if isinstance(output, list):
+        return [item.value if type(item) is RankReply else item for item in output]
+    return output
 
 
 def open_replies(output: Any) -> Any:
@@ -152,18 +180,11 @@ def open_replies(output: Any) -> Any:
         return output.value
     if not isinstance(output, list) or not any(type(item) is RankReply for item in output):
         return output
-    replies: dict[int, RankReply] = {}
-    values = []
-    for rank, item in enumerate(output):
-        if type(item) is RankReply:
-            replies[rank] = item
-            values.append(item.value)
-        else:
-            values.append(item)
+    replies = {rank: item for rank, item in enumerate(output) if type(item) is RankReply}
     tel = rlotel.current()
     if tel is not None and len(replies) > 1:
         tel.record_rank_compute(replies)  # never raises
-    return values
+    return unwrapped(output)
 
 
 def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
@@ -256,28 +277,48 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
     filled slot while Ray's own tracing is off."""
 
     def _remote(self, args=None, kwargs=None, *rest, **options):
-        tel = rlotel.current()
-        if tel is not None and not (kwargs and RAY_CONTEXT_KWARG in kwargs):
-            actor = getattr(self._actor, "_ray_actor_id", None)
-            carrier = _carrier(tel, actor)
-            if carrier is not None:
-                stamped = False
-                if actor not in _clock_done and TRACEPARENT in carrier:
-                    carrier, stamped = _clock_carrier(actor, carrier)
-                if _replies_wanted.get() and TRACEPARENT in carrier:
-                    carrier = {**carrier, REPLY_KEY: "1"}
-                try:
-                    ref = raw(
-                        self, args, {**(kwargs or {}), RAY_CONTEXT_KWARG: carrier}, *rest, **options
-                    )
-                    if stamped and hasattr(ref, "binary"):
-                        _clock_refs[ref.binary()] = actor
-                    return ref
-                except TypeError as error:  # a method whose signature lacks Ray's slot
-                    _log_once("no_slot", "rlotel: actor call sent without trace context: %r", error)
+        try:
+            carrier, stamped, actor = _submit_carrier(self, kwargs)
+        except Exception as error:
+            guard.failed(ACTOR_SUBMIT_HOOK, error)
+            carrier = None
+        if carrier is not None:
+            try:
+                ref = raw(
+                    self, args, {**(kwargs or {}), RAY_CONTEXT_KWARG: carrier}, *rest, **options
+                )
+            except TypeError as error:  # a method whose signature lacks Ray's slot
+                _log_once("no_slot", "rlotel: actor call sent without trace context: %r", error)
+            else:
+                if stamped:
+                    guard.attempt(ACTOR_SUBMIT_HOOK, _note_stamped, ref, actor)
+                return ref
         return original(self, args, kwargs, *rest, **options)
 
     return _remote
+
+
+def _submit_carrier(method: Any, kwargs: Any) -> tuple[dict[str, str] | None, bool, Any]:
+    """(the carrier to send with this actor call or None, whether it carries a clock stamp,
+    the actor)."""
+    tel = rlotel.current()
+    if tel is None or (kwargs and RAY_CONTEXT_KWARG in kwargs):
+        return None, False, None
+    guard.fault(ACTOR_SUBMIT_HOOK)
+    actor = getattr(method._actor, "_ray_actor_id", None)
+    carrier = _carrier(tel, actor)
+    stamped = False
+    if carrier is not None:
+        if actor not in _clock_done and TRACEPARENT in carrier:
+            carrier, stamped = _clock_carrier(actor, carrier)
+        if _replies_wanted.get() and TRACEPARENT in carrier:
+            carrier = {**carrier, REPLY_KEY: "1"}
+    return carrier, stamped, actor
+
+
+def _note_stamped(ref: Any, actor: Any) -> None:
+    if hasattr(ref, "binary"):
+        _clock_refs[ref.binary()] = actor
 
 
 _logged: set[str] = set()
@@ -303,14 +344,27 @@ def install_actor_calls(ray_actor: Any) -> None:
 def install_worker_groups(ray_base: Any) -> None:
     """verl's worker groups bound from now on time each rank's reply and collect each
     rank's compute seconds."""
-    original = ray_base.func_generator
+    _patches.replace(ray_base, "func_generator", traced_func_generator(ray_base.func_generator))
 
-    def func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking):
-        execute = traced_execute(execute_fn, blocking)
-        collect = traced_collect(collect_fn)
-        return original(self, method_name, dispatch_fn, collect, execute, blocking)
 
-    _patches.replace(ray_base, "func_generator", func_generator)
+def traced_func_generator(original: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's `func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn,
+    blocking)`, given rlotel's execute and collect functions around verl's."""
+    parameters = inspect.signature(original)
+
+    def func_generator(*args: Any, **kwargs: Any) -> Any:
+        try:
+            guard.fault(WORKER_GROUP_HOOK)
+            given = parameters.bind(*args, **kwargs)
+            options = given.arguments
+            options["execute_fn"] = traced_execute(options["execute_fn"], options["blocking"])
+            options["collect_fn"] = traced_collect(options["collect_fn"])
+        except Exception as error:
+            guard.failed(WORKER_GROUP_HOOK, error)
+            return original(*args, **kwargs)
+        return original(*given.args, **given.kwargs)
+
+    return func_generator
 
 
 # --- worker ------------------------------------------------------------------------------
@@ -318,20 +372,30 @@ def install_worker_groups(ray_base: Any) -> None:
 
 def install_worker(function_manager: Any) -> None:
     """Wrap the methods of every actor class Ray loads in this process from now on."""
-    original = function_manager._inject_tracing_into_class
+    _patches.replace(
+        function_manager,
+        "_inject_tracing_into_class",
+        traced_class_loader(function_manager._inject_tracing_into_class),
+    )
 
-    def _inject_tracing_into_class(cls):
-        result = original(cls)
-        if not _worker_class:  # later loads are the classes of actor handles it receives
-            _worker_class.append(cls)
-            _engine_hooks(cls)
+
+def traced_class_loader(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Ray's `_inject_tracing_into_class(cls)`, then rlotel's wrappers on `cls`'s methods."""
+
+    def _inject_tracing_into_class(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
         try:
+            guard.fault(ACTOR_CLASS_HOOK)
+            cls = args[0] if args else kwargs["_cls"]
+            if not _worker_class:  # later loads are the classes of actor handles it receives
+                _worker_class.append(cls)
+                _engine_hooks(cls)
             wrap_actor_methods(cls)
         except Exception as error:  # the actor must start even if tracing cannot
-            _log_once("wrap", "rlotel: %s methods not traced: %r", cls, error)
+            guard.failed(ACTOR_CLASS_HOOK, error)
         return result
 
-    _patches.replace(function_manager, "_inject_tracing_into_class", _inject_tracing_into_class)
+    return _inject_tracing_into_class
 
 
 def _engine_hooks(cls: type) -> None:
@@ -364,38 +428,48 @@ def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(method):
 
         async def traced(self, *args, **kwargs):
-            carrier = kwargs.get(RAY_CONTEXT_KWARG)
-            if not carrier or TRACEPARENT not in carrier:
-                _hear_run(carrier)
+            call = _begin_call(self, name, args, kwargs)
+            if call is None:
                 return await method(self, *args, **kwargs)
-            received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
             try:
-                with _worker_phase(self, name, args, carrier) as call:
-                    result = await method(self, *args, **kwargs)
-            finally:
-                if received:
-                    _clock_heard(carrier[CLOCK_KEY], received, clock.unix_ns())
-            return call.reply(result)
+                result = await method(self, *args, **kwargs)
+            except BaseException as raised:
+                call.end(raised)
+                raise
+            return call.end(None, result)
 
     else:
 
         def traced(self, *args, **kwargs):
-            carrier = kwargs.get(RAY_CONTEXT_KWARG)
-            if not carrier or TRACEPARENT not in carrier:
-                _hear_run(carrier)
+            call = _begin_call(self, name, args, kwargs)
+            if call is None:
                 return method(self, *args, **kwargs)
-            received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
             try:
-                with _worker_phase(self, name, args, carrier) as call:
-                    result = method(self, *args, **kwargs)
-            finally:
-                if received:
-                    _clock_heard(carrier[CLOCK_KEY], received, clock.unix_ns())
-            return call.reply(result)
+                result = method(self, *args, **kwargs)
+            except BaseException as raised:
+                call.end(raised)
+                raise
+            return call.end(None, result)
 
     functools.update_wrapper(traced, method)
     setattr(traced, _TRACED_MARK, True)
     return traced
+
+
+def _begin_call(instance: Any, name: str, args: tuple, kwargs: dict) -> _WorkerCall | None:
+    """The call as a phase under the caller's, begun; None (the method runs untraced)
+    when the call carries no trace context or rlotel's part fails. Never raises."""
+    carrier = kwargs.get(RAY_CONTEXT_KWARG)
+    try:
+        if not isinstance(carrier, dict) or TRACEPARENT not in carrier:
+            _hear_run(carrier)
+            return None
+        call = _WorkerCall(instance, name, args, carrier)
+        call.begin()
+        return call
+    except Exception as error:
+        guard.failed(ACTOR_CALL_HOOK, error)
+        return None
 
 
 def _hear_run(carrier: Any) -> None:
@@ -502,36 +576,45 @@ def _in_process_group() -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _worker_phase(
-    instance: Any, name: str, args: tuple, carrier: Any
-) -> Iterator[_Call | _Untimed]:
-    """The worker method as a phase under the driver's, timing its collectives; never
-    raises on telemetry's behalf."""
-    call: _Call | _Untimed = _UNTIMED
-    try:
+class _WorkerCall:
+    """One traced worker call: a phase under the caller's (verl's own plumbing, `_...`,
+    only passes the carrier on), its collectives timed on a rank, its clock stamp heard."""
+
+    def __init__(self, instance: Any, name: str, args: tuple, carrier: dict[str, str]) -> None:
+        self.carrier = carrier
+        self.received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
+        self.phase: Any = contextlib.nullcontext()
+        self.timing: _Call | _Untimed = _UNTIMED
         name = _verl_method(instance, name, args)
-        if name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
-            phase = contextlib.nullcontext()
-        else:
+        if not name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             tel = worker_telemetry(instance, carrier)
-            tel.drops.fired("ray_actor_call")
-            phase = tel.phase(name, context=carrier)
+            guard.fault(ACTOR_CALL_HOOK)
+            tel.drops.fired(ACTOR_CALL_HOOK)
+            self.phase = tel.phase(name, context=carrier)
             if _in_process_group() and (collectives.installed() or collectives.install()):
-                call = _Call(tel, name, carrier)  # a rank: its collectives are timed
-    except Exception as error:
-        _log_once("phase", "rlotel: worker phase %r not recorded: %r", name, error)
-        phase = contextlib.nullcontext()
-    token = _call_carrier.set(carrier)  # tasks the call spawns keep it (fire-and-forget)
-    try:
-        with phase:
-            call.open()
-            try:
-                yield call
-            finally:
-                call.close(phase)
-    finally:
-        _call_carrier.reset(token)
+                self.timing = _Call(tel, name, carrier)  # a rank: its collectives are timed
+
+    def begin(self) -> None:
+        self.phase.__enter__()
+        self.token = _call_carrier.set(self.carrier)  # tasks the call spawns keep it
+        self.timing.open()
+
+    def end(self, raised: BaseException | None, result: Any = None) -> Any:
+        """The method's result (with this rank's seconds when the caller asked for them);
+        never raises: the method's own exception is the one that propagates."""
+        guard.attempt(ACTOR_CALL_HOOK, self.timing.close, self.phase)
+        guard.exit_context(ACTOR_CALL_HOOK, self.phase, raised)
+        guard.attempt(ACTOR_CALL_HOOK, _call_carrier.reset, self.token)
+        if self.received:
+            stamp = self.carrier[CLOCK_KEY]
+            guard.attempt(ACTOR_CALL_HOOK, _clock_heard, stamp, self.received, clock.unix_ns())
+        if raised is not None:
+            return None
+        try:
+            return self.timing.reply(result)
+        except Exception as error:
+            guard.failed(ACTOR_CALL_HOOK, error)
+            return result
 
 
 def call_carrier() -> dict[str, str] | None:
@@ -619,49 +702,23 @@ def worker_telemetry(instance: Any = None, carrier: Any = None) -> Any:
 
 
 def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any:
-    from rlotel.env import Environment
-    from rlotel.errors import ConfigError
     from rlotel.integrations import ray as ray_integration
+    from rlotel.integrations import startup
 
-    environment = Environment.read()
+    environment = env.Environment.read()
     if environment.span_export_delay_s is None:  # Ray ends workers without exit handlers
         delay_s = env.WORKER_SPAN_EXPORT_DELAY_MS / 1000
         environment = replace(environment, span_export_delay_s=delay_s)
-    options: dict[str, Any] = {
-        "environment": environment,
-        "run": environment.run or run or "verl",
-        "prometheus_addr": environment.prometheus_host or "127.0.0.1",
-        "prometheus_port": 0,
-        "resource_attributes": identity,
-    }
-    try:
-        tel = rlotel.init(**options)
-    except ConfigError as error:
-        if environment.traces_dir is None:
-            raise
-        # An unwritable traces directory must not stop a worker: it trains, and its spans
-        # are counted as dropped (logged once per interval) instead of written.
-        log.warning("rlotel: %s; this worker's spans are dropped and counted", error)
-        options["environment"] = replace(environment, traces_dir=None)
-        tel = rlotel.init(
-            **options,
-            span_exporters=[_unwritable_exporter(environment.traces_dir)],
-        )
+    tel = startup.start(
+        environment=environment,
+        run=environment.run or run or "verl",
+        prometheus_addr=environment.prometheus_host or "127.0.0.1",
+        prometheus_port=0,
+        resource_attributes=identity,
+    )
     labels = {key.removeprefix(attr.NAMESPACE): str(value) for key, value in identity.items()}
     ray_integration.register(tel.metrics_url, labels)
     return tel
-
-
-def _unwritable_exporter(directory: os.PathLike) -> Any:
-    """An OTel span exporter that fails every batch: counted as `export_failed`."""
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    class UnwritableTracesDir(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            log.debug("rlotel: %d spans not written: %s is not writable", len(spans), directory)
-            return SpanExportResult.FAILURE
-
-    return UnwritableTracesDir()
 
 
 # --- lifecycle ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from rlotel import env
+from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary
@@ -29,6 +30,9 @@ log = logging.getLogger("rlotel")
 
 ENGINE_SERVICE = "vllm"  # service.name of the engine's spans unless OTEL_SERVICE_NAME says
 SERVICE_NAME = attr.SERVICE_NAME
+ENGINE_HOOK = "vllm_engine"
+REQUEST_HOOK = "vllm_request_context"
+EXPORTER_HOOK = "vllm_span_exporter"
 _patches = Patches()
 
 
@@ -54,50 +58,78 @@ def _patch(owner: Any, name: str, make: Any) -> None:
 
 
 def _engine_init(original: Any) -> Any:
-    def __init__(self, vllm_config, *args, **kwargs):
+    def __init__(self, *args, **kwargs):
         try:
-            observability = vllm_config.observability_config
-            target = env.otlp_traces_endpoint()
-            if target is not None and observability.otlp_traces_endpoint is None:
-                if args:  # log_stats given by position: not ours to change
-                    raise TypeError("AsyncLLM called with positional options")
-                endpoint, protocol = target
-                observability.otlp_traces_endpoint = endpoint
-                kwargs["log_stats"] = True  # vLLM builds request spans from request stats
-                env.set_default(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
-                # vLLM's span processor exports this often: Ray skips its exit flush
-                env.set_default(env.OTEL_BSP_SCHEDULE_DELAY, str(env.WORKER_SPAN_EXPORT_DELAY_MS))
-                env.add_resource_attribute(SERVICE_NAME, ENGINE_SERVICE)  # OTEL_SERVICE_NAME wins
-                env.add_resource_attribute(attr.ROLE, vocabulary.VERL_CLASS_ROLES["vLLMHttpServer"])
-                log.info("rlotel: vLLM request tracing on, to %s (%s)", endpoint, protocol)
-        except Exception as error:  # the engine must start even if tracing cannot
-            log.warning("rlotel: vLLM tracing not switched on: %r", error)
-        original(self, vllm_config, *args, **kwargs)
+            guard.fault(ENGINE_HOOK)
+            kwargs = _traced_engine_options(args, kwargs)
+        except Exception as error:  # the engine starts as it would without rlotel
+            guard.failed(ENGINE_HOOK, error)
+        original(self, *args, **kwargs)
 
     return __init__
 
 
+def _traced_engine_options(args: tuple, kwargs: dict) -> dict:
+    """`AsyncLLM(vllm_config, ...)`'s keyword options with request tracing on (and the
+    config's tracing endpoint set), unless the engine has its own endpoint or the options
+    are given by position (not ours to change)."""
+    vllm_config = args[0] if args else kwargs["vllm_config"]
+    observability = vllm_config.observability_config
+    target = env.otlp_traces_endpoint()
+    if target is None or observability.otlp_traces_endpoint is not None:
+        return kwargs
+    if len(args) > 1:
+        raise guard.UnexpectedCall("AsyncLLM called with positional options")
+    endpoint, protocol = target
+    observability.otlp_traces_endpoint = endpoint
+    # vLLM builds request spans from request stats
+    kwargs = {**kwargs, "log_stats": True}
+    env.set_default(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
+    # vLLM's span processor exports this often: Ray skips its exit flush
+    env.set_default(env.OTEL_BSP_SCHEDULE_DELAY, str(env.WORKER_SPAN_EXPORT_DELAY_MS))
+    env.add_resource_attribute(SERVICE_NAME, ENGINE_SERVICE)  # OTEL_SERVICE_NAME wins
+    env.add_resource_attribute(attr.ROLE, vocabulary.VERL_CLASS_ROLES["vLLMHttpServer"])
+    log.info("rlotel: vLLM request tracing on, to %s (%s)", endpoint, protocol)
+    return kwargs
+
+
 def _generate(original: Any) -> Any:
     def generate(self, *args, **kwargs):  # returns vLLM's own async generator: no per-token cost
-        if kwargs.get("trace_headers") is None:
-            try:
-                import rlotel
-
-                tel = rlotel.current()
-                carrier = tel.current_context() if tel is not None else None
-                if carrier:
-                    kwargs["trace_headers"] = carrier
-                    tel.drops.fired("vllm_request_context")
-            except Exception as error:  # never fail a request over its trace context
-                log.debug("rlotel: no trace context for a vLLM request: %r", error)
+        try:
+            guard.fault(REQUEST_HOOK)
+            kwargs = _with_trace_headers(kwargs)
+        except Exception as error:  # never fail a request over its trace context
+            guard.failed(REQUEST_HOOK, error)
         return original(self, *args, **kwargs)
 
     return generate
 
 
+def _with_trace_headers(kwargs: dict) -> dict:
+    """The request's options with the open phase's context as `trace_headers`, unless the
+    caller gave some."""
+    if kwargs.get("trace_headers") is not None:
+        return kwargs
+    import rlotel
+
+    tel = rlotel.current()
+    carrier = tel.current_context() if tel is not None else None
+    if not carrier:
+        return kwargs
+    tel.drops.fired(REQUEST_HOOK)
+    return {**kwargs, "trace_headers": carrier}
+
+
 def _checked_exporter(original: Any) -> Any:
-    def get_span_exporter(endpoint):
-        return DeliveryCheck(original(endpoint), endpoint)
+    def get_span_exporter(*args, **kwargs):
+        exporter = original(*args, **kwargs)
+        try:
+            guard.fault(EXPORTER_HOOK)
+            endpoint = args[0] if args else kwargs["endpoint"]
+            return DeliveryCheck(exporter, endpoint)
+        except Exception as error:
+            guard.failed(EXPORTER_HOOK, error)
+            return exporter
 
     return get_span_exporter
 
@@ -110,20 +142,23 @@ class DeliveryCheck:
         self._endpoint = endpoint
         self._checked = False
 
-    def export(self, spans: Any) -> Any:
-        result = self._exporter.export(spans)
+    def export(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._exporter.export(*args, **kwargs)
         if not self._checked:
             self._checked = True
-            if getattr(result, "name", "") == "SUCCESS":
-                log.info("rlotel: vLLM request spans arrive at %s", self._endpoint)
-            else:
-                log.warning(
-                    "rlotel: vLLM request spans do not arrive at %s (%s): the rollout engine's "
-                    "spans are missing from the trace",
-                    self._endpoint,
-                    result,
-                )
+            guard.attempt(EXPORTER_HOOK, self._say, result)
         return result
+
+    def _say(self, result: Any) -> None:
+        if getattr(result, "name", "") == "SUCCESS":
+            log.info("rlotel: vLLM request spans arrive at %s", self._endpoint)
+        else:
+            log.warning(
+                "rlotel: vLLM request spans do not arrive at %s (%s): the rollout engine's "
+                "spans are missing from the trace",
+                self._endpoint,
+                result,
+            )
 
     def __getattr__(self, name: str) -> Any:  # shutdown, force_flush, ...
         return getattr(self._exporter, name)
