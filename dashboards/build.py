@@ -1,15 +1,16 @@
 """Grafana dashboards and the Grafana gen-tail alert, built from data.
 
-    python dashboards/build.py           # (re)write dashboards/*.json and the alert provisioning
+    python dashboards/build.py           # (re)write the dashboards and the alert provisioning
     python dashboards/build.py --check   # fail on drift or on a metric nothing exports
 
 Panels are data: each `Panel` lists `Target`s, and each target names the catalogue entries
 (`rlotel.schema.catalogue`) or rollout-engine metrics (`rlotel.schema.engine_metrics`) it
 queries; units come from those entries. The check parses every PromQL expression
 (`promql_names`) and fails when a target queries a series other than the ones it names,
-or a name that neither rlotel, an engine nor a recording rule in `collector/rules/`
-provides. The Grafana alert takes its
-query, threshold, `for` and severity from the Prometheus rule file, so the two cannot drift.
+or a name that neither rlotel, an engine nor a recording rule in the shipped stack's
+`collector/rules/` provides. The Grafana alert takes its query, threshold, `for` and severity
+from the Prometheus rule file, so the two cannot drift. The outputs live in the package
+(`rlotel/offline/stack/`), the one copy `rlotel stack DIR` and docker-compose.yml use.
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
 # gives its targets the same labels, so either spelling of the scrape ends with both).
 RANK_SELECTOR = 'run=~"$run", rank!=""'
 STEP_UID, TAIL_UID = "rlotel-step-breakdown", "rlotel-rollout-tail"
-RULES = ROOT / "collector" / "rules" / "rlotel.rules.yml"
+STACK = promql_names.STACK  # shipped in the wheel: `rlotel stack DIR`
+RULES = promql_names.RULES_DIR / "rlotel.rules.yml"
 OUTPUTS = {
-    STEP_UID: ROOT / "dashboards" / "rl-step-breakdown.json",
-    TAIL_UID: ROOT / "dashboards" / "rl-rollout-tail.json",
+    STEP_UID: STACK / "dashboards" / "rl-step-breakdown.json",
+    TAIL_UID: STACK / "dashboards" / "rl-rollout-tail.json",
 }
-ALERTS = ROOT / "collector" / "grafana" / "provisioning" / "alerting" / "rlotel-alerts.json"
+ALERTS = STACK / "collector" / "grafana" / "provisioning" / "alerting" / "rlotel-alerts.json"
 # Grafana units for the catalogue's units.
 UNITS = {"seconds": "s", "ratio": "percentunit", "tokens": "short", "steps": "short", "": "short"}
 GEN = 'stage="generate_sequences"'

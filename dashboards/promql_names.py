@@ -20,7 +20,9 @@ import yaml
 
 from rlotel.schema import catalogue, engine_metrics
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "collector" / "rules"
+# The shipped stack (`rlotel stack DIR`): its rules, dashboards and configs live in the package.
+STACK = Path(__file__).resolve().parents[1] / "rlotel" / "offline" / "stack"
+RULES_DIR = STACK / "collector" / "rules"
 
 # Grafana's interval macros stand where PromQL wants a duration; any duration parses alike.
 GRAFANA_MACRO = re.compile(r"\$__\w+|\$\{__\w+\}")

@@ -1,7 +1,8 @@
 """`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run,
 `replay` turns verl's FileLogger output into backfillable metrics and traces, `report`
 draws a run as one offline HTML page, `perfetto` lays it (and its profiler captures) on one
-timeline, `compare` says which window changed between two runs (and gates CI on it)."""
+timeline, `compare` says which window changed between two runs (and gates CI on it), `stack`
+writes the shipped dashboards, alert rules and Prometheus/Collector configs into a directory."""
 
 from __future__ import annotations
 
@@ -300,6 +301,29 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if result.failed else 0
 
 
+def _stack(args: argparse.Namespace) -> int:
+    from rlotel.offline.stack import write_stack
+
+    directory = Path(args.dir)
+    try:
+        written = write_stack(directory, overwrite=args.force)
+    except FileExistsError as error:
+        errors.print(f"rlotel: {error} (--force replaces them)", style="red", markup=False)
+        return 1
+    except OSError as error:
+        errors.print(f"rlotel: cannot write {directory}: {error}", style="red", markup=False)
+        return 2
+    config = directory / "collector" / "prometheus.yml"
+    console.print(
+        f"stack: {len(written)} files in {directory}: dashboards/ (Grafana), collector/rules/ "
+        "(Prometheus rules), collector/ (Collector, Prometheus, Alertmanager, Tempo, Grafana "
+        f"provisioning)\n  check: promtool check config {config}",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
 def _compare_table(result) -> Table:
     """Per window: base and new medians, the change, its 95 % interval, significance."""
     from rlotel.offline import compare
@@ -515,6 +539,12 @@ def main(argv: list[str] | None = None) -> int:
         "--resamples", type=_resamples, default=2000, help="bootstrap resamples (default 2000)"
     )
     compare.set_defaults(handler=_compare)
+    stack = commands.add_parser(
+        "stack", help="write the shipped Grafana dashboards, alert rules and stack configs"
+    )
+    stack.add_argument("dir", help="directory to write into (created if missing)")
+    stack.add_argument("--force", action="store_true", help="replace files already there")
+    stack.set_defaults(handler=_stack)
     args = parser.parse_args(argv)
     return _checked_path(args) or args.handler(args)
 

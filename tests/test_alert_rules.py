@@ -13,7 +13,7 @@ import yaml
 
 from dashboards import promql_names
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "collector" / "rules"
+RULES_DIR = promql_names.RULES_DIR
 RULES = RULES_DIR / "rlotel.rules.yml"
 RULE_TESTS = RULES_DIR / "rlotel.rules.test.yml"
 

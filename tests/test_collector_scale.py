@@ -34,6 +34,7 @@ from tests.otelcol_schema import (
 from tests.test_stack_configs import (
     COLLECTOR,
     OTELCOL,
+    ROOT,
     collector_errors,
     host_port,
     load,
@@ -269,8 +270,7 @@ def test_compose_runs_the_two_tiers():
     assert tempo_host in names
     scale = {name: s for name, s in services().items() if "scale" in s.get("profiles", [])}
     mounted = {volume.split(":")[0] for s in scale.values() for volume in s.get("volumes", [])}
-    assert {"./collector/otelcol-tier1-loadbalancer.yaml"} <= mounted
-    assert {"./collector/otelcol-tier2-sampler.yaml"} <= mounted
+    assert {f"./{TIER1.relative_to(ROOT)}", f"./{TIER2.relative_to(ROOT)}"} <= mounted
     assert scale[tier2_host]["deploy"]["replicas"] >= 2, "DNS must resolve to several backends"
 
 
@@ -406,7 +406,7 @@ def test_the_evaluator_refuses_ottl_it_does_not_understand():
 
 
 def page_yaml_after(marker: str) -> dict[str, Any]:
-    text = (COLLECTOR.parent / "docs" / "production.md").read_text()
+    text = (ROOT / "docs" / "production.md").read_text()
     after = text[text.index(marker) :]
     block = after[after.index("```yaml\n") + len("```yaml\n") :]
     return yaml.safe_load(block[: block.index("```")])

@@ -22,6 +22,7 @@ from tests.helpers import parse_exposition, scrape, serve_engine
 from tests.promserver import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
+COLLECTOR = promql_names.STACK / "collector"
 pytest.importorskip("grafana_foundation_sdk")
 from dashboards import build  # noqa: E402
 
@@ -328,9 +329,9 @@ def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
             match = re.search(r"metrics at (http://\S+/metrics)", demo.stdout.readline())
             url = match.group(1) if match else None
         assert url, "the demo never printed its metrics URL"
-        config = yaml.safe_load((ROOT / "collector" / "prometheus.yml").read_text())
+        config = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        config["rule_files"] = [str(ROOT / "collector" / "rules" / "*.rules.yml")]
+        config["rule_files"] = [str(COLLECTOR / "rules" / "*.rules.yml")]
         config.pop("alerting", None)
         config["scrape_configs"] = [  # the shipped job, pointed at the running demo
             {**job, "static_configs": [{"targets": [urllib.parse.urlsplit(url).netloc]}]}
@@ -366,9 +367,9 @@ def test_every_panel_and_recording_rule_answers_on_a_live_demo(tmp_path):
 def test_engine_row_and_rules_answer_on_engines_found_by_file_discovery(tmp_path):
     """The shipped `rollout-engines` job finds engines through discovery files, keeps only
     targets with a `replica`, and the engine row's queries and rules answer per replica."""
-    config = yaml.safe_load((ROOT / "collector" / "prometheus.yml").read_text())
+    config = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = [str(ROOT / "collector" / "rules" / "*.rules.yml")]
+    config["rule_files"] = [str(COLLECTOR / "rules" / "*.rules.yml")]
     config.pop("alerting", None)
     config["scrape_configs"] = [
         job for job in config["scrape_configs"] if job["job_name"] == "rollout-engines"
@@ -443,9 +444,9 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
             with tel.step(number), tel.phase("update_actor"):
                 group.update_policy(0.05)  # rank 1 sleeps 0.4 s, rank 0 0.05 s
         assert tel.flush(10)
-        config = yaml.safe_load((ROOT / "collector" / "prometheus.yml").read_text())
+        config = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        config["rule_files"] = [str(ROOT / "collector" / "rules" / "*.rules.yml")]
+        config["rule_files"] = [str(COLLECTOR / "rules" / "*.rules.yml")]
         config.pop("alerting", None)
         driver = urllib.parse.urlsplit(tel.metrics_url).netloc
         config["scrape_configs"] = [

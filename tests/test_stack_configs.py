@@ -1,4 +1,4 @@
-"""The observability stack's configs (docker-compose.yml, collector/) hold together.
+"""The observability stack's configs (docker-compose.yml, rlotel/offline/stack/) hold together.
 
 No container runs here: each test checks what local tools and parsing can prove.
 """
@@ -19,7 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
-COLLECTOR = ROOT / "collector"
+COLLECTOR = ROOT / "rlotel" / "offline" / "stack" / "collector"  # `rlotel stack DIR`
 OTELCOL = COLLECTOR / "otelcol.yaml"
 DATASOURCES = COLLECTOR / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
 
@@ -186,7 +186,7 @@ def test_promtool_accepts_the_prometheus_config():
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed")
-    result = run([promtool, "check", "config", "collector/prometheus.yml"])
+    result = run([promtool, "check", "config", str(COLLECTOR / "prometheus.yml")])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -230,7 +230,7 @@ def test_amtool_accepts_the_alertmanager_config():
     amtool = shutil.which("amtool")
     if amtool is None:
         pytest.skip("amtool is not installed (Debian: prometheus-alertmanager)")
-    result = run([amtool, "check-config", "collector/alertmanager.yml"])
+    result = run([amtool, "check-config", str(COLLECTOR / "alertmanager.yml")])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
