@@ -303,6 +303,12 @@ def set_default(name: str, value: str, environ: MutableMapping[str, str] = os.en
     environ.setdefault(name, value)
 
 
+def set_value(name: str, value: str, environ: MutableMapping[str, str] = os.environ) -> None:
+    """For a library configured through the environment that accepts fewer values than
+    OpenTelemetry's spec (vLLM's tracer: no http/json): the value rlotel resolved."""
+    environ[name] = value
+
+
 def add_resource_attribute(
     key: str, value: str, environ: MutableMapping[str, str] = os.environ
 ) -> None:

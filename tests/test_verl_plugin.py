@@ -312,3 +312,30 @@ def test_patched_agent_loop_workers_still_pickle_for_ray():
         assert restored._run_agent_loop.__qualname__ == "run_agent_loop"
     finally:
         plugin.uninstall()
+
+
+def test_warnings_stay_visible_when_the_host_silences_the_root_logger(capfd, monkeypatch):
+    """vLLM's API server (a dependency of it) sets the root logger and its handlers to
+    ERROR in verl's trainer: rlotel's hook-failure and start-up warnings still reach stderr,
+    once, and never twice while the root logger shows them."""
+    import logging
+
+    pytest.importorskip("verl")
+    from rlotel.integrations import verl as plugin
+
+    logger = logging.getLogger("rlotel")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    root_handler = logging.StreamHandler()  # stderr, as verl's basicConfig leaves it
+    monkeypatch.setattr(logging.getLogger(), "handlers", [root_handler])
+    plugin.install()
+    try:
+        logger.warning("rlotel: shown by the root handler")
+        root_handler.setLevel(logging.ERROR)
+        monkeypatch.setattr(logging.getLogger(), "level", logging.ERROR)
+        logger.warning("rlotel: shown by rlotel's own")
+    finally:
+        plugin.uninstall()
+    err = capfd.readouterr().err
+    assert err.count("rlotel: shown by the root handler") == 1
+    assert err.count("rlotel: shown by rlotel's own") == 1

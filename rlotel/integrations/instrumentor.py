@@ -24,6 +24,9 @@ class RlotelInstrumentor(BaseInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         os.environ[env.RLOTEL_ENABLE] = "1"
+        from rlotel.integrations import verl_cluster
+
+        verl_cluster.warn_if_excluded()  # verl would not load the plugin: say so, once
         if "verl" in sys.modules:  # imported before us: install now rather than at import
             from rlotel.integrations import verl as plugin
 

@@ -384,11 +384,34 @@ def install() -> None:
             "no longer fits runs verl's call untraced (rlotel_integration_failures_total)",
             ", ".join(untested),
         )
+    _own_log_lines()
     try:
         _install()
     except Exception:
         uninstall()
         raise
+
+
+def _own_log_lines() -> None:
+    """rlotel's warnings reach stderr whatever the process does to the root logger: in
+    verl's trainer, vLLM's API server (through a dependency it imports) sets the root
+    logger and its handlers to ERROR, which would swallow every hook-failure and start-up
+    warning. A level or handler the user gave the `rlotel` logger is left as it is."""
+    logger = logging.getLogger("rlotel")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    if not logger.handlers:
+        handler = _Unheard(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:%(asctime)s:%(message)s"))
+        logger.addHandler(handler)
+
+
+class _Unheard(logging.StreamHandler):
+    """Writes only the records no root handler would (lines are never doubled)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not any(record.levelno >= handler.level for handler in logging.getLogger().handlers):
+            super().emit(record)
 
 
 def _install() -> None:
@@ -403,9 +426,11 @@ def _install() -> None:
 
 
 def _hooks() -> dict[str, Callable[[ModuleType], None]]:
-    from rlotel.integrations import verl_engines, verl_v1, verl_workers
+    from rlotel.integrations import verl_cluster, verl_engines, verl_v1, verl_workers
 
     return {
+        # a job submitted to a running cluster: the entrypoint's RLOTEL_*/OTEL_* reach workers
+        "verl.trainer.constants_ppo": verl_cluster.patch_runtime_env,
         "verl.utils.profiler.performance": _patch_timer,
         "verl.utils.tracking": _patch_tracking,
         "ray.actor": verl_workers.install_actor_calls,
@@ -456,8 +481,9 @@ def uninstall() -> None:
     tracking = sys.modules.get("verl.utils.tracking")
     if tracking is not None and BACKEND in tracking.Tracking.supported_backend:
         tracking.Tracking.supported_backend.remove(BACKEND)
-    from rlotel.integrations import verl_engines, verl_v1, verl_workers
+    from rlotel.integrations import verl_cluster, verl_engines, verl_v1, verl_workers
 
+    verl_cluster.uninstall()
     verl_v1.uninstall()
     verl_workers.uninstall()
     verl_engines.uninstall()

