@@ -42,7 +42,8 @@ def test_traces_file_round_trip(tmp_path, capsys):
 
 
 def test_verl_file_logger_output(tmp_path, monkeypatch, capsys):
-    tracking = pytest.importorskip("verl.utils.tracking")
+    from verl.utils import tracking
+
     target = tmp_path / "exp.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(target))
     logger = tracking.FileLogger("proj", "exp")

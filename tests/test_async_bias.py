@@ -147,7 +147,6 @@ def test_bias_verdict_past_the_threshold_and_threshold_is_validated():
 
 def _async_demo(max_staleness: int | None, steps: int = 6):
     """The async demo with a slow rollout; every record_samples call seen on its way."""
-    pytest.importorskip("torch")
     from rlotel.demo.async_loop import AsyncConfig, train_async
     from rlotel.demo.loop import DemoConfig
 
@@ -197,7 +196,6 @@ def test_async_demo_max_staleness_discards_the_long_groups_and_shows_the_bias():
 
 @pytest.mark.slow
 def test_async_demo_cli_max_staleness_counts_discards_and_the_report_shows_them(tmp_path):
-    pytest.importorskip("torch")
     from tests.test_occupancy import report_async_rows, run_demo
 
     run = run_demo(

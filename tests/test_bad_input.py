@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pytest
 
 import rlotel
 from tests.helpers import parse_exposition, scrape
@@ -84,7 +83,8 @@ def test_log_bad_values_unknown_keys_and_cap(make_tel):
 
 
 def test_log_accepts_numpy_and_torch_scalars(tel):
-    torch = pytest.importorskip("torch")
+    import torch
+
     tel.log(
         {"actor/lr": np.float32(0.5), "actor/kl": torch.tensor(0.25), "count": np.int64(3)},
         step=1,

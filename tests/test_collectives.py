@@ -19,17 +19,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-
-import rlotel  # noqa: E402
-from rlotel.derive.diagnose import StepFacts, diagnose  # noqa: E402
-from rlotel.integrations import collectives, verl_workers  # noqa: E402
-from rlotel.record.drops import HOOK_FAILURES  # noqa: E402
-from rlotel.record.ranks import RankReply  # noqa: E402
-from rlotel.schema import attributes as attr  # noqa: E402
-from tests.helpers import parse_exposition, scrape  # noqa: E402
+import rlotel
+from rlotel.derive.diagnose import StepFacts, diagnose
+from rlotel.integrations import collectives, verl_workers
+from rlotel.record.drops import HOOK_FAILURES
+from rlotel.record.ranks import RankReply
+from rlotel.schema import attributes as attr
+from tests.helpers import parse_exposition, scrape
 
 LATE_S = 0.3  # how late rank 1 joins a collective
 
@@ -37,8 +36,7 @@ LATE_S = 0.3  # how late rank 1 joins a collective
 @pytest.fixture(scope="module")
 def groups() -> Iterator[list]:
     """Two gloo ranks of one group in this process; collectives wrapped."""
-    if not dist.is_available():
-        pytest.skip("torch.distributed not available")
+    assert dist.is_available(), "this torch build has no torch.distributed"
     store = dist.HashStore()
     pgs: list = [None, None]
 
@@ -396,8 +394,7 @@ def fsdp_worker_class() -> type:
 def test_under_fsdp2_every_rank_replies_together_and_compute_names_the_slow_rank(
     tmp_path, monkeypatch
 ):
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("verl")
+    import ray
     from verl.single_controller.ray import (
         RayClassWithInitArgs,
         RayResourcePool,

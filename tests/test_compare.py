@@ -414,7 +414,6 @@ def demo_runs(tmp_path_factory) -> Path:
     load that starts in between is a real difference between them). `a` and `b` are
     identical; `epochs8` has an eight times heavier update, beside a twin that gives it
     the share of the core `a` had."""
-    pytest.importorskip("torch")
     runs = tmp_path_factory.mktemp("runs")
     light, heavy = ("--steps", "16"), ("--steps", "6", "--ppo-epochs", "8")
     for pair in ([("a", *light), ("b", *light)], [("epochs8", *heavy), ("twin", *heavy)]):

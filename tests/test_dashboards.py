@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import promql_names
+from dashboards import build, promql_names
 from rlotel.schema import catalogue as cat
 from rlotel.schema import engine_metrics as eng
 from tests.helpers import parse_exposition, scrape, serve_engine
@@ -23,8 +23,6 @@ from tests.promserver import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR = promql_names.STACK / "collector"
-pytest.importorskip("grafana_foundation_sdk")
-from dashboards import build  # noqa: E402
 
 VARIABLES = {
     "$__rate_interval": "30s",
@@ -419,8 +417,8 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
     rlotel plugin on, rank 1 eight times slower), the driver scraped by the shipped `rlotel`
     job and the workers by the shipped `rlotel-workers` job through the files they write.
     Each rank's own seconds and the driver's rank spread answer, labelled by worker."""
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("verl")
+    import ray
+
     import rlotel
     from rlotel.integrations import verl as plugin
     from tests.test_verl_workers import SLOW_RANK, worker_group

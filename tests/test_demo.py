@@ -18,8 +18,6 @@ from rlotel import cli
 from rlotel.schema import catalogue
 from tests.helpers import file_spans, parse_exposition, scrape
 
-pytest.importorskip("torch")
-
 # Catalogue metrics a one-process synchronous run cannot have, and why.
 NOT_IN_THE_SYNC_DEMO = {
     "rlotel_role_idle_ratio": "idle per role is defined in async modes (rlotel demo --async)",
@@ -130,7 +128,6 @@ def test_demo_reports_busy_port(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_with_ray_parents_worker_samples_under_gen(tmp_path):
-    pytest.importorskip("ray")
     command = [
         sys.executable, "-m", "rlotel.cli", "demo", "--ray", "--steps", "2", "--port", "0",
         "--runs-dir", str(tmp_path),

@@ -179,7 +179,6 @@ def test_verdict_reaches_span_metric_and_step(make_tel, span_exporter):
 @pytest.mark.slow
 def test_demo_knob_flips_the_verdict():
     """A heavier update (more PPO epochs, real extra work) turns rollout- into update-bound."""
-    pytest.importorskip("torch")
     from rlotel.demo.loop import DemoConfig, train
 
     kinds = {}

@@ -130,7 +130,6 @@ def test_bad_times_are_counted_once_and_the_rest_measured(tmp_path):
 
 @pytest.mark.slow
 def test_demo_loop_measures_occupancy_in_range():
-    pytest.importorskip("torch")
     from rlotel.demo.loop import DemoConfig, train
 
     tel = rlotel.init(run="occ-demo", prometheus_port=None)
@@ -180,7 +179,6 @@ def run_demo(runs: Path, *args: str) -> Path:
 
 @pytest.mark.slow
 def test_demo_occupancy_is_in_range_and_the_report_shows_it(tmp_path):
-    pytest.importorskip("torch")
     run = run_demo(tmp_path, "--steps", "3")
     steps = json.loads((run / "summary.json").read_text())["steps"]
     values = [s["metrics"]["rlotel/rollout_occupancy"] for s in steps]

@@ -107,7 +107,8 @@ def test_verl_log_has_no_timeline(tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_profiler_capture_merged_on_the_spans_clock(tmp_path) -> None:
     """A real torch.profiler capture of step 2: its ops sit inside step 2's update_actor."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     run_dir = tmp_path / "run"
     tel = rlotel.init(
         run="pf",

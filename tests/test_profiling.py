@@ -7,14 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import rlotel
 from rlotel import ProfileConfig
 from rlotel.integrations import verl_captures
 from rlotel.profile.config import sglang_profiler_args, token_window, vllm_profiler_args
 from tests.helpers import finished_spans, parse_exposition, scrape
-
-torch = pytest.importorskip("torch")
 
 
 def run(tel: rlotel.Telemetry, steps: int, mini_batches: int = 0) -> list[rlotel.Step]:
@@ -221,7 +220,8 @@ def test_discover_dir_without_a_hook_that_reads_it_is_a_config_error(clean_env, 
 
 def test_links_verl_captures_found_by_name(make_tel, span_exporter, tmp_path):
     """verl writes its own traces (build_trace_basename); rlotel finds and links them."""
-    torch_profile = pytest.importorskip("verl.utils.profiler.torch_profile")
+    from verl.utils.profiler import torch_profile
+
     save = tmp_path / "outputs" / "profile"
     save.mkdir(parents=True)
     tel = make_tel(

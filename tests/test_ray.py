@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
 
 import rlotel
 from tests.helpers import finished_spans
@@ -12,8 +13,6 @@ from tests.otlp_receiver import HttpReceiver
 from tests.promserver import Prometheus
 
 pytestmark = pytest.mark.slow  # Ray workers, a real Prometheus
-
-ray = pytest.importorskip("ray")
 
 
 @ray.remote(num_cpus=1)

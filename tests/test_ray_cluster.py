@@ -17,32 +17,28 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-import rlotel
-from rlotel.offline import analyze, perfetto
-from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
-from tests.helpers import scrape
-
-pytestmark = pytest.mark.slow  # a Ray cluster of several raylets and verl worker processes
-
-ray = pytest.importorskip("ray")
-pytest.importorskip("verl")
-
-from google.protobuf.json_format import MessageToDict  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
-from verl.single_controller.base import Worker  # noqa: E402
-from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
-from verl.single_controller.ray import (  # noqa: E402
+import ray
+from google.protobuf.json_format import MessageToDict
+from ray.cluster_utils import Cluster
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
 )
-from verl.utils.profiler import marked_timer  # noqa: E402
+from verl.utils.profiler import marked_timer
 
-from rlotel.integrations import ray as ray_integration  # noqa: E402
-from rlotel.integrations import verl as plugin  # noqa: E402
-from tests.otlp_receiver import HttpReceiver  # noqa: E402
-from tests.promserver import Prometheus  # noqa: E402
+import rlotel
+from rlotel.integrations import ray as ray_integration
+from rlotel.integrations import verl as plugin
+from rlotel.offline import analyze, perfetto
+from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
+from tests.helpers import scrape
+from tests.otlp_receiver import HttpReceiver
+from tests.promserver import Prometheus
+
+pytestmark = pytest.mark.slow  # a Ray cluster of several raylets and verl worker processes
 
 SHIFT_S = 2.0  # the worker node's clock is this far ahead (rlotel's test-only hook)
 REPO = str(Path(rlotel.__file__).resolve().parents[1])

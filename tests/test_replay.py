@@ -53,7 +53,8 @@ def _step_data(n: int) -> dict:
 
 @pytest.fixture
 def verl_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    tracking = pytest.importorskip("verl.utils.tracking")
+    from verl.utils import tracking
+
     target = tmp_path / "verl.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(target))
     logger = tracking.FileLogger("proj", "exp")

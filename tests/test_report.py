@@ -233,7 +233,6 @@ def _pixels_are_not_blank(png: bytes) -> tuple[int, float]:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory) -> Path:
     """The demo, run for real with a profiled step: it writes runs/<run>/report.html."""
-    pytest.importorskip("torch")
     runs = tmp_path_factory.mktemp("runs")
     process = subprocess.run(
         [

@@ -6,10 +6,9 @@ import random
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
-from verl import DataProto  # noqa: E402
+import torch
+from verl import DataProto
+from verl.experimental.agent_loop import agent_loop
 
 FIELDS = ("generate_sequences", "tool_calls", "compute_score", "num_preempted")
 

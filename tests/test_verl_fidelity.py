@@ -6,14 +6,13 @@ import random
 
 import numpy as np
 import pytest
+import torch
+from verl import DataProto
+from verl.trainer.ppo import metric_utils
+from verl.utils.profiler.performance import simple_timer
 
 import rlotel
 from rlotel.derive import formulas
-
-torch = pytest.importorskip("torch")
-metric_utils = pytest.importorskip("verl.trainer.ppo.metric_utils")
-from verl import DataProto  # noqa: E402
-from verl.utils.profiler.performance import simple_timer  # noqa: E402
 
 STAGES = ["gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"]
 

@@ -10,10 +10,9 @@ import textwrap
 
 import numpy as np
 import pytest
+import verl  # noqa: F401  (every test here runs verl: a broken install fails the module)
 
 from tests.helpers import file_spans, parse_exposition, scrape
-
-pytest.importorskip("verl")
 
 SCRIPT = textwrap.dedent(
     """
@@ -128,9 +127,9 @@ def test_without_the_variable_importing_verl_changes_nothing(tmp_path, enable):
 
 def test_agent_loop_manager_samples_reach_histograms(make_tel):
     """verl's V0 `AgentLoopManager._performance_metrics`, patched in place, fills rlotel."""
-    torch = pytest.importorskip("torch")
-    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+    import torch
     from verl import DataProto
+    from verl.experimental.agent_loop import agent_loop
 
     from rlotel.integrations import verl as plugin
 
@@ -182,8 +181,7 @@ def test_agent_loop_manager_samples_reach_histograms(make_tel):
 def test_opentelemetry_instrument_switches_rlotel_on(tmp_path):
     """The standard auto-instrumentation command enables the plugin without RLOTEL_ENABLE."""
     command = os.path.join(os.path.dirname(sys.executable), "opentelemetry-instrument")
-    if not os.path.exists(command):
-        pytest.skip("opentelemetry-instrumentation is not installed (extra `instrument`)")
+    assert os.path.exists(command), "no opentelemetry-instrument (the `instrument` extra)"
     script = tmp_path / "main.py"
     script.write_text(
         "import verl, rlotel.integrations.verl as plugin\n"
@@ -203,8 +201,7 @@ def test_opentelemetry_instrument_switches_rlotel_on(tmp_path):
 def test_verl_nvtx_timer_is_one_range_per_window(make_tel, recording_nvtx, monkeypatch):
     """verl's NVTX `marked_timer` marks its range itself, then `yield from _timer`: rlotel
     times it without a second range of the same name; verl's plain timers get rlotel's."""
-    nvtx_profile = pytest.importorskip("verl.utils.profiler.nvtx_profile")
-    from verl.utils.profiler import simple_timer
+    from verl.utils.profiler import nvtx_profile, simple_timer
 
     from rlotel.integrations import verl as plugin
 
@@ -232,7 +229,6 @@ def test_verl_nvtx_timer_is_one_range_per_window(make_tel, recording_nvtx, monke
 
 
 def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
-    pytest.importorskip("verl")
     from importlib import metadata
 
     from verl.utils.profiler import performance
@@ -253,7 +249,6 @@ def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
 
 
 def test_an_untested_version_of_the_series_installs_with_one_warning(monkeypatch, caplog):
-    pytest.importorskip("verl")
     from importlib import metadata
 
     from verl.utils.profiler import performance
@@ -273,7 +268,7 @@ def test_an_untested_version_of_the_series_installs_with_one_warning(monkeypatch
 
 
 def test_a_failing_patch_undoes_the_others(monkeypatch, caplog):
-    pytest.importorskip("verl.experimental.agent_loop.agent_loop")  # imported: hooks run now
+    import verl.experimental.agent_loop.agent_loop  # noqa: F401  (imported: hooks run now)
     from verl.utils import tracking
     from verl.utils.profiler import performance
 
@@ -297,9 +292,9 @@ def test_patched_agent_loop_workers_still_pickle_for_ray():
     """Ray pickles an actor class made at run time (`ray.remote(AgentLoopWorker)`, V0) by
     value, methods included: rlotel's replacements must pickle (by reference), or verl's
     agent-loop workers never start."""
-    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
-    ray = pytest.importorskip("ray")
+    import ray
     from ray import cloudpickle
+    from verl.experimental.agent_loop import agent_loop
 
     from rlotel.integrations import verl as plugin
 
@@ -320,7 +315,6 @@ def test_warnings_stay_visible_when_the_host_silences_the_root_logger(capfd, mon
     once, and never twice while the root logger shows them."""
     import logging
 
-    pytest.importorskip("verl")
     from rlotel.integrations import verl as plugin
 
     logger = logging.getLogger("rlotel")

@@ -24,8 +24,9 @@ TRAJECTORIES = [
 
 @pytest.fixture
 def transfer_queue(monkeypatch):
-    ray = pytest.importorskip("ray")
-    tq = pytest.importorskip("transfer_queue")
+    import ray
+    import transfer_queue as tq
+
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray.init(num_cpus=4, address="local", include_dashboard=False, log_to_driver=False)
@@ -99,7 +100,6 @@ def _verl_off_policy(tags: list[dict], global_steps: int) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tmp_path):
-    pytest.importorskip("verl")
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     from rlotel.integrations import verl_v1
@@ -147,7 +147,6 @@ def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tm
 
 @pytest.mark.slow
 def test_v1_trainer_mode_switches_goodput_table():
-    pytest.importorskip("verl")
     from verl.trainer.ppo.v1 import trainer_base
 
     from rlotel.integrations import verl_v1
@@ -230,7 +229,6 @@ def test_v1_worker_trajectories_reach_the_consuming_step_with_identity_times_and
     import asyncio
     import time
 
-    pytest.importorskip("verl")
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     from rlotel.integrations import verl_v1

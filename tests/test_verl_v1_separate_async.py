@@ -62,14 +62,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import ray
+import torch
+import transfer_queue as tq
 
 import rlotel
 from tests.helpers import file_spans
-
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-tq = pytest.importorskip("transfer_queue")
-torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # Ray and TransferQueue start in ~30 s on two cores
 

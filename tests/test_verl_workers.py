@@ -10,28 +10,24 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+)
+from verl.utils.profiler import marked_timer
 
 import rlotel
+from rlotel.integrations import verl as plugin
+from rlotel.integrations import verl_workers
 from rlotel.offline import analyze
 from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
 from tests.helpers import parse_exposition, scrape
 
 pytestmark = pytest.mark.slow  # a Ray cluster and verl worker processes
-
-ray = pytest.importorskip("ray")
-pytest.importorskip("verl")
-
-from verl.single_controller.base import Worker  # noqa: E402
-from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
-from verl.single_controller.ray import (  # noqa: E402
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-)
-from verl.utils.profiler import marked_timer  # noqa: E402
-
-from rlotel.integrations import verl as plugin  # noqa: E402
-from rlotel.integrations import verl_workers  # noqa: E402
 
 SLOW_RANK = 1
 
