@@ -109,7 +109,7 @@ class Telemetry:
         from rlotel.sinks.metrics.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
         from rlotel.sinks.metrics.prometheus import PrometheusEndpoint
         from rlotel.sinks.traces.jsonl import JsonLinesExporter, traces_dir_file
-        from rlotel.sinks.traces.otlp import SdkSpanExporter, otlp_exporter
+        from rlotel.sinks.traces.otlp import SdkSpanExporter, otlp_span_exporter
         from rlotel.sinks.traces.spans import SpanSink
 
         config, environment = self.config, self.config.environment
@@ -121,7 +121,9 @@ class Telemetry:
         resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanBatchExporter] = {}
         if environment.otlp_traces is not None:
-            exporters["otlp"] = otlp_exporter(environment.otlp_traces, resource.attributes)
+            exporters["otlp"] = SdkSpanExporter(
+                otlp_span_exporter(environment.otlp_traces), resource.attributes
+            )
         if config.traces_file is not None:
             exporters["traces_file"] = JsonLinesExporter(config.traces_file, resource.attributes)
         if environment.traces_dir is not None:  # one file per process

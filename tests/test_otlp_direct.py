@@ -1,9 +1,6 @@
-"""OTLP spans encoded straight from span data are the SDK path's, field by field.
-
-rlotel's OTLP export writes protobuf bytes itself (no `ReadableSpan`, no SDK encoder) and
-sends them over the OTLP exporter package's own transport. Here the same spans go both
-ways: the encoder's bytes next to the SDK encoder's, and a real run exporting over HTTP
-and gRPC to one receiver directly and to another through the SDK's own exporter.
+"""Span data leaves through the OTLP exporters' public API, and the traces file holds the
+same messages: a real receiver over HTTP and gRPC gets the ids, parents, attributes,
+links and events the span data has, and the file's line is that request in OTLP/JSON.
 """
 
 from __future__ import annotations
@@ -12,14 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.resources import Resource
 
 import rlotel
 from rlotel.record.propagation import traceparent
 from rlotel.sinks.traces import otlp
-from rlotel.sinks.traces.otlp_proto import RequestEncoder, varint
+from rlotel.sinks.traces.jsonl import JsonLinesExporter, request_json
+from rlotel.sinks.traces.otlp_json import read_file
 from rlotel.sinks.traces.span_data import EventData, LinkData, SampleBlock, SpanData
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 
@@ -113,38 +109,58 @@ def every_kind_of_span() -> list[SpanData | SampleBlock]:
     ]
 
 
-def sdk_request(spans: list, resource: Resource) -> ExportTraceServiceRequest:
-    expanded = [
-        s for item in spans for s in (item.spans() if type(item) is SampleBlock else [item])
-    ]
-    return encode_spans([otlp.readable_span(span, resource) for span in expanded])
+def sent_and_written(spans: list, tmp_path) -> tuple[ExportTraceServiceRequest, str]:
+    """`spans` sent by the OTLP/HTTP exporter to a real receiver and written to a file."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    receiver = HttpReceiver()
+    resource = {"service.name": "direct", "rl.run": "r", "process.pid": 7}
+    sender = otlp.SdkSpanExporter(OTLPSpanExporter(f"{receiver.endpoint}/v1/traces"), resource)
+    path = tmp_path / "spans.jsonl"
+    writer = JsonLinesExporter(path, resource)
+    try:
+        assert sender.export(spans) and writer.export(spans)
+    finally:
+        sender.shutdown()
+        writer.shutdown()
+        receiver.stop()
+    (request,) = receiver.requests
+    return request, path.read_text()
 
 
-def test_the_encoder_writes_the_sdk_encoders_bytes():
-    resource = Resource.create({"service.name": "direct", "rl.run": "r", "process.pid": 7})
-    spans = every_kind_of_span()
-    expected = sdk_request(spans, resource)
-    payload = RequestEncoder(resource.attributes).request(spans)
-    decoded = ExportTraceServiceRequest.FromString(payload)
-    assert_same_requests(decoded, expected)
-    assert payload == expected.SerializeToString()  # even the bytes
+def test_the_receiver_gets_every_kind_of_span_and_the_file_holds_the_same_request(tmp_path):
+    request, text = sent_and_written(every_kind_of_span(), tmp_path)
+    assert text == request_json(request) + "\n"
+    (resource_spans,) = request.resource_spans
+    (scope_spans,) = resource_spans.scope_spans
+    assert scope_spans.scope.name == "rlotel" and scope_spans.schema_url
+    spans = {int.from_bytes(span.span_id, "big"): span for span in scope_spans.spans}
+    assert len(spans) == 3 + 4 + 1
+    step = spans[0x1111]
+    assert step.trace_id == TRACE.to_bytes(16, "big")
+    assert step.parent_span_id == (0x9999).to_bytes(8, "big")
+    assert step.status.code == 2 and step.status.message.startswith("ZeroDivisionError")
+    assert [event.name for event in step.events] == ["exception"]
+    (link,) = step.links
+    assert link.span_id == (0xDEF).to_bytes(8, "big")
+    attributes = {kv.key: kv.value for kv in step.attributes}
+    assert "too.big" not in attributes  # the SDK's encoder refuses it
+    assert attributes["int64.min"].int_value == -(2**63)
+    assert attributes["numpy.float"].double_value == 2.5
+    assert [e.name for e in spans[0x2222].events] == ["gen_ai.evaluation.result"]
+    sample = {kv.key for kv in spans[0x101].attributes}  # its NaN cell has no attribute
+    assert "rl.sample.generate_sequences_s" not in sample and "x" in sample
+    assert spans[2**64 - 1].parent_span_id == (0x2222).to_bytes(8, "big")
 
-
-def test_varints_match_protobuf():
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-
-    for value in (0, 1, 127, 128, 300, 16383, 16384, 2**35, 2**63 - 1, -1, -(2**63)):
-        assert b"\x18" + varint(value) == AnyValue(int_value=value).SerializeToString()
-
-
-def assert_same_requests(got: ExportTraceServiceRequest, want: ExportTraceServiceRequest):
-    assert len(got.resource_spans) == len(want.resource_spans) == 1
-    got_rs, want_rs = got.resource_spans[0], want.resource_spans[0]
-    assert got_rs.resource == want_rs.resource and got_rs.schema_url == want_rs.schema_url
-    assert len(got_rs.scope_spans) == len(want_rs.scope_spans) == 1
-    got_ss, want_ss = got_rs.scope_spans[0], want_rs.scope_spans[0]
-    assert got_ss.scope == want_ss.scope and got_ss.schema_url == want_ss.schema_url
-    assert_same_spans(list(got_ss.spans), list(want_ss.spans))
+    read = read_file(tmp_path / "spans.jsonl")  # hex ids, as OTLP/JSON files have them
+    assert read.skipped_lines == 0
+    by_id = {record.span_id: record for record in read.spans}
+    record = by_id["0000000000001111"]
+    assert record.trace_id == f"{TRACE:032x}" and record.parent_span_id == "0000000000009999"
+    assert record.links[0].trace_id == f"{0xABC:032x}" and record.status_code == 2
+    assert record.attributes["ints"] == [1, 2, 3] and record.attributes["map"] == {"a": 1, "b": "x"}
+    assert by_id["ffffffffffffffff"].attributes["gen_ai.usage.output_tokens"] == 127
+    assert by_id["0000000000000200"].resource["service.name"] == "direct"
 
 
 def assert_same_spans(got: list, want: list) -> None:
@@ -159,15 +175,6 @@ def assert_same_spans(got: list, want: list) -> None:
             assert getattr(got_span, name) == getattr(want_span, name), (
                 f"span {want_span.name!r} {span_id.hex()}: field {name} differs"
             )
-        assert got_span == want_span
-
-
-def span_exporters(tel: rlotel.Telemetry) -> dict:
-    """The span exporters of a telemetry by name (its span sink's export queues)."""
-    from rlotel.sinks.traces.spans import SpanSink
-
-    (sink,) = [sink for sink in tel._sink.sinks if isinstance(sink, SpanSink)]
-    return {queue.name: queue._exporter for queue in sink._queues}
 
 
 def received(receiver) -> tuple[list, list[ExportTraceServiceRequest]]:
@@ -210,7 +217,7 @@ def run_everything(tel: rlotel.Telemetry) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_a_real_receiver_gets_what_the_sdk_exporter_sends(protocol, monkeypatch):
+def test_a_real_receiver_gets_what_an_sdk_exporter_of_your_own_gets(protocol, monkeypatch):
     direct, sdk = (
         (HttpReceiver(), HttpReceiver())
         if protocol == "http/protobuf"
@@ -231,7 +238,6 @@ def test_a_real_receiver_gets_what_the_sdk_exporter_sends(protocol, monkeypatch)
     tel = rlotel.init(
         run="direct", prometheus_port=None, max_sample_spans=40, span_exporters=[sdk_exporter]
     )
-    assert type(span_exporters(tel)["otlp"]) is otlp.OtlpExporter
     try:
         run_everything(tel)
         assert tel.flush(10)
@@ -246,6 +252,9 @@ def test_a_real_receiver_gets_what_the_sdk_exporter_sends(protocol, monkeypatch)
     assert any(span.events for span in want) and any(span.links for span in want)
     assert any(span.status.code == 2 for span in want)
     assert len(want) > 80
+    ids = {span.span_id for span in want}
+    remote = (0x5555).to_bytes(8, "big")
+    assert all(not s.parent_span_id or s.parent_span_id in ids | {remote} for s in want)
     for got_request in got_requests:  # one resource and scope in every request
         request = ExportTraceServiceRequest()
         request.resource_spans.add().CopyFrom(want_requests[0].resource_spans[0])
@@ -268,7 +277,6 @@ def test_signal_endpoint_headers_and_compression_come_from_the_environment(proto
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     tel = rlotel.init(run="env", prometheus_port=None)
-    transport = span_exporters(tel)["otlp"]._transport
     try:
         with tel.step(1), tel.phase("gen"):
             pass
@@ -283,72 +291,3 @@ def test_signal_endpoint_headers_and_compression_come_from_the_environment(proto
     if protocol == "http/protobuf":
         assert headers["content-encoding"] == "gzip"
         assert headers["content-type"] == "application/x-protobuf"
-        assert transport._client._timeout == 5
-    else:  # a channel setting: the receiver's runtime decompresses before the handler
-        import grpc
-
-        assert transport._exporter._compression is grpc.Compression.Gzip
-        assert transport._exporter._timeout == 5
-
-
-def test_an_exporter_without_the_transport_pieces_gets_readable_spans(monkeypatch):
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setattr(otlp._HttpTransport, "create", classmethod(lambda cls: None))
-    exporter = otlp.otlp_exporter("http/protobuf", {"service.name": "x"})
-    assert type(exporter) is otlp.SdkSpanExporter
-    exporter.shutdown()
-
-
-def block_with_arrays(rng: np.random.Generator, count: int, remote: bool) -> SampleBlock:
-    """A sample block as the span builder makes it (rows and the same columns as arrays):
-    varints of every length, invalid (NaN) cells, infinities, ints in a column not known
-    to be whole, span ids across the full 64 bits."""
-    index = np.arange(count, dtype=np.int64) * 997
-    seconds = rng.lognormal(size=count)
-    seconds[rng.random(count) < 0.1] = np.nan
-    seconds[count // 2] = np.inf
-    tokens = np.floor(rng.lognormal(mean=8, sigma=4, size=count)).clip(0, 2**62)
-    tokens[rng.random(count) < 0.1] = np.nan
-    versions = rng.integers(0, 2**40, size=count)  # an int64 column, not whole
-    arrays = (index, seconds, tokens, versions)
-    rows = list(zip(*(array.tolist() for array in arrays), strict=True))
-    return SampleBlock(
-        TRACE,
-        0x7777,
-        remote,
-        1_700_000_009_000_000_000,
-        (1_700_000_000_000_000_000 + rng.integers(0, 10**9, size=count)).tolist(),
-        rng.integers(1, 2**64 - 1, size=count, dtype=np.uint64).tolist(),
-        {"rl.run": "r", "rl.step": 4},
-        ("rl.sample.index", "rl.sample.generate_sequences_s", "gen_ai.usage.output_tokens", "v"),
-        (True, False, True, False),
-        rows,
-        arrays,
-    )
-
-
-@pytest.mark.parametrize(("count", "remote"), [(500, False), (500, True), (1, False)])
-def test_sample_blocks_encoded_from_arrays_are_the_rows_bytes(count, remote):
-    """The column-wise path (numpy, a record layout per group of samples) writes exactly
-    what the row path and the SDK encoder write, samples in their order."""
-    resource = Resource.create({"service.name": "direct"})
-    block = block_with_arrays(np.random.default_rng(3), count, remote)
-    encoder = RequestEncoder(resource.attributes)
-    from_arrays = encoder.request([block])
-    from_rows = encoder.request([block._replace(arrays=None)])
-    assert from_arrays == from_rows
-    assert from_arrays == sdk_request([block], resource).SerializeToString()
-
-
-def test_sample_blocks_with_cells_arrays_cannot_hold_take_the_row_path():
-    from rlotel.sinks.traces import otlp_proto
-
-    block = block_with_arrays(np.random.default_rng(4), 20, False)
-    tokens = block.arrays[2].copy()
-    tokens[5] = -3.0  # a negative whole number: a ten-byte varint, written by the row path
-    rows = [(*row[:2], -3.0 if i == 5 else row[2], *row[3:]) for i, row in enumerate(block.rows)]
-    odd = block._replace(arrays=(*block.arrays[:2], tokens, block.arrays[3]), rows=rows)
-    assert otlp_proto._array_columns(odd) is None
-    resource = Resource.create({"service.name": "direct"})
-    payload = RequestEncoder(resource.attributes).request([odd])
-    assert payload == sdk_request([odd], resource).SerializeToString()

@@ -1,7 +1,8 @@
 """OTLP/JSON lines → plain span records: the one reader of rlotel's traces files.
 
 A traces file holds one `ExportTraceServiceRequest` per line in the OTLP/JSON encoding
-(lowerCamelCase fields, hex ids, enums as integers, 64-bit integers as strings or numbers).
+(lowerCamelCase fields, hex ids, enums as integers, 64-bit integers as strings or numbers,
+a field at its default value left out, as protobuf's JSON mapping does).
 `analyze`, `report` and `perfetto` read through here so they agree on every decoding rule.
 Reading is tolerant: a truncated or corrupt line is counted and skipped, never raised.
 """
@@ -116,9 +117,9 @@ def _decode_span(span: Mapping[str, Any], resource: dict[str, Any]) -> SpanRecor
         trace_id=span["traceId"],
         span_id=span["spanId"],
         parent_span_id=span.get("parentSpanId", ""),
-        name=span["name"],
-        start_ns=int(span["startTimeUnixNano"]),
-        end_ns=int(span["endTimeUnixNano"]),
+        name=span.get("name", ""),
+        start_ns=int(span.get("startTimeUnixNano", 0)),
+        end_ns=int(span.get("endTimeUnixNano", 0)),
         attributes=decode_attributes(span.get("attributes", [])),
         resource=resource,
         links=links,

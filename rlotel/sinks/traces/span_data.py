@@ -1,7 +1,8 @@
 """Finished spans as plain data: what the span builder makes and every exporter reads.
 
-Backend-neutral (no SDK objects): the traces file encodes it straight to OTLP/JSON, OTLP
-export straight to protobuf (`otlp_proto`), SDK exporters get `ReadableSpan`s made from it.
+Backend-neutral and cheap to build on the publisher thread: each exporter's own thread
+turns it into the SDK's `ReadableSpan`s (`otlp`), which the OTLP exporters send and the
+traces file writes.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def status_message(error: BaseException) -> str:
 
 
 class SampleBlock(NamedTuple):
-    """The sample spans of one batch as columns: the traces file and OTLP encode them in
-    one pass (one template for the batch); SDK exporters get them expanded to `SpanData`."""
+    """The sample spans of one batch as columns: the publisher builds one block, not a
+    `SpanData` per sample; exporters expand it (`spans`) on their own threads."""
 
     trace_id: int
     parent_span_id: int
@@ -76,7 +77,6 @@ class SampleBlock(NamedTuple):
     keys: tuple[str, ...]  # attribute per column (the sample index first)
     integral: tuple[bool, ...]
     rows: list[tuple]  # per sample: its value in each column, NaN where invalid
-    arrays: tuple[Any, ...] | None = None  # the same columns as numpy arrays, if at hand
 
     @property
     def count(self) -> int:

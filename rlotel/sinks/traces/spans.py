@@ -2,10 +2,9 @@
 
 No tracer and no SDK span objects on the way: each phase record becomes one plain
 `SpanData` (ids drawn on the training thread when a window needed them early, else here)
-with its recorded start and end times. Each exporter gets the batch on its own thread:
-the traces file encodes it straight to OTLP/JSON, OTLP export straight to protobuf bytes,
-SDK exporters of your own get `ReadableSpan`s made from it. Driving a tracer span by span
-cost ~60 µs a span here.
+with its recorded start and end times. Each exporter gets the batch on its own thread and
+makes `ReadableSpan`s of it there (`otlp`). Driving a tracer span by span cost ~60 µs a
+span here, on the publisher.
 """
 
 from __future__ import annotations
@@ -281,7 +280,6 @@ class SpanBuilder:
         indices = np.fromiter((span.index for span in spans), dtype=np.int64, count=len(spans))
         seconds = np.zeros(len(spans))
         keys, integral, columns = [attr.SAMPLE_INDEX], [True], [indices.tolist()]
-        arrays = [indices]
         for field, column in batch.columns.items():
             values = _at(column, indices)
             if field in DURATION_FIELDS:  # verl's order: (generate + tools) + score
@@ -290,7 +288,6 @@ class SpanBuilder:
             keys.append(key)
             integral.append(whole)
             columns.append(values.tolist())
-            arrays.append(values)
         starts = np.maximum(end - (seconds * 1e9).astype(np.int64), parent_start)
         block = SampleBlock(
             trace_id,
@@ -303,7 +300,6 @@ class SpanBuilder:
             tuple(keys),
             tuple(integral),
             list(zip(*columns, strict=True)),
-            tuple(arrays),
         )
         if batch.span_extras:
             return self._enriched(block, batch, common.get(attr.STEP))
