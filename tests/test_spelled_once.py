@@ -71,8 +71,6 @@ PHASE_NAMES = frozenset(
 # (module path under rlotel/, literal) → why it is not the name it looks like.
 ALLOWED: dict[tuple[str, str], str] = {
     ("sinks/traces/otlp_json.py", "values"): "OTLP/JSON's field of an arrayValue/kvlistValue",
-    ("sinks/traces/otlp_proto.py", "values"): "the protobuf field of ArrayValue/KeyValueList",
-    ("sinks/traces/jsonl.py", "values"): "OTLP/JSON's field of an arrayValue (the writer)",
     (ATTRIBUTES, "reward"): "the value of gen_ai.evaluation.name for the RL reward",
 }
 
