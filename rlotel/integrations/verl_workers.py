@@ -486,12 +486,13 @@ class _Call:
     (`rlotel.integrations.collectives`): on its span, in this rank's series and, when the
     caller asked, sent back with the reply."""
 
-    __slots__ = ("carrier", "name", "rank_time", "tally", "tel")
+    __slots__ = ("carrier", "name", "rank_time", "role", "tally", "tel")
 
-    def __init__(self, tel: Any, name: str, carrier: Any) -> None:
+    def __init__(self, tel: Any, name: str, carrier: Any, role: str | None = None) -> None:
         self.tel = tel
         self.name = name
         self.carrier = carrier
+        self.role = role  # the call's own role; None: this process's
         self.tally: collectives.Tally | None = None
         self.rank_time: RankTime | None = None
 
@@ -516,6 +517,7 @@ class _Call:
             wall = (time.perf_counter_ns() - phase.start_ns) / 1e9
             collective = min(tally.seconds, wall)
             role, rank = _rank_labels(self.tel)
+            role = self.role or role
             self.rank_time = rank_time = RankTime(
                 self.name,
                 role,
@@ -585,17 +587,20 @@ class _WorkerCall:
         self.received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
         self.phase: Any = contextlib.nullcontext()
         self.timing: _Call | _Untimed = _UNTIMED
-        name = _verl_method(instance, name, args)
+        name, self.role = _verl_method(instance, name, args)
         if not name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             tel = worker_telemetry(instance, carrier)
             guard.fault(ACTOR_CALL_HOOK)
             tel.drops.fired(ACTOR_CALL_HOOK)
             self.phase = tel.phase(name, context=carrier)
             if _in_process_group() and (collectives.installed() or collectives.install()):
-                self.timing = _Call(tel, name, carrier)  # a rank: its collectives are timed
+                self.timing = _Call(tel, name, carrier, self.role)  # a rank: collectives timed
 
     def begin(self) -> None:
         self.phase.__enter__()
+        trace = getattr(self.phase, "trace", None)  # a RemotePhase: the root of its own trace
+        if trace is not None and self.role is not None:
+            trace.role = self.role
         self.token = _call_carrier.set(self.carrier)  # tasks the call spawns keep it
         self.timing.open()
 
@@ -623,29 +628,34 @@ def call_carrier() -> dict[str, str] | None:
     return _call_carrier.get()
 
 
-def _verl_method(instance: Any, name: str, args: tuple) -> str:
-    """The worker method verl means: `update_actor` for the colocated `WorkerDict`'s
-    `actor_rollout_update_actor` and for a fused call naming `{cls}_fwmn_update_actor`."""
+def _verl_method(instance: Any, name: str, args: tuple) -> tuple[str, str | None]:
+    """The worker method verl means and the role of the worker it belongs to (None: the
+    process's): `update_actor` of `actor` for the colocated `WorkerDict`'s
+    `actor_rollout_update_actor`, `compute_values` of `critic` for its `critic_compute_values`;
+    `update_actor` for a fused call naming `{cls}_fwmn_update_actor`."""
     if args and isinstance(args[0], str) and FUSED_METHOD_SEPARATOR in args[0]:
-        return args[0].split(FUSED_METHOD_SEPARATOR, 1)[1]
+        return args[0].split(FUSED_METHOD_SEPARATOR, 1)[1], None
     for prefix in _fused_roles(instance):
         if name.startswith(prefix + "_"):
-            return name[len(prefix) + 1 :]
-    return name
+            return name[len(prefix) + 1 :], vocabulary.verl_worker_role(prefix)
+    return name, None
 
 
 def _fused_roles(instance: Any) -> list[str]:
-    """verl's colocated `WorkerDict` holds one worker per role key (`actor_rollout`, ...)."""
+    """verl's colocated `WorkerDict` holds one worker per role key (`actor_rollout`, ...);
+    the longest first, so that a method name's prefix is matched whole."""
     workers = getattr(instance, "worker_dict", None)
     return sorted(workers, key=len, reverse=True) if isinstance(workers, dict) else []
 
 
 def _verl_role(instance: Any) -> str | None:
-    """verl's role name for this worker: from its role key(s) or its actor class."""
+    """verl's role name for this worker process: its main role when it hosts several
+    (`vocabulary.verl_main_role`: never one it only co-hosts), else its own or its actor
+    class's."""
     roles = _fused_roles(instance)
     own = getattr(instance, "role", None)
     if roles:
-        return vocabulary.verl_worker_role(roles[-1])  # the shortest key: the main role
+        return vocabulary.verl_main_role(roles)
     if isinstance(own, str) and own:
         return vocabulary.verl_worker_role(own)
     cls = type(instance) if instance is not None else (_worker_class or [None])[0]

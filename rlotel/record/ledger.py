@@ -288,7 +288,16 @@ def _drop(ledger: Ledger | None, signal: str, reason: str, error: BaseException)
 class Trace:
     """A tree of phases with one root: a step, or a phase opened outside any step."""
 
-    __slots__ = ("rank_time", "records", "remote_parent", "root", "samples", "step", "trace_id")
+    __slots__ = (
+        "rank_time",
+        "records",
+        "remote_parent",
+        "role",
+        "root",
+        "samples",
+        "step",
+        "trace_id",
+    )
 
     def __init__(self, root: Phase, step: int | None) -> None:
         self.trace_id = ids.trace_id()
@@ -298,6 +307,7 @@ class Trace:
         self.step = step
         self.remote_parent = 0  # span id in another process (propagated context), if any
         self.rank_time: ranks.RankTime | None = None  # a worker call's compute vs collectives
+        self.role: str | None = None  # a worker call's own role (its process may host several)
 
     @property
     def sample_spans(self) -> int:

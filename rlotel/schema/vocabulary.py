@@ -211,6 +211,17 @@ def verl_worker_role(worker_role: str) -> str:
     return VERL_WORKER_ROLES.get(worker_role.split("_", 1)[0], worker_role)
 
 
+# The role a process hosting several of verl's workers (its colocated `WorkerDict`) is named
+# by: the first of these it hosts. Each call's span still carries its own role.
+MAIN_ROLES = ("actor", "rollout", "critic", "ref", "reward")
+
+
+def verl_main_role(worker_roles: Iterable[str]) -> str | None:
+    """`{actor_rollout, critic}` → `actor`; `{actor, ref}` → `actor`; `{critic}` → `critic`."""
+    roles = [verl_worker_role(role) for role in worker_roles]
+    return next((role for role in MAIN_ROLES if role in roles), roles[0] if roles else None)
+
+
 def verl_class_role(mro_names: Iterable[str]) -> str | None:
     """The role of a verl actor class, from its class names (most derived first)."""
     for name in mro_names:

@@ -236,6 +236,8 @@ class SpanBuilder:
         root_attributes: dict[str, Any] = {attr.PHASE: trace.root.name}
         if trace.rank_time is not None:  # a worker call: its compute and collective seconds
             root_attributes.update(trace.rank_time.attributes())
+        if trace.role is not None:  # a worker call's own role, where its process hosts several
+            root_attributes[attr.ROLE] = trace.role
         return self.trace(trace, root_attributes)
 
     def remote_samples(self, batch: SampleBatch) -> list[SpanItem]:
