@@ -1,5 +1,5 @@
 """A scraper at 50 requests/s during a run: every scrape well-formed and consistent; stalled
-clients neither block other scrapes nor make threads grow without bound."""
+clients neither block other scrapes nor hold their threads forever."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlotel.sinks.metrics import endpoint
 from tests.helpers import scrape
 
 pytestmark = pytest.mark.slow  # scrape load from a subprocess
@@ -120,11 +122,10 @@ def wait_until(condition, seconds: float) -> bool:
     return condition()
 
 
-def test_stalled_clients_neither_block_scrapes_nor_grow_threads_unbounded(make_tel):
+def test_stalled_clients_neither_block_scrapes_nor_hold_threads(make_tel, monkeypatch):
+    monkeypatch.setattr(endpoint.QuietHandler, "timeout", 2.0)  # 10 s in a run
     tel = make_tel(run="stall")
-    server = tel._endpoint._server
-    server.idle_exit_s = 0.5  # workers added for the flood retire quickly
-    address = ("127.0.0.1", server.server_port)
+    address = ("127.0.0.1", urllib.parse.urlsplit(tel.metrics_url).port)
     tel.log({"x": 1.0}, step=1)
     assert tel.flush(10)
     baseline = threading.active_count()
@@ -133,13 +134,9 @@ def test_stalled_clients_neither_block_scrapes_nor_grow_threads_unbounded(make_t
         started = time.monotonic()
         assert 'rlotel_train_metric{key="x",run="stall"} 1.0' in scrape(tel.metrics_url)
         assert time.monotonic() - started < 3  # not queued behind them (10 s timeouts)
-        more = [socket.create_connection(address) for _ in range(2 * server.max_workers)]
-        stalled += more
-        assert wait_until(lambda: threading.active_count() - baseline >= server.max_workers, 5)
-        assert threading.active_count() - baseline <= server.max_workers  # capped
+        # Clients that never send a request lose their threads to the read timeout.
+        assert wait_until(lambda: threading.active_count() <= baseline, 30)
     finally:
         for sock in stalled:
             sock.close()
-    # Hung-up clients free their workers, which then retire; scrapes still work.
-    assert wait_until(lambda: threading.active_count() <= baseline + 1, 10)
     assert "rlotel_train_metric" in scrape(tel.metrics_url)

@@ -1,33 +1,26 @@
-"""`/metrics`: the series store served to Prometheus (text and OpenMetrics, exemplars).
+"""`/metrics`: the series store served to Prometheus through prometheus_client.
 
 The endpoint only reads the store the recorder writes; the training thread touches
-neither. Plain scrapes get the fast renderer's bytes, anything else prometheus_client's
-own app over the same store.
+neither.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from prometheus_client import CollectorRegistry
-
 from rlotel.metrics.store import SeriesStore
 from rlotel.sinks.base import Sink
-from rlotel.sinks.metrics import endpoint, exposition
+from rlotel.sinks.metrics import endpoint, exposition, wsgi
 
 
 class PrometheusEndpoint(Sink):
     """Serves one store; a sink only for its lifecycle (shutdown closes the listener)."""
 
     def __init__(self, store: SeriesStore) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(exposition.StoreCollector(store))
-        self._renderer = exposition.Renderer(store)
-        self._server = None
-        self._routes: dict[str, Callable[[], tuple[str, bytes]]] = {}
+        self.registry = exposition.registry(store)
+        self._server: endpoint.Server | None = None
+        self._routes: dict[str, wsgi.Route] = {}
         self.url: str | None = None
 
-    def add_route(self, path: str, handler: Callable[[], tuple[str, bytes]]) -> None:
+    def add_route(self, path: str, handler: wsgi.Route) -> None:
         """Serve `path` next to /metrics (same listener, TLS and credentials): `handler`
         returns (content type, body) per request and must not raise."""
         self._routes[path] = handler
@@ -40,8 +33,10 @@ class PrometheusEndpoint(Sink):
         credentials: tuple[str, str] | None = None,
         port_retries: int = 0,
     ) -> str:
-        app = exposition.wsgi_app(self._renderer, self.registry, self._routes)
-        self._server = endpoint.serve(app, addr, port, tls, credentials, port_retries)
+        app = wsgi.metrics_app(self.registry, self._routes)
+        if credentials is not None:
+            app = wsgi.basic_auth(app, *credentials)
+        self._server = endpoint.serve(app, addr, port, tls, port_retries)
         host = f"[{addr}]" if ":" in addr else addr
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://{host}:{self._server.server_port}/metrics"
