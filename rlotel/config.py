@@ -67,6 +67,8 @@ class Config:
         `OTEL_EXPORTER_OTLP_*` and `traces_file` switch on.
     sinks: `rlotel.Sink`s of your own: closed steps, traces, samples, logs, captures.
     bottleneck_thresholds: tunes the per-step verdict (`rlotel.Thresholds`).
+    stall_after_s: an open phase whose work shows no progress for this many seconds is
+        stalled; else `RLOTEL_STALL_AFTER_S`, else 300 (`rlotel.publish.stall`).
     profile: every profiling option (`rlotel.ProfileConfig`); overrides profile_steps.
     resource_attributes: this process's own resource attributes (e.g. `rl.role`,
         `rl.rank`, `rl.node`), next to `service.name` and `rl.run`.
@@ -99,6 +101,7 @@ class Config:
     span_exporters: Sequence[Any] = ()
     sinks: Sequence[Sink] = ()
     bottleneck_thresholds: Thresholds | None = None
+    stall_after_s: float | None = None
     profile: ProfileConfig | None = None
     resource_attributes: Mapping[str, str | int | float | bool] | None = None
     phase_buckets: Mapping[str, str] | None = None
@@ -152,6 +155,17 @@ class Config:
                 f"shutdown_timeout_s must be a number of seconds in (0, "
                 f"{MAX_SHUTDOWN_TIMEOUT_S:.0f}], got {timeout!r}"
             )
+        stall_after = self.stall_after_s
+        if stall_after is None:
+            stall_after = self.environment.stall_after_s
+        if (
+            not isinstance(stall_after, (int, float))
+            or isinstance(stall_after, bool)
+            or not 0 < stall_after < math.inf
+        ):
+            raise ConfigError(
+                f"stall_after_s must be a positive number of seconds, got {stall_after!r}"
+            )
         for sink in self.sinks:
             if not isinstance(sink, Sink):
                 raise ConfigError(f"sinks must be rlotel.Sink instances, got {sink!r}")
@@ -193,6 +207,7 @@ class Config:
             profile_steps=steps,
             profile_dir=profile_dir,
             shutdown_timeout_s=float(timeout),
+            stall_after_s=float(stall_after),
             histogram_buckets=_histogram_buckets(self.histogram_buckets),
             resource_attributes=_resource_attributes(self.resource_attributes),
             phase_buckets=_phase_buckets(self.phase_buckets),

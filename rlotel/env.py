@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import tempfile
 import urllib.parse
@@ -43,6 +44,7 @@ RLOTEL_TRACES_FILE = "RLOTEL_TRACES_FILE"
 RLOTEL_TRACES_DIR = "RLOTEL_TRACES_DIR"  # each process writes <dir>/<role>-<rank>-<pid>.jsonl
 RLOTEL_ROLE = "RLOTEL_ROLE"
 RLOTEL_PROMETHEUS_SD_DIR = "RLOTEL_PROMETHEUS_SD_DIR"
+RLOTEL_STALL_AFTER_S = "RLOTEL_STALL_AFTER_S"  # seconds without progress that make a stall
 RLOTEL_TEST_CLOCK_SHIFT_S = "RLOTEL_TEST_CLOCK_SHIFT_S"  # test-only: shift rlotel's Unix clock
 RLOTEL_TEST_FAULTS = "RLOTEL_TEST_FAULTS"  # test-only: hooks whose rlotel part raises ("all")
 RANK = "RANK"  # torch.distributed's, as verl's workers set it
@@ -57,6 +59,10 @@ DEFAULT_EXPORT_INTERVAL_MS = 60000.0
 # last seconds of a Ray worker, which Ray ends without running its exit handlers.
 DEFAULT_SPAN_EXPORT_DELAY_MS = 1000.0
 WORKER_SPAN_EXPORT_DELAY_MS = 250
+# An open phase whose work shows no progress this long is stalled. Fixed, not learned: a
+# driver phase that waits on one blocking remote call (verl's `gen`) shows its progress
+# only in other processes, and 5 minutes is past any healthy silence measured there.
+DEFAULT_STALL_AFTER_S = 300.0
 _OTLP = {
     TRACES: (
         OTEL_TRACES_EXPORTER,
@@ -103,6 +109,7 @@ class Environment:
     rank: int
     world_size: int
     prometheus_sd_dir: Path
+    stall_after_s: float = DEFAULT_STALL_AFTER_S  # RLOTEL_STALL_AFTER_S
     problems: tuple[str, ...] = ()  # each bad value read as its default, and why
 
     @classmethod
@@ -135,6 +142,10 @@ class Environment:
             prometheus_sd_dir=Path(
                 environ.get(RLOTEL_PROMETHEUS_SD_DIR)
                 or Path(tempfile.gettempdir()) / "ray" / "rlotel_prometheus_sd"
+            ),
+            stall_after_s=values.parsed(
+                lambda: _seconds(environ, RLOTEL_STALL_AFTER_S, DEFAULT_STALL_AFTER_S),
+                DEFAULT_STALL_AFTER_S,
             ),
             problems=tuple(values.problems),
         )
@@ -220,6 +231,20 @@ def _json_as_protobuf(name: str) -> None:
 def _interval_s(environ: Mapping[str, str]) -> float:
     seconds = _milliseconds(environ, OTEL_METRIC_EXPORT_INTERVAL)
     return DEFAULT_EXPORT_INTERVAL_MS / 1000 if seconds is None else seconds
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A positive, finite number of seconds; `default` when unset."""
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < math.inf:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return seconds
 
 
 def _milliseconds(environ: Mapping[str, str], name: str, allow_zero: bool = False) -> float | None:

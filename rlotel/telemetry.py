@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rlotel import active
@@ -77,7 +78,7 @@ class Telemetry:
         self._sink = CompositeSink(sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
         identity = {**config.resource_attributes, attr.PROCESS_PID: os.getpid()}
-        self.stalls = StallWatch(config.bottleneck_thresholds, identity)
+        self.stalls = StallWatch(config.stall_after_s, identity, stacks_file=self._stacks_file())
         self._pipeline = Pipeline(
             self._sink,
             Diagnoser(config.bottleneck_thresholds),
@@ -187,6 +188,21 @@ class Telemetry:
         sinks.extend(config.sinks)
         return sinks
 
+    def _stacks_file(self) -> Path | None:
+        """Where this process writes each stall's thread stacks: next to its traces file
+        in the traces directory (`<role>-<rank>-<pid>.stacks`, read by `rlotel hangs`)."""
+        environment = self.config.environment
+        if environment.traces_dir is None or environment.sdk_disabled:
+            return None
+        from rlotel.sinks.traces.jsonl import traces_dir_file
+
+        own = self.config.resource_attributes
+        role = own.get(attr.ROLE) or environment.role or "main"
+        path = traces_dir_file(
+            environment.traces_dir, str(role), own.get(attr.RANK, environment.rank)
+        )
+        return path.with_suffix(".stacks")
+
     def _phase_buckets(self) -> PhaseBuckets:
         return self.phase_buckets  # read per trace: verl's integration sets the mode
 
@@ -255,6 +271,7 @@ class Telemetry:
             phase.name = name
             phase.color = color
             phase.parent = None
+            phase.progress_ns = 0
             phase.span_id = 0
             phase.start_ns = 0
             phase.end_ns = 0
@@ -401,6 +418,7 @@ class Telemetry:
             if record is None:
                 record = records[phase.span_id] = make(phase.name)
             record.add(values)
+            phase.progress_ns = time.perf_counter_ns()  # ranks replied: its work moves
         except Exception as error:
             self.drops.add("spans", "internal_error", f"{table}: {error!r}")
 
@@ -412,7 +430,7 @@ class Telemetry:
         phase = innermost_open(step.trace.records) if step is not None else None
         if phase is None:
             return None
-        wait = RankWait(phase.name, time.perf_counter_ns(), pending)
+        wait = RankWait(phase, time.perf_counter_ns(), pending)
         self.stalls.rank_waits[id(wait)] = wait
         return wait
 
@@ -422,7 +440,7 @@ class Telemetry:
 
     @property
     def stalled(self) -> list[Verdict]:
-        """Live verdicts of the phases stalled now (open past their threshold), one each."""
+        """Live verdicts of the phases stalled now (no progress for `stall_after_s`), one each."""
         return self.stalls.verdicts
 
     def _watch_open(self) -> None:

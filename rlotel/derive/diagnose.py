@@ -96,8 +96,6 @@ class Thresholds:
     idle_share: float = 0.40  # async: a role idle this share of the step is the story
     stale_steps: float = 4.0  # async: max staleness at which eviction is the likely limit
     straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
-    stall_factor: float = 6.0  # an open phase is stalled past this x its median duration...
-    stall_floor_s: float = 60.0  # ...and never before this many seconds
     async_bias_ks: float = 0.2  # KS of trained vs generated at which the batch is biased
     tail_share: float = 0.5  # rollout tail seconds ÷ gen at which the tail is the story
 

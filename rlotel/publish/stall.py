@@ -1,29 +1,37 @@
 """Open phases, watched while they are open: a stuck step never closes, so nothing that
 reads closed steps (verdicts, histograms, traces) ever says where a run hangs.
 
-Every tick of the publisher thread (never the training thread) reads the ledger's open
-spans — the open step's, a loose trace's, the remote calls this process serves — and
-gives each phase name with an open span the age of its oldest one. A phase is stalled
-while that age exceeds `max(stall_factor × median of its recent closed durations,
-stall_floor_s)` (the floor alone before any closed history). Ages come from the monotonic
-clock, so a wall-clock jump never makes one negative. On the tick a phase becomes
-stalled, rlotel logs one line and keeps a live verdict naming the phase, the process and
-where to look; the sinks get every tick's open phases (gauges, a partial span tree).
+Stalled means no progress, not long: every tick of the publisher thread (never the
+training thread) reads the ledger's open spans — the open step's, a loose trace's, the
+remote calls this process serves — and gives each open phase the time of its last
+progress: the latest evidence under it of work moving (a child phase opening or closing,
+samples recorded, worker-group replies: `Phase.progress_ns`, written where those events
+already happen). A phase is stalled once that evidence has been quiet for `stall_after_s`
+(`RLOTEL_STALL_AFTER_S`), however long or short it ran before; a slow phase that keeps
+progressing never is. Its age and the median of its recent closed durations stay as
+evidence. On the tick a phase becomes stalled, rlotel records every thread's Python stack
+of this process (from the publisher thread, so a blocked training thread is no obstacle),
+logs one line and keeps a live verdict naming the phase, the process and where to look;
+the sinks get every tick's open phases (gauges, a partial span tree).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import sys
+import sysconfig
 import threading
 import time
+import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from rlotel.derive.diagnose import Thresholds, Verdict
+from rlotel.derive.diagnose import Verdict
 from rlotel.record.ledger import Ledger, Phase, Trace
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -56,25 +64,34 @@ WHERE_TO_LOOK = {
 
 @dataclass(frozen=True)
 class OpenPhase:
-    """One phase name with open spans: the oldest one's age and whether it is stalled."""
+    """One phase name with open spans: the quietest one's age, its last progress and
+    whether it is stalled."""
 
     name: str
     age_s: float
+    quiet_s: float  # since its last progress (its own start when none yet)
     median_s: float | None  # of its recent closed durations; None before any closed
-    threshold_s: float
+    threshold_s: float  # stall_after_s: quiet this long is stalled
     stalled: bool
     onset: bool  # became the innermost stalled phase on this tick (a verdict, a log line)
-    record: Phase = field(repr=False)  # the oldest open span of that name
+    record: Phase = field(repr=False)  # the quietest open span of that name
     trace: Trace = field(repr=False)  # the trace it belongs to
+    stacks: tuple[ThreadStack, ...] = field(default=(), repr=False)  # taken at onset
 
 
 @dataclass
 class RankWait:
-    """A blocking call on several ranks, from the caller's side: which have not replied."""
+    """A blocking call on several ranks, from the caller's side: which have not replied
+    (the caller discards ranks as they reply; each reply is progress of `record`)."""
 
-    phase: str
+    record: Phase
     started_ns: int
     pending: set[int]
+    left: int = -1  # pending ranks at the last tick
+
+    @property
+    def phase(self) -> str:
+        return self.record.name
 
 
 class StallWatch:
@@ -82,26 +99,28 @@ class StallWatch:
 
     def __init__(
         self,
-        thresholds: Thresholds,
+        stall_after_s: float,
         identity: Mapping[str, Any],
         clock: Callable[[], int] = time.perf_counter_ns,
+        stacks_file: Path | None = None,
     ) -> None:
         self.ledger: Ledger | None = None  # set once the ledger exists (it is built after)
-        self._factor = thresholds.stall_factor
-        self._floor_s = thresholds.stall_floor_s
+        self._after_s = stall_after_s
         self._identity = dict(identity)
         self._clock = clock
+        self._stacks_file = stacks_file  # each stall's stacks, one JSON line (traces dir)
         self._history: dict[str, deque[float]] = {}
         self._stalled: set[str] = set()
         self._lock = threading.Lock()
         self._verdicts: dict[str, Verdict] = {}
         self._actors: dict[str, list[str]] = {}  # stalled phase → Ray actors not started
+        self._stacks: dict[str, tuple[ThreadStack, ...]] = {}  # stalled phase → its stacks
         self.rank_waits: dict[int, RankWait] = {}  # id → a blocking call's pending ranks
 
     # --- fed on the publisher thread --------------------------------------------------
 
     def closed(self, trace: Trace) -> None:
-        """A trace closed: its phases' durations are the history stalls are judged by."""
+        """A trace closed: its phases' durations are the median given as evidence."""
         history = self._history
         for record in (trace.root, *trace.records):
             if not record.end_ns:
@@ -116,57 +135,90 @@ class StallWatch:
     def check(self) -> list[OpenPhase]:
         """The open phases now; logs and keeps a verdict for each that just stalled."""
         now = self._clock()
-        oldest: dict[str, tuple[Phase, Trace]] = {}
-        for record, trace in self._open_records():
-            known = oldest.get(record.name)
-            if known is None or record.start_ns < known[0].start_ns:
-                if known is None and len(oldest) >= MAX_NAMES:
+        self._note_replies(now)
+        traces = self._open_traces()
+        latest = _latest_progress(traces)
+        quietest: dict[str, tuple[Phase, Trace]] = {}
+        for trace in traces:
+            for record in (trace.root, *list(trace.records)):
+                if not record.start_ns or record.end_ns:
                     continue
-                oldest[record.name] = (record, trace)
+                known = quietest.get(record.name)
+                if known is None and len(quietest) >= MAX_NAMES:
+                    continue
+                if known is None or latest[record] < latest[known[0]]:
+                    quietest[record.name] = (record, trace)
         judged = []
-        for name, (record, trace) in oldest.items():
+        for name, (record, trace) in quietest.items():
             age_s = max(0.0, (now - record.start_ns) / 1e9)
+            quiet_s = max(0.0, (now - latest[record]) / 1e9)
             durations = self._history.get(name)
             median_s = statistics.median(durations) if durations else None
-            threshold_s = max(self._floor_s, self._factor * median_s if median_s else 0.0)
-            judged.append((name, record, trace, age_s, median_s, threshold_s))
-        enclosing = _enclosing([(r, t) for _, r, t, age, _, limit in judged if age > limit])
+            judged.append((name, record, trace, age_s, quiet_s, median_s))
+        after_s = self._after_s
+        enclosing = _enclosing([(r, t) for _, r, t, _, quiet, _ in judged if quiet > after_s])
         phases, verdicts = [], {}
-        for name, record, trace, age_s, median_s, threshold_s in judged:
-            stalled = age_s > threshold_s
+        for name, record, trace, age_s, quiet_s, median_s in judged:
+            stalled = quiet_s > after_s
             named = stalled and record not in enclosing  # the innermost stalled phase
             onset = named and name not in self._stalled
-            phase = OpenPhase(name, age_s, median_s, threshold_s, stalled, onset, record, trace)
+            if onset:  # once per stall: Ray's actors not started, every thread's stack
+                self._actors[name] = pending_actors()
+                self._stacks[name] = thread_stacks()
+            stacks = self._stacks.get(name, ())
+            phase = OpenPhase(
+                name, age_s, quiet_s, median_s, after_s, stalled, onset, record, trace, stacks
+            )
             phases.append(phase)
             if named:
-                if onset:  # asked once per stall: Ray's state of the actors not started
-                    self._actors[name] = pending_actors()
                 verdicts[name] = self._verdict(phase)
                 if onset:
                     log.warning("rlotel: %s", self._line(phase, verdicts[name]))
+                    self._write_stacks(phase, verdicts[name])
         with self._lock:
             self._verdicts = verdicts
         self._stalled = set(verdicts)
         self._actors = {name: self._actors[name] for name in verdicts if name in self._actors}
+        self._stacks = {name: self._stacks[name] for name in verdicts if name in self._stacks}
         return phases
 
-    def _open_records(self) -> Iterator[tuple[Phase, Trace]]:
-        """Every open span of this process: read from another thread, so each list is
-        copied first (CPython appends are atomic) and each reference read once."""
+    def _note_replies(self, now: int) -> None:
+        """A rank replied since the last tick (its wait's pending set shrank): progress."""
+        for wait in list(self.rank_waits.values()):
+            left = len(wait.pending)
+            if 0 <= left < wait.left:
+                wait.record.progress_ns = max(wait.record.progress_ns, now)
+            wait.left = left
+
+    def _open_traces(self) -> list[Trace]:
+        """Every open trace of this process: read from another thread, so each reference
+        is read once and each dict copied first."""
         ledger = self.ledger
         if ledger is None:
-            return
-        traces = [ledger._step.trace if ledger._step is not None else None, ledger._loose]
+            return []
+        step = ledger._step
+        traces = [step.trace if step is not None else None, ledger._loose]
         traces += list(ledger.open_remote.values())
-        for trace in traces:
-            if trace is None:
-                continue
-            root = trace.root
-            if root.start_ns and not root.end_ns:
-                yield root, trace
-            for record in list(trace.records):
-                if record.start_ns and not record.end_ns:
-                    yield record, trace
+        return [t for t in traces if t is not None and t.root.start_ns and not t.root.end_ns]
+
+    def _write_stacks(self, phase: OpenPhase, verdict: Verdict) -> None:
+        """The stall and its stacks, one JSON line in the traces directory (`rlotel hangs`)."""
+        if self._stacks_file is None:
+            return
+        line = {
+            "phase": phase.name,
+            "open_s": round(phase.age_s, 3),
+            "quiet_s": round(phase.quiet_s, 3),
+            "since_unix_s": round(time.time() - phase.age_s, 3),
+            "last_progress_unix_s": round(time.time() - phase.quiet_s, 3),
+            "evidence": verdict.evidence,
+            "threads": [stack.as_dict() for stack in phase.stacks],
+        }
+        try:
+            with self._stacks_file.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(line) + "\n")
+        except OSError as error:
+            log.warning("rlotel: stall stacks not written to %s: %r", self._stacks_file, error)
 
     # --- read from any thread ---------------------------------------------------------
 
@@ -180,6 +232,7 @@ class StallWatch:
         evidence: dict[str, float | str] = {
             "phase": phase.name,
             "open_s": round(phase.age_s, 3),
+            "quiet_s": round(phase.quiet_s, 3),
             "threshold_s": round(phase.threshold_s, 3),
         }
         if phase.median_s is not None:
@@ -193,6 +246,9 @@ class StallWatch:
         pending = self._pending_ranks(phase)
         if pending:
             evidence["pending_ranks"] = ",".join(map(str, sorted(pending)))
+        stuck = next((stack.innermost_user() for stack in phase.stacks), None)
+        if stuck:
+            evidence["stuck_at"] = stuck
         actors = self._actors.get(phase.name)
         if actors:
             evidence["pending_actors"] = "; ".join(actors)
@@ -226,11 +282,14 @@ class StallWatch:
         median = (
             f", {phase.age_s / phase.median_s:.0f}x its median {phase.median_s:.3g} s"
             if phase.median_s
-            else " (no closed history yet)"
+            else ""
         )
+        stuck = verdict.evidence.get("stuck_at")
+        at = f"; stuck at {stuck}" if stuck else ""
         return (
-            f"phase {phase.name!r} stalled: open {phase.age_s:.1f} s{median}, over "
-            f"{phase.threshold_s:.3g} s [{who}]; look at {verdict.next_read}"
+            f"phase {phase.name!r} stalled: no progress for {phase.quiet_s:.1f} s (over "
+            f"{phase.threshold_s:.3g} s; open {phase.age_s:.1f} s{median}) [{who}]{at}; "
+            f"look at {verdict.next_read}"
         )
 
 
@@ -281,3 +340,72 @@ def _enclosing(stalled: list[tuple[Phase, Trace]]) -> set[Phase]:
             ancestors.add(parent)
             parent = parent.parent
     return ancestors
+
+
+def _latest_progress(traces: list[Trace]) -> dict[Phase, int]:
+    """Each record's last progress: the latest start, end or noted progress of it and of
+    everything under it (a trace's records name their parents; top-level ones hang from
+    its root). A walk up stops at an ancestor already as late: its own ancestors are."""
+    latest: dict[Phase, int] = {}
+    for trace in traces:
+        root = trace.root
+        for record in (root, *list(trace.records)):
+            value = max(record.start_ns, record.end_ns, record.progress_ns)
+            node: Phase | None = record
+            while node is not None and latest.get(node, -1) < value:
+                latest[node] = value
+                node = None if node is root else (node.parent or root)
+    return latest
+
+
+class Frame(NamedTuple):
+    """One frame of a thread's stack; `kind` says whose code it is: user, library (an
+    installed package), rlotel or stdlib."""
+
+    where: str  # "file:line in function"
+    kind: str
+
+
+class ThreadStack(NamedTuple):
+    """One thread's Python stack at a stall, innermost frame first."""
+
+    thread: str
+    frames: tuple[Frame, ...]
+
+    def innermost_user(self) -> str | None:
+        return next((f.where for f in self.frames if f.kind == "user"), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"thread": self.thread, "frames": [f._asdict() for f in self.frames]}
+
+
+MAX_FRAMES = 64  # innermost frames kept per thread: a stack's event stays bounded
+RLOTEL_DIR = str(Path(__file__).resolve().parent.parent)
+STDLIB_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")})
+
+
+def thread_stacks() -> tuple[ThreadStack, ...]:
+    """Every other thread's Python stack, from the calling thread (rlotel's publisher):
+    threads running the user's code first, rlotel's own threads last."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    own = threading.get_ident()
+    stacks = []
+    for ident, top in sys._current_frames().items():
+        if ident == own:
+            continue
+        frames = tuple(
+            Frame(f"{f.filename}:{f.lineno} in {f.name}", _kind(f.filename))
+            for f in reversed(traceback.extract_stack(top, limit=MAX_FRAMES))
+        )
+        stacks.append(ThreadStack(names.get(ident, f"thread-{ident}"), frames))
+    return tuple(sorted(stacks, key=lambda s: s.innermost_user() is None))
+
+
+def _kind(filename: str) -> str:
+    if filename.startswith(RLOTEL_DIR):
+        return "rlotel"
+    if "site-packages" in filename or "dist-packages" in filename:
+        return "library"
+    if filename.startswith(STDLIB_DIRS) or filename.startswith("<frozen"):
+        return "stdlib"
+    return "user"

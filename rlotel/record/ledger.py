@@ -77,6 +77,7 @@ class Phase:
         "marks_nvtx",
         "name",
         "parent",
+        "progress_ns",
         "span_id",
         "start_ns",
     )
@@ -91,6 +92,7 @@ class Phase:
     marks_nvtx: bool  # False: the caller marks this range itself (verl's NVTX timer)
     name: str
     parent: Phase | None
+    progress_ns: int  # when its work last showed progress (samples, replies); 0: not yet
     span_id: int
     start_ns: int
 
@@ -198,6 +200,7 @@ def new_phase(
     phase.name = name
     phase.color = color
     phase.parent = None
+    phase.progress_ns = 0
     phase.span_id = 0
     phase.start_ns = 0
     phase.end_ns = 0
@@ -562,15 +565,18 @@ class Ledger:
         when the caller publishes it on its own (remote, or no trace open: no spans then).
         """
         batch.end_ns = perf_counter_ns()
+        trace = self.current_trace
+        parent = (innermost_open(trace.records) or trace.root) if trace is not None else None
+        if parent is not None:
+            parent.progress_ns = batch.end_ns  # samples done: the open phase's work moves
         if remote is not None:
             batch.trace_id, batch.parent_span_id = remote
             samples.pick_sample_spans(batch, max_spans)
             return False
-        trace = self.current_trace
         if trace is None:
             return False
         batch.trace_id = trace.trace_id
-        batch.parent = innermost_open(trace.records) or trace.root
+        batch.parent = parent
         samples.pick_sample_spans(batch, max_spans - trace.sample_spans)
         trace.samples.append(batch)
         return True

@@ -229,7 +229,7 @@ PHASE_OPEN = MetricSpec(
     "rlotel_phase_open_seconds",
     "gauge",
     "seconds",
-    "Age of the oldest open span of each phase in this process (0 while none is open): a "
+    "Age of the quietest open span of each phase in this process (0 while none is open): a "
     "stuck step never closes, this shows it while it hangs.",
     ("phase",),
 )
@@ -237,8 +237,9 @@ PHASE_STALLED = MetricSpec(
     "rlotel_phase_stalled",
     "gauge",
     "",
-    "1 while the phase's oldest open span is older than max(stall_factor x its median "
-    "closed duration, stall_floor_s), else 0.",
+    "1 while the work of the phase's quietest open span has shown no progress (child phases, "
+    "samples, worker replies) for stall_after_s (RLOTEL_STALL_AFTER_S), else 0; how long it "
+    "ran is no part of it.",
     ("phase",),
 )
 PHASE_RANK_SPREAD = MetricSpec(
