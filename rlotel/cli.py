@@ -2,7 +2,8 @@
 `replay` turns verl's FileLogger output into backfillable metrics and traces, `report`
 draws a run as one offline HTML page, `perfetto` lays it (and its profiler captures) on one
 timeline, `compare` says which window changed between two runs (and gates CI on it), `stack`
-writes the shipped dashboards, alert rules and Prometheus/Collector configs into a directory."""
+writes the shipped dashboards, alert rules and Prometheus/Collector configs into a directory,
+`hangs` names the phase a run is stuck in and where its processes' threads are."""
 
 from __future__ import annotations
 
@@ -324,6 +325,23 @@ def _stack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hangs(args: argparse.Namespace) -> int:
+    """Exit 1 when a hang is present (a job watchdog's test), 0 when none is."""
+    from rlotel.offline.hangs import hangs, render
+
+    path = Path(args.dir)
+    if not path.is_dir():
+        errors.print(f"[red]rlotel: {path} is not a traces directory[/red]")
+        return 2
+    found = hangs(path)
+    if not found:
+        console.print(f"rlotel: no hang in {path}")
+        return 0
+    for line in render(found):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 1
+
+
 def _compare_table(result) -> Table:
     """Per window: base and new medians, the change, its 95 % interval, significance."""
     from rlotel.offline import compare
@@ -545,6 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     stack.add_argument("dir", help="directory to write into (created if missing)")
     stack.add_argument("--force", action="store_true", help="replace files already there")
     stack.set_defaults(handler=_stack)
+    hang = commands.add_parser(
+        "hangs", help="the phase a run is stuck in and its processes' stacks; exit 1 if hung"
+    )
+    hang.add_argument("dir", help="the traces directory (RLOTEL_TRACES_DIR)")
+    hang.set_defaults(handler=_hangs)
     args = parser.parse_args(argv)
     return _checked_path(args) or args.handler(args)
 

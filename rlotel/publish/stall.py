@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlotel.derive.diagnose import Verdict
+from rlotel.record import ids
 from rlotel.record.ledger import Ledger, Phase, Trace
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -205,8 +206,13 @@ class StallWatch:
         """The stall and its stacks, one JSON line in the traces directory (`rlotel hangs`)."""
         if self._stacks_file is None:
             return
+        record = phase.record
+        if not record.span_id:  # drawn as the span builder and the training thread do
+            record.span_id = ids.span_id()
         line = {
             "phase": phase.name,
+            "trace_id": f"{phase.trace.trace_id:032x}",  # its span, if it closes complete
+            "span_id": f"{record.span_id:016x}",
             "open_s": round(phase.age_s, 3),
             "quiet_s": round(phase.quiet_s, 3),
             "since_unix_s": round(time.time() - phase.age_s, 3),

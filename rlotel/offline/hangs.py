@@ -1,0 +1,127 @@
+"""`rlotel hangs DIR`: the phase a run is stuck in, since when, its last progress, and where
+each stuck process's threads are — from a traces directory, while the run still hangs or
+after it was killed.
+
+Every process writes one JSON line per stall it judged (`<role>-<rank>-<pid>.stacks`,
+`rlotel.publish.stall`). A stall whose span later closed complete in the traces files was
+a phase that got going again, not a hang; every other one is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlotel.schema import attributes as attr
+from rlotel.sinks.traces import otlp_json
+
+FRAMES_SHOWN = 8  # innermost frames printed per thread
+PROCESS_KEYS = ("role", "rank", "node", attr.PROCESS_PID)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One stall a process judged, with every thread's stack at that moment."""
+
+    phase: str
+    since_unix_s: float
+    last_progress_unix_s: float
+    quiet_s: float
+    evidence: dict[str, Any]
+    threads: list[dict[str, Any]]
+    span: tuple[str, str]  # (trace id, span id), hex
+    source: Path
+
+    @property
+    def process(self) -> str:
+        return " ".join(
+            f"{key.removeprefix('process.')}={self.evidence[key]}"
+            for key in PROCESS_KEYS
+            if key in self.evidence
+        )
+
+
+def read_stalls(directory: Path) -> list[Stall]:
+    """Every stall line of a traces directory (a corrupt or cut-off line is skipped)."""
+    stalls = []
+    for path in sorted(Path(directory).glob("*.stacks")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            stall = _stall(line, path)
+            if stall is not None:
+                stalls.append(stall)
+    return stalls
+
+
+def _stall(line: str, source: Path) -> Stall | None:
+    try:
+        data = json.loads(line)
+        return Stall(
+            data["phase"],
+            float(data["since_unix_s"]),
+            float(data["last_progress_unix_s"]),
+            float(data["quiet_s"]),
+            dict(data["evidence"]),
+            list(data["threads"]),
+            (str(data["trace_id"]).lower(), str(data["span_id"]).lower()),
+            source,
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _closed_spans(directory: Path) -> set[tuple[str, str]]:
+    """The spans written complete (a stalled one's partial carries `rl.open_s`)."""
+    closed = set()
+    for path in otlp_json.iter_files(directory):
+        for span in otlp_json.read_file(path).spans:
+            if span.attributes.get(attr.OPEN_S) is None:
+                closed.add((span.trace_id.lower(), span.span_id.lower()))
+    return closed
+
+
+def hangs(directory: Path) -> list[Stall]:
+    """The stalls whose phase never closed, oldest first."""
+    closed = _closed_spans(directory)
+    return sorted(
+        (s for s in read_stalls(directory) if s.span not in closed),
+        key=lambda s: s.since_unix_s,
+    )
+
+
+def render(stalls: list[Stall]) -> Iterator[str]:
+    """The lines `rlotel hangs` prints: per stall, its phase and times, then its process's
+    threads, each with its innermost user frame, then its innermost frames, marked (threads
+    in rlotel or the stdlib alone are counted)."""
+    for stall in stalls:
+        step = stall.evidence.get("step")
+        at = f" in step {step}" if step is not None else ""
+        yield (
+            f"HANG: phase {stall.phase!r}{at} open since {_clock(stall.since_unix_s)}, last "
+            f"progress {_clock(stall.last_progress_unix_s)} (no progress for "
+            f"{stall.quiet_s:.1f} s when judged)"
+        )
+        yield f"  process {stall.process} ({stall.source.name})"
+        pending = stall.evidence.get("pending_ranks")
+        if pending:
+            yield f"  ranks that never replied: {pending}"
+        quiet = 0
+        for thread in stall.threads:
+            frames = thread.get("frames", [])
+            if not any(f.get("kind") in ("user", "library") for f in frames):
+                quiet += 1
+                continue
+            user = next((f.get("where") for f in frames if f.get("kind") == "user"), None)
+            stuck = f" stuck at {user}" if user else ""
+            yield f"  thread {thread.get('thread')}:{stuck}"
+            for frame in frames[:FRAMES_SHOWN]:
+                yield f"    [{frame.get('kind')}] {frame.get('where')}"
+        if quiet:
+            yield f"  ({quiet} more thread(s) in rlotel or the standard library only)"
+
+
+def _clock(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix_s)) + "Z"

@@ -1,0 +1,60 @@
+"""`rlotel hangs DIR`: names the stuck phase, its process and the user's blocked frame from a
+traces directory while the run hangs (exit 1), and says no hang once the phase closed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rlotel import cli
+from rlotel.schema import attributes as attr
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def reward_that_never_answers(release: threading.Event) -> None:
+    """A stand-in for the user's reward calling a sandbox that hangs."""
+    release.wait(30)
+
+
+def test_a_hung_phase_is_named_with_its_stack_until_it_closes(
+    make_tel, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("RLOTEL_TRACES_DIR", str(tmp_path))
+    tel = make_tel(stall_after_s=0.3, resource_attributes={attr.ROLE: "trainer", attr.RANK: 0})
+    release = threading.Event()
+
+    def train() -> None:
+        with tel.step(2), tel.phase("gen"):
+            reward_that_never_answers(release)
+
+    trainer = threading.Thread(target=train, name="trainer")
+    trainer.start()
+    try:
+        wait_for(lambda: tel.stalled)
+        assert tel.flush(10)  # the partial span reaches the traces file
+        capsys.readouterr()
+        assert cli.main(["hangs", str(tmp_path)]) == 1
+        out = capsys.readouterr().out
+        assert "HANG: phase 'gen' in step 2" in out
+        assert "role=trainer rank=0" in out and "pid=" in out
+        (thread,) = [line for line in out.splitlines() if line.startswith("  thread trainer:")]
+        assert thread.endswith("in reward_that_never_answers")  # the user's frame first
+        assert "[stdlib]" in out and "[user]" in out  # then the frames, each marked
+    finally:
+        release.set()
+        trainer.join(10)
+    assert tel.flush(10)  # gen closed: its complete span follows
+    capsys.readouterr()
+    assert cli.main(["hangs", str(tmp_path)]) == 0
+    assert "no hang" in capsys.readouterr().out
+
+
+def test_a_directory_without_stalls_has_no_hang_and_a_missing_one_is_an_error(tmp_path, capsys):
+    assert cli.main(["hangs", str(tmp_path)]) == 0
+    assert cli.main(["hangs", str(tmp_path / "missing")]) == 2
