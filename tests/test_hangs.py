@@ -58,3 +58,32 @@ def test_a_hung_phase_is_named_with_its_stack_until_it_closes(
 def test_a_directory_without_stalls_has_no_hang_and_a_missing_one_is_an_error(tmp_path, capsys):
     assert cli.main(["hangs", str(tmp_path)]) == 0
     assert cli.main(["hangs", str(tmp_path / "missing")]) == 2
+
+
+def test_a_worker_call_that_stops_progressing_writes_its_own_stack(
+    make_tel, tmp_path, monkeypatch, capsys
+):
+    """The same rule runs in every process: a worker's call (a remote phase) is judged by
+    its own progress and its stacks land in the same directory."""
+    monkeypatch.setenv("RLOTEL_TRACES_DIR", str(tmp_path))
+    tel = make_tel(stall_after_s=0.3, resource_attributes={attr.ROLE: "reward", attr.RANK: 3})
+    caller = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}  # the driver's phase
+    release = threading.Event()
+
+    def serve() -> None:
+        with tel.phase("compute_score", context=caller):
+            reward_that_never_answers(release)
+
+    worker = threading.Thread(target=serve, name="reward-call")
+    worker.start()
+    try:
+        wait_for(lambda: tel.stalled)
+        capsys.readouterr()
+        assert cli.main(["hangs", str(tmp_path)]) == 1
+        out = capsys.readouterr().out
+        assert "HANG: phase 'compute_score' open since" in out
+        assert "role=reward rank=3" in out
+        assert "thread reward-call: stuck at" in out
+    finally:
+        release.set()
+        worker.join(10)
