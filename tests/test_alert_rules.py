@@ -34,7 +34,7 @@ ALERTS = (
     "RLAsyncBias",
     "RLMetricSeriesCapped",
 )
-# Judged in-process (rlotel.Thresholds.stall_factor / stall_floor_s): the rule reads the flag.
+# Judged in-process (no progress for stall_after_s): the rule reads the flag.
 JUDGED_IN_PROCESS = {"RLPhaseStalled"}
 
 Rule = dict[str, Any]

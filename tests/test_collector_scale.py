@@ -335,7 +335,7 @@ def by_step(spans: list) -> dict[int, list]:
 def test_each_policy_keeps_the_step_it_is_for_and_no_healthy_one(make_tel, span_exporter):
     tel = make_tel(
         max_sample_spans=2,
-        bottleneck_thresholds=rlotel.Thresholds(stall_factor=6.0, stall_floor_s=0.3),
+        stall_after_s=0.3,
     )
     with tel.step(1):  # healthy: balanced ranks, fast samples
         with tel.phase("gen"):
