@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from ray.util import remove_placement_group
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import (
@@ -59,43 +60,74 @@ class TimedWorker(Worker):
         time.sleep(3600 if self.rank == SLOW_RANK else 0.05)
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for the module, its workers running rlotel (RLOTEL_ENABLE in
+    the job's environment). Each test's worker group gets its own files through verl's
+    `worker_env` (merged over the job's); the tests that crash or hang workers kill them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        plugin.install()
+        ray.init(
+            address="local",
+            num_cpus=32,
+            include_dashboard=False,
+            log_to_driver=False,
+            # no RLOTEL_RUN: the workers hear the driver's run (baggage)
+            runtime_env={"env_vars": {"RLOTEL_ENABLE": "1"}},
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
+            plugin.uninstall()
+
+
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """A local Ray cluster whose workers run rlotel (RLOTEL_ENABLE in their environment)."""
+def cluster(ray_cluster, tmp_path, monkeypatch):
+    """This test's traces directory (the driver's and its workers'); after the test, the
+    driver's telemetry shut down and its worker groups' actors and CPUs given back (each
+    group holds a placement group of 20 logical CPUs: two would not fit at once)."""
     traces = tmp_path / "traces"
-    env_vars = {
-        "RLOTEL_ENABLE": "1",  # no RLOTEL_RUN: the workers hear the driver's run (baggage)
-        "RLOTEL_TRACES_DIR": str(traces),
-        "RLOTEL_PROMETHEUS_SD_DIR": str(tmp_path / "sd"),
-    }
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setenv("RLOTEL_TRACES_DIR", str(traces))
-    plugin.install()
-    ray.init(
-        address="local",
-        num_cpus=32,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": env_vars},
-    )
     try:
         yield traces
     finally:
-        ray.shutdown()
-        plugin.uninstall()
         tel = rlotel.current()
         if tel is not None:
             tel.shutdown()
+        while _GROUPS:
+            group, pool = _GROUPS.pop()
+            for worker in group.workers:
+                ray.kill(worker)
+            for pg in pool.pgs or []:
+                remove_placement_group(pg)
 
 
-def worker_group() -> RayWorkerGroup:
-    return RayWorkerGroup(
-        resource_pool=RayResourcePool([2], use_gpu=False),
+_GROUPS: list[tuple[RayWorkerGroup, RayResourcePool]] = []  # made in the current test
+
+
+def worker_group(files: Path | None = None) -> RayWorkerGroup:
+    """Two TimedWorker ranks; with `files` (a test's `cluster`), they write their traces to
+    `files` and their discovery files to `files.parent / "sd"`, and go when the test ends."""
+    env = None
+    if files is not None:
+        env = {
+            "RLOTEL_TRACES_DIR": str(files),
+            "RLOTEL_PROMETHEUS_SD_DIR": str(files.parent / "sd"),
+        }
+    pool = RayResourcePool([2], use_gpu=False)
+    group = RayWorkerGroup(
+        resource_pool=pool,
         ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TimedWorker)),
         device_name="cpu",
+        worker_env=env,
     )
+    if files is not None:
+        _GROUPS.append((group, pool))
+    return group
 
 
 def wait_for_spans(
@@ -118,7 +150,7 @@ def by_name(spans: list[SpanRecord], name: str) -> list[SpanRecord]:
 
 def test_worker_group_calls_join_the_driver_phase_across_processes(cluster):
     tel = rlotel.init(run="wg", prometheus_port=0, resource_attributes={"rl.role": "driver"})
-    group = worker_group()
+    group = worker_group(cluster)
     with tel.phase("init_model"):  # the workers start their telemetry (not timed below)
         group.update_policy(0.0)
     with tel.step(1) as step:
@@ -184,7 +216,7 @@ def test_worker_group_calls_join_the_driver_phase_across_processes(cluster):
 
 def test_calls_outside_a_phase_carry_only_the_run_once(cluster):
     tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
-    group = worker_group()
+    group = worker_group(cluster)
     for _ in range(2):  # no phase open: the run only, on the first call to each actor
         assert group.update_policy(0.0) == [0, 1]
     told = {actor for run, actor in verl_workers._told_run if run == "wg"}
@@ -199,7 +231,7 @@ def test_calls_outside_a_phase_carry_only_the_run_once(cluster):
 
 def test_a_worker_dying_mid_phase_closes_the_phase_with_the_error(cluster):
     tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
-    group = worker_group()
+    group = worker_group(cluster)
     started = time.monotonic()
     with pytest.raises(ray.exceptions.RayActorError):
         with tel.step(1), tel.phase("update_actor"):
@@ -218,7 +250,7 @@ def test_a_worker_dying_mid_phase_closes_the_phase_with_the_error(cluster):
 
 def test_a_hung_worker_never_hangs_the_driver_telemetry(cluster):
     tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
-    group = worker_group()
+    group = worker_group(cluster)
     with tel.step(1), tel.phase("gen"):
         pass
 
@@ -244,9 +276,9 @@ def test_a_rank_hung_in_update_actor_is_named_by_the_driver_and_its_own_metrics(
         run="wg",
         prometheus_port=None,
         resource_attributes={"rl.role": "driver"},
-        bottleneck_thresholds=rlotel.Thresholds(stall_floor_s=2.0),
+        stall_after_s=2.0,
     )
-    group = worker_group()
+    group = worker_group(cluster)
     with tel.phase("init_model"):  # the workers start their telemetry (not timed below)
         group.update_policy(0.0)
     with tel.step(1), tel.phase("update_actor"):
