@@ -77,6 +77,10 @@ def test_a_phase_without_progress_is_stalled_while_open_and_clears_after(make_te
         assert attr.STALLED not in partial["step"].attributes
         assert partial["step"].attributes[attr.OPEN_S] >= gen.attributes[attr.OPEN_S]
         assert gen.parent.span_id == partial["step"].context.span_id
+        stacks = {e.attributes["thread.name"]: e for e in gen.events if e.name == attr.STALL_STACK}
+        trace = stacks[trainer.name].attributes["code.stacktrace"]
+        assert "in blocked_in_the_reward [user]" in trace
+        assert not partial["step"].events  # the stacks go with the stalled span only
     finally:
         release.set()
         trainer.join(10)

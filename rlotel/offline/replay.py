@@ -36,7 +36,7 @@ from rlotel.record.ledger import Trace, new_phase
 from rlotel.schema import attributes as attr
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary
-from rlotel.sinks.metrics.exposition import bucket_labels, library_family
+from rlotel.sinks.metrics import exposition
 from rlotel.sinks.traces.jsonl import JsonLinesExporter
 from rlotel.sinks.traces.spans import SpanBuilder
 
@@ -245,24 +245,24 @@ class _HistoryCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         history, run, at = self._history, self._run, self._timestamps
         for spec in cat.CATALOGUE:
-            family = library_family(spec)
+            metric = exposition.family(spec)
             if spec in history.scalars:
                 for labels, (indices, values) in history.scalars[spec].items():
                     for index, value in zip(indices, values, strict=True):
-                        family.add_metric([run, *labels], value, timestamp=at[index])
+                        metric.add_metric([run, *labels], value, timestamp=at[index])
                     self.series += 1
                     self.samples += len(values)
             elif spec in history.histograms:
-                bounds = bucket_labels(spec.buckets)  # the live `le` of a default run
+                bounds = exposition.bucket_labels(spec.buckets)  # the live `le` of a default run
                 for labels, points in history.histograms[spec].items():
                     for index, cumulative, total in points:
                         buckets = list(zip(bounds, cumulative.tolist(), strict=True))
-                        family.add_metric([run, *labels], buckets, total, timestamp=at[index])
+                        metric.add_metric([run, *labels], buckets, total, timestamp=at[index])
                     self.series += len(bounds) + 2
                     self.samples += (len(bounds) + 2) * len(points)
             else:
                 continue
-            yield family
+            yield metric
 
 
 def _timestamp(ms: int) -> Timestamp:

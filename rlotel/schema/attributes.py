@@ -15,6 +15,7 @@ PHASE = "rl.phase"
 BUCKET = "rl.bucket"  # goodput bucket of a phase: productive, overhead, idle, wasted
 INCOMPLETE = "rl.incomplete"  # the step ended by an exception or at exit; or still open
 STALLED = "rl.stalled"  # a partial span of a phase open past its stall threshold
+STALL_STACK = "rl.stall.stack"  # event: one thread's stack at a stall's onset (on the stalled span)
 OPEN_S = "rl.open_s"  # a partial span (exported while open): how long it had been open
 RECONSTRUCTED = "rl.reconstructed"  # replayed from a verl log, not measured
 UNACCOUNTED_S = "rl.unaccounted_s"

@@ -3,7 +3,7 @@ the library's own encoders (text, OpenMetrics with exemplars, every name escapin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -28,9 +28,14 @@ def family(spec: cat.MetricSpec) -> Metric:
     return kind(spec.name, spec.help, labels=spec.label_names, unit=spec.unit)
 
 
+def bucket_labels(bounds: Iterable[float]) -> list[str]:
+    """The `le` label values of a histogram's upper bounds, `+Inf` last."""
+    return [*(repr(float(bound)) for bound in bounds), "+Inf"]
+
+
 def buckets(point: HistogramPoint) -> list[tuple]:
     """(`le`, cumulative count[, exemplar]) per bucket, `+Inf` last."""
-    bounds = [*(repr(float(bound)) for bound in point.bounds), "+Inf"]
+    bounds = bucket_labels(point.bounds)
     rows: list[tuple] = []
     for index, (le, count) in enumerate(zip(bounds, point.cumulative.tolist(), strict=True)):
         exemplar = point.exemplars.get(index)

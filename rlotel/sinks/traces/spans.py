@@ -42,7 +42,7 @@ from rlotel.sinks.traces.span_data import (
 )
 
 if TYPE_CHECKING:
-    from rlotel.publish.stall import OpenPhase
+    from rlotel.publish.stall import OpenPhase, ThreadStack
 
 # Per-sample column → (span attribute, written as an integer).
 _SAMPLE_KEYS = {
@@ -375,8 +375,10 @@ def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
         else:
             parent_id = _span_id(record.parent) if record.parent is not None else root_id
             attributes[attr.PHASE] = record.name
+        events: tuple[EventData, ...] = ()
         if record is phase.record:
             attributes[attr.STALLED] = True
+            events = tuple(_stack_event(stack, now + offset) for stack in phase.stacks)
         spans.append(
             SpanData(
                 trace.trace_id,
@@ -389,9 +391,18 @@ def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
                 (),
                 None,
                 record is root and bool(trace.remote_parent),
+                events,
             )
         )
     return spans
+
+
+def _stack_event(stack: ThreadStack, time_ns: int) -> EventData:
+    """One thread's stack at the stall's onset, on the stalled span (so it reaches the
+    Collector and Tempo): innermost frame first, each marked user/library/rlotel/stdlib."""
+    frames = "\n".join(f"{frame.where} [{frame.kind}]" for frame in stack.frames)
+    attributes = {"thread.name": stack.thread, "code.stacktrace": frames}  # OTel semconv
+    return EventData(attr.STALL_STACK, time_ns, attributes)
 
 
 def step_attributes(step: Step) -> dict[str, Any]:
