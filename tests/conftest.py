@@ -4,8 +4,11 @@ real Prometheus. Helper functions and classes live in tests/helpers.py: import t
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 
 # Every Ray cluster a test starts listens on loopback only. Ray reads this switch once, when
 # it is imported, so it is set before any test module imports ray.
@@ -90,3 +93,39 @@ def prometheus_for(tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> Path:
+    """`rlotel demo`, run once for real with a profiled step: runs/rep/ holds its report.html,
+    summary.json and traces; its stdout is in runs/rep.stdout (tests/test_report.py,
+    tests/test_occupancy.py read it)."""
+    runs = tmp_path_factory.mktemp("runs")
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlotel.cli",
+            "demo",
+            "--steps",
+            "4",
+            "--port",
+            "0",
+            "--runs-dir",
+            str(runs),
+            "--run",
+            "rep",
+            "--profile-steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert process.returncode == 0, process.stderr
+    (runs / "rep.stdout").write_text(process.stdout)
+    report = runs / "rep" / "report.html"
+    assert f"report: {report}" in process.stdout
+    assert "metrics: http" not in process.stdout  # not served after training: not printed
+    return runs / "rep"

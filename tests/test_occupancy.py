@@ -178,8 +178,10 @@ def run_demo(runs: Path, *args: str) -> Path:
 
 
 @pytest.mark.slow
-def test_demo_occupancy_is_in_range_and_the_report_shows_it(tmp_path):
-    run = run_demo(tmp_path, "--steps", "3")
+def test_demo_occupancy_is_in_range_and_the_report_shows_it(demo_run):
+    """The shared demo run (tests/conftest.py: 4 steps)."""
+    assert "rollout occupancy" in (demo_run.parent / "rep.stdout").read_text()
+    run = demo_run
     steps = json.loads((run / "summary.json").read_text())["steps"]
     values = [s["metrics"]["rlotel/rollout_occupancy"] for s in steps]
     assert all(0 < v <= 1 for v in values), values

@@ -230,39 +230,6 @@ def _pixels_are_not_blank(png: bytes) -> tuple[int, float]:
     return len(colors), differing / (image.width * image.height)
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
-    """The demo, run for real with a profiled step: it writes runs/<run>/report.html."""
-    runs = tmp_path_factory.mktemp("runs")
-    process = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlotel.cli",
-            "demo",
-            "--steps",
-            "4",
-            "--port",
-            "0",
-            "--runs-dir",
-            str(runs),
-            "--run",
-            "rep",
-            "--profile-steps",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "300"},
-    )
-    assert process.returncode == 0, process.stderr
-    report = runs / "rep" / "report.html"
-    assert f"report: {report}" in process.stdout
-    assert "metrics: http" not in process.stdout  # not served after training: not printed
-    return runs / "rep"
-
-
 @pytest.mark.slow
 def test_demo_report_in_headless_chromium(demo_run: Path, tmp_path) -> None:
     from tests.chromium import Chromium, chromium_binary, file_url
