@@ -29,6 +29,7 @@ NOT_IN_THE_SYNC_DEMO = {
     "rlotel_rank_collective_seconds": "worker processes write it; the demo runs no worker group",
     "rlotel_integration_events": "the demo calls rlotel's API: no zero-code integration hooks",
     "rlotel_integration_seconds": "the demo calls rlotel's API: no zero-code integration hooks",
+    "rlotel_integration_failures": "the demo calls rlotel's API: no zero-code hook to fail",
     "rlotel_async_bias_ks": "trained vs generated is an async question (rlotel demo --async)",
     "rlotel_samples_discarded": "the sync demo trains every sample (--async --max-staleness)",
 }
