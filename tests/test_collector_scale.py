@@ -17,7 +17,6 @@ import pytest
 import yaml
 from opentelemetry.trace import StatusCode
 
-import rlotel
 from rlotel.record.ranks import RankReply
 from rlotel.record.samples import DURATION_FIELDS
 from rlotel.schema import attributes as attr

@@ -218,7 +218,6 @@ def test_the_same_configuration_raises_in_user_code(case, receiver, monkeypatch,
 
 
 def test_a_ray_worker_hook_starts_with_one_warning(receiver, monkeypatch, caplog):
-    pytest.importorskip("ray")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")
     ray.setup_worker()  # Ray's worker_process_setup_hook
