@@ -255,11 +255,18 @@ def test_verl_profiler_capture_linked_from_its_step(plugin_on: Path) -> None:
 
 
 def test_verdicts_carry_mfu_and_token_evidence(plugin_on: Path) -> None:
+    """Each step's verdict quotes the MFU verl logged for that step (0.0 on CPU: verl's
+    value as it is), not merely a key."""
+    logged = verl_log(plugin_on)
     trainer = spans_by_role(plugin_on)["trainer"]
-    for step in (s for s in trainer if s["name"] == "step"):
+    steps = [s for s in trainer if s["name"] == "step"]
+    assert sorted(s["attrs"]["rl.step"] for s in steps) == sorted(logged)
+    for step in steps:
         attrs = step["attrs"]
         assert "rl.bottleneck" in attrs
-        assert "rl.bottleneck.evidence.mfu_actor" in attrs, attrs
+        mfu = logged[attrs["rl.step"]]["perf/mfu/actor"]
+        quoted = attrs["rl.bottleneck.evidence.mfu_actor"]  # rounded to 4 places
+        assert math.isclose(quoted, mfu, abs_tol=5e-5), (quoted, mfu)
 
 
 def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path) -> None:
