@@ -43,7 +43,7 @@ from tests.otlp_receiver import HttpReceiver
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 STAND_INS = Path(__file__).resolve().parent / "verl_cpu"
-METRICS_PORT = 9464  # rlotel's documented default (OTEL_EXPORTER_PROMETHEUS_PORT)
+METRICS_PORT = 9464  # rlotel's documented default: no OTEL_EXPORTER_PROMETHEUS_PORT is set
 EXPERIMENT = "e2e-grpo"
 TIMEOUT_S = 420
 
@@ -148,7 +148,6 @@ def environment(
             RLOTEL_ENABLE="1",
             RLOTEL_TRACES_DIR=str(work / "traces"),
             RLOTEL_PROMETHEUS_SD_DIR=str(work / "sd"),
-            OTEL_EXPORTER_PROMETHEUS_PORT=str(METRICS_PORT),
         )
     if otlp:
         environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp  # every process, vLLM's engine too
