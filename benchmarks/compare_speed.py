@@ -25,7 +25,7 @@ from pathlib import Path
 
 from synthetic_run import PHASES, write_traces  # benchmarks/ is this script's path
 
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.schema import vocabulary as voc
 
 BUDGET_S = 10.0

@@ -12,9 +12,9 @@ from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from rlotel import active
+from rlotel.base.errors import ConfigError
 from rlotel.derive import diagnose as _diagnose
 from rlotel.derive.diagnose import StepFacts, Thresholds, Verdict
-from rlotel.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlotel.record.ledger import Phase

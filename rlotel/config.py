@@ -17,10 +17,10 @@ from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlotel.base.env import Environment
+from rlotel.base.errors import ConfigError
 from rlotel.derive.diagnose import Thresholds
 from rlotel.derive.goodput import BUCKETS
-from rlotel.env import Environment
-from rlotel.errors import ConfigError
 from rlotel.profile.config import ProfileConfig
 from rlotel.publish.sink import Sink
 from rlotel.schema import catalogue as cat
@@ -68,7 +68,7 @@ class Config:
     sinks: `rlotel.Sink`s of your own: closed steps, traces, samples, logs, captures.
     bottleneck_thresholds: tunes the per-step verdict (`rlotel.Thresholds`).
     stall_after_s: an open phase whose work shows no progress for this many seconds is
-        stalled; else `RLOTEL_STALL_AFTER_S`, else 300 (`rlotel.publish.stall`).
+        stalled; else `RLOTEL_STALL_AFTER_S`, else 300 (`rlotel.derive.stall`).
     profile: every profiling option (`rlotel.ProfileConfig`); overrides profile_steps.
     resource_attributes: this process's own resource attributes (e.g. `rl.role`,
         `rl.rank`, `rl.node`), next to `service.name` and `rl.run`.

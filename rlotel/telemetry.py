@@ -19,18 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from rlotel import active
+from rlotel.base.drops import Drops, describe, encodable
+from rlotel.base.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.derive.diagnose import Diagnoser, Verdict
 from rlotel.derive.goodput import PhaseBuckets, Timeline
+from rlotel.derive.stall import RankWait, StallWatch
 from rlotel.derive.summary import StepSummary, summarize
-from rlotel.env import DEFAULT_SPAN_EXPORT_DELAY_MS
-from rlotel.metrics.recorder import Recorder
-from rlotel.metrics.store import SeriesStore
 from rlotel.publish.pipeline import LogRecord, Pipeline
 from rlotel.publish.publisher import Publisher
 from rlotel.publish.sink import CompositeSink, Sink
-from rlotel.publish.stall import RankWait, StallWatch
-from rlotel.record.drops import Drops, describe, encodable
 from rlotel.record.ledger import (
     HookServices,
     Ledger,
@@ -45,6 +43,8 @@ from rlotel.record.propagation import parse, traceparent
 from rlotel.record.ranks import RankCompute, RankReply, RankSeconds
 from rlotel.record.samples import build_batch, use_remote_spans
 from rlotel.schema import attributes as attr
+from rlotel.series.recorder import Recorder
+from rlotel.series.store import SeriesStore
 from rlotel.sinks.traces.export_queue import SpanBatchExporter
 
 log = logging.getLogger("rlotel")

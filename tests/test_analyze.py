@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import rlotel
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.offline.analyze import load_steps
 
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"]

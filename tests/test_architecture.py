@@ -1,27 +1,32 @@
-"""The module graph of `rlotel/`: layered as DESIGN §2 says, and free of import cycles.
+"""The module graph of `rlotel/`: its folders are its layers, and it has no import cycles.
 
 Every import statement counts: imports inside functions (lazy ones) and under
 `TYPE_CHECKING` too — a dependency hidden behind either still means a module that cannot
 be understood, or changed, without the one it names. `from rlotel import x` is an edge to
 the submodule `rlotel.x` when there is one, else to the package (whose `__init__` runs).
 
-Layers, lowest first (`LAYERS`, the map as data): a module may import its own layer and
-the layers below it, never one above. DESIGN §2 lists `core → schemas → analysis →
-pipeline → metrics → exporters → plug-ins → composition → offline → outer`; two choices
-where it is silent or the code says otherwise, written down here:
+Layers, lowest first (`LAYERS`, the map as data), each one or more folders of `rlotel/`
+(`""` is the package's own top-level modules): a module may import its own layer and the
+layers below it, never one above.
 
-- `base` under everything: leaf utilities DESIGN does not name (errors, ids, the drop
-  counter and input coercion, tallies, the environment reader, the clock). `env` is listed
-  under composition in DESIGN, but the clock (every Unix time stamp) and the profile
-  defaults (rank, world size) read it; it imports only `errors`, so it sits at the bottom.
-- `schemas` under `core`: pure data everyone reads, the training thread included (the
-  ledger spells `step` through the vocabulary, samples name their span attributes).
-- The record of one profiler capture (`profile.capture`) is core data like a step or a
-  sample batch (steps link captures); the profiler that makes them is the plug-in.
+- `base`: leaf utilities every layer uses (errors, the environment reader, ids, the clock,
+  counted drops and tallies); they import only each other.
+- `schema`: pure data everyone reads, the training thread included (the ledger spells
+  `step` through the vocabulary, samples name their span attributes), and verl's formulas.
+- `record`: what the training thread writes — the ledger, samples, ranks, NVTX, and the
+  record of one profiler capture (steps link captures).
+- `derive`: what is computed from records: summaries, verdicts, the stall judgement.
+- `publish`: the background pipeline that hands closed steps to the sinks.
+- `series`: the backend-neutral series store and the recorder that fills it.
+- `sinks`: the exporters (Prometheus, OTLP metrics and traces, the traces file).
+- `profile`: the torch.profiler driver that makes captures.
+- the package's own modules: the configuration, `Telemetry` that composes the above, the
+  public facade (`rlotel/__init__.py`, loading the rest lazily by name, `_LAZY`, checked).
+- `offline`: commands that read a run's files (analyze, compare, report, hangs, ...).
+- `integrations`, `demo`, `cli`: what plugs rlotel into a host or a person.
 
 A package's `__init__` runs before any of its modules, so a subpackage's `__init__`
-imports nothing (checked); the root `rlotel/__init__.py` is the public facade
-(composition) and loads the rest lazily by name (`_LAZY`, checked against the layers).
+imports nothing (checked).
 """
 
 from __future__ import annotations
@@ -33,37 +38,20 @@ import rlotel
 
 PACKAGE = Path(rlotel.__file__).parent
 
-# (layer, its modules) lowest first; names are under `rlotel.` ("" is the package itself),
-# `x.*` covers a subpackage's modules not named elsewhere.
+# (layer, its folders) lowest first; "" is the package's own top-level modules.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("errors", "env", "record.ids", "record.drops", "record.tally", "record.clock")),
-    ("schemas", ("schema", "schema.*", "derive.formulas")),
-    ("core", ("record", "record.*", "profile.capture")),
-    ("analysis", ("derive", "derive.*")),
-    ("pipeline", ("publish", "publish.*")),
-    ("metrics", ("metrics", "metrics.*")),
-    ("exporters", ("sinks", "sinks.*")),
-    ("plug-ins", ("profile", "profile.config", "profile.torch_driver")),
-    ("composition", ("active", "config", "telemetry", "")),
-    ("offline", ("offline", "offline.*")),
-    ("outer", ("integrations", "integrations.*", "demo", "demo.*", "cli")),
+    ("base", ("base",)),
+    ("schema", ("schema",)),
+    ("record", ("record",)),
+    ("derive", ("derive",)),
+    ("publish", ("publish",)),
+    ("series", ("series",)),
+    ("sinks", ("sinks",)),
+    ("profile", ("profile",)),
+    ("composition", ("",)),
+    ("offline", ("offline",)),
+    ("outer", ("integrations", "demo", "cli")),
 )
-DESIGN_ORDER = (  # DESIGN §2's list, and where `LAYERS` departs from it (see above)
-    "core",
-    "schemas",
-    "analysis",
-    "pipeline",
-    "metrics",
-    "exporters",
-    "plug-ins",
-    "composition",
-    "offline",
-    "outer",
-)
-
-# Edges against the layers still to be removed, each with why it is allowed for now; an
-# entry whose edge is gone fails the test until it leaves the list.
-PENDING: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:
@@ -127,28 +115,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def full_name(name: str) -> str:
-    return f"rlotel.{name}" if name else "rlotel"
+def folder_of(module: str) -> str:
+    """The folder of `rlotel/` a module lives in ("" for the package's own modules)."""
+    parts = module.split(".")
+    package_modules = {path.stem for path in PACKAGE.glob("*.py")}
+    if len(parts) == 1 or (len(parts) == 2 and parts[1] in package_modules):
+        return ""
+    return parts[1]
 
 
 def layer_of(modules: set[str]) -> dict[str, int]:
-    """Each module's layer index; exact names win over `x.*` patterns."""
-    exact = {full_name(n): i for i, (_, names) in enumerate(LAYERS) for n in names if "*" not in n}
-    patterns = [
-        (full_name(n[:-2]) + ".", i)
-        for i, (_, names) in enumerate(LAYERS)
-        for n in names
-        if "*" in n
-    ]
-    found: dict[str, int] = {}
-    for module in modules:
-        if module in exact:
-            found[module] = exact[module]
-            continue
-        for prefix, index in patterns:
-            if module.startswith(prefix):
-                found[module] = index
-    return found
+    """Each module's layer index, from its folder."""
+    index = {folder: i for i, (_, folders) in enumerate(LAYERS) for folder in folders}
+    return {m: index[folder_of(m)] for m in modules if folder_of(m) in index}
 
 
 def upward(graph: dict[str, set[str]], layers: dict[str, int]) -> set[tuple[str, str]]:
@@ -168,15 +147,14 @@ def render(graph: dict[str, set[str]], layers: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def test_every_module_has_one_layer_and_every_listed_module_exists() -> None:
+def test_every_module_has_one_layer_and_every_listed_folder_exists() -> None:
     graph = import_graph()
     layers = layer_of(set(graph))
-    assert sorted(set(graph) - set(layers)) == []  # a new module: give it a layer above
-    listed = [full_name(n) for _, names in LAYERS for n in names if "*" not in n]
-    assert sorted(n for n in listed if n not in graph) == []
-    assert len(listed) == len(set(listed))
-    names = [name for name, _ in LAYERS]
-    assert names == ["base", "schemas", "core", *DESIGN_ORDER[2:]]  # DESIGN's order
+    assert sorted(set(graph) - set(layers)) == []  # a new folder: give it a layer
+    folders = [folder for _, names in LAYERS for folder in names]
+    assert len(folders) == len(set(folders))
+    assert sorted(f for f in folders if not (PACKAGE / f).is_dir()) == []
+    assert {folder_of(m) for m in graph} == set(folders)  # no listed folder is empty
 
 
 def test_imports_point_down_the_layers() -> None:
@@ -184,8 +162,7 @@ def test_imports_point_down_the_layers() -> None:
     layers = layer_of(set(graph))
     print("\n" + render(graph, layers))  # pytest -s shows the map
     found = upward(graph, layers)
-    assert sorted(found - set(PENDING)) == []
-    assert sorted(set(PENDING) - found) == []  # a pending edge that is gone leaves the list
+    assert sorted(found) == []
 
 
 def test_subpackage_inits_import_nothing_and_the_facade_loads_only_lower_layers() -> None:
@@ -202,13 +179,6 @@ def test_subpackage_inits_import_nothing_and_the_facade_loads_only_lower_layers(
     layers = layer_of(set(import_graph()))
     facade = layers["rlotel"]
     assert {m: layers[m] for m in rlotel._LAZY.values() if layers[m] > facade} == {}
-
-
-def test_the_sink_interface_is_the_one_the_exporters_see() -> None:
-    from rlotel.publish import sink
-    from rlotel.sinks import base
-
-    assert base.Sink is sink.Sink is rlotel.Sink and base.CompositeSink is sink.CompositeSink
 
 
 def test_the_checker_finds_an_upward_import() -> None:

@@ -12,12 +12,11 @@ import urllib.request
 
 import pytest
 
-from rlotel import env
+from rlotel.base import clock, env
 from rlotel.integrations import ray as ray_integration
 from rlotel.integrations import verl_workers
-from rlotel.record import clock
-from rlotel.sinks.traces import otlp_json
-from rlotel.sinks.traces.otlp_json import SpanRecord
+from rlotel.offline import otlp_json
+from rlotel.offline.otlp_json import SpanRecord
 
 S = 1_000_000_000
 
@@ -89,7 +88,7 @@ def test_the_test_clock_hook_shifts_rlotels_unix_clock_only_when_set():
     assert env.test_clock_shift_ns({}) == 0
     assert env.test_clock_shift_ns({"RLOTEL_TEST_CLOCK_SHIFT_S": "2"}) == 2 * S
     assert env.test_clock_shift_ns({"RLOTEL_TEST_CLOCK_SHIFT_S": "x"}) == 0
-    code = "import time; from rlotel.record import clock; print(clock.unix_ns() - time.time_ns())"
+    code = "import time; from rlotel.base import clock; print(clock.unix_ns() - time.time_ns())"
     shifted = subprocess.run(
         [sys.executable, "-c", code],
         env={**__import__("os").environ, "RLOTEL_TEST_CLOCK_SHIFT_S": "2"},

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 import rlotel
+from rlotel.base.drops import HOOK_FAILURES
 from rlotel.derive.diagnose import StepFacts, diagnose
 from rlotel.integrations import collectives, verl_workers
-from rlotel.record.drops import HOOK_FAILURES
 from rlotel.record.ranks import RankReply
 from rlotel.schema import attributes as attr
 from tests.helpers import parse_exposition, scrape

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.offline import compare
 from rlotel.schema import vocabulary as voc
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.schema import catalogue
 from tests.helpers import file_spans, parse_exposition, scrape
 

@@ -24,9 +24,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.samples import Exemplar
 
-from rlotel.metrics.store import SeriesStore
-from rlotel.record.drops import Drops
+from rlotel.base.drops import Drops
 from rlotel.schema import catalogue as cat
+from rlotel.series.store import SeriesStore
 from rlotel.sinks.metrics import exposition
 
 # What Prometheus 2.x and 3.x send when scraping (OpenMetrics, gzip-compressed).

@@ -20,11 +20,11 @@ from opentelemetry.semconv import schemas
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as semconv
 
 import rlotel
-from rlotel import cli
+from rlotel.cli import commands as cli
+from rlotel.offline import otlp_json
 from rlotel.offline.analyze import load_steps
 from rlotel.record import samples
 from rlotel.schema import attributes as attr
-from rlotel.sinks.traces import otlp_json
 from tests.helpers import finished_spans
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.schema import attributes as attr
 
 

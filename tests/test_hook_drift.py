@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rlotel.base.drops import HOOK_FAILURES
 from rlotel.integrations import (
     collectives,
     guard,
@@ -22,7 +23,6 @@ from rlotel.integrations import (
     verl_workers,
     vllm_engine,
 )
-from rlotel.record.drops import HOOK_FAILURES
 
 EXTRA = ("added positionally",)
 EXTRA_KW = {"added_by_name": 1}

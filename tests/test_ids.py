@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 
-from rlotel.record import ids
+from rlotel.base import ids
 
 
 def test_ids_ignore_the_global_seed() -> None:

@@ -12,10 +12,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import rlotel
+from rlotel.offline.otlp_json import read_file
 from rlotel.record.propagation import traceparent
 from rlotel.sinks.traces import otlp
 from rlotel.sinks.traces.jsonl import JsonLinesExporter, request_json
-from rlotel.sinks.traces.otlp_json import read_file
 from rlotel.sinks.traces.span_data import EventData, LinkData, SampleBlock, SpanData
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import rlotel
-from rlotel.sinks.traces import otlp_json
+from rlotel.offline import otlp_json
 
 
 def test_any_value_decoding() -> None:

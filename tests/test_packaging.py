@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import cli
+from rlotel.cli import commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "rlotel" / "offline" / "stack"
@@ -101,7 +101,7 @@ def test_the_wheel_carries_the_declared_metadata_and_only_the_package(dists):
     assert metadata["License-Expression"] == "Apache-2.0"
     assert {name.split("/")[0] for name in names} == {"rlotel", info}
     assert "[verl.plugins]\nrlotel = rlotel.integrations.verl" in entry_points
-    assert "rlotel = rlotel.cli:main" in entry_points
+    assert "rlotel = rlotel.cli.commands:main" in entry_points
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import rlotel
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.offline.perfetto import pack_lanes, write_perfetto
 
 METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
@@ -88,7 +88,7 @@ def test_spans_become_named_tracks_and_slices(tmp_path) -> None:
 
 
 def test_concurrent_spans_get_their_own_lanes(tmp_path) -> None:
-    from rlotel.sinks.traces.otlp_json import SpanRecord
+    from rlotel.offline.otlp_json import SpanRecord
 
     def span(name: str, start: int, end: int) -> SpanRecord:
         return SpanRecord("t" * 32, name, "", name, start, end, {}, {})

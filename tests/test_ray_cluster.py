@@ -33,7 +33,7 @@ import rlotel
 from rlotel.integrations import ray as ray_integration
 from rlotel.integrations import verl as plugin
 from rlotel.offline import analyze, perfetto
-from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
+from rlotel.offline.otlp_json import STATUS_ERROR, SpanRecord
 from tests.helpers import scrape
 from tests.otlp_receiver import HttpReceiver
 from tests.promserver import Prometheus

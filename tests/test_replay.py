@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from rlotel.offline import otlp_json
 from rlotel.offline.replay import LOG_KEYS, STAGE_ORDER, ReplayResult, _timestamp, replay
 from rlotel.schema.vocabulary import VERL_STEP_STAGES
-from rlotel.sinks.traces import otlp_json
 from tests.helpers import file_spans
 from tests.promserver import Prometheus
 
@@ -246,7 +246,7 @@ def test_timestamps_read_back_as_the_intended_millisecond() -> None:
 
 
 def test_replay_command(tmp_path, capsys):
-    from rlotel import cli
+    from rlotel.cli import commands as cli
 
     source = tmp_path / "exp.jsonl"
     source.write_text(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.offline.report import MAX_POINTS, write_report
 
 PHASES = ["gen", "reward", "old_log_prob", "update_actor", "update_weights"]

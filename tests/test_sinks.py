@@ -12,8 +12,8 @@ import time
 import pytest
 
 import rlotel
-from rlotel.record.drops import Drops
-from rlotel.sinks.base import CompositeSink, Sink
+from rlotel.base.drops import Drops
+from rlotel.publish.sink import CompositeSink, Sink
 
 
 class Collecting(rlotel.Sink):

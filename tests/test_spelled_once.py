@@ -70,7 +70,7 @@ PHASE_NAMES = frozenset(
 
 # (module path under rlotel/, literal) → why it is not the name it looks like.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("sinks/traces/otlp_json.py", "values"): "OTLP/JSON's field of an arrayValue/kvlistValue",
+    ("offline/otlp_json.py", "values"): "OTLP/JSON's field of an arrayValue/kvlistValue",
     (ATTRIBUTES, "reward"): "the value of gen_ai.evaluation.name for the RL reward",
 }
 

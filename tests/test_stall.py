@@ -11,9 +11,9 @@ import time
 import pytest
 
 import rlotel
-from rlotel.errors import ConfigError
+from rlotel.base.errors import ConfigError
+from rlotel.derive.stall import STALLED, StallWatch
 from rlotel.offline import analyze
-from rlotel.publish.stall import STALLED, StallWatch
 from rlotel.schema import attributes as attr
 from tests.helpers import finished_spans, parse_exposition, scrape
 
@@ -168,7 +168,7 @@ def test_a_clock_running_backwards_never_gives_a_negative_age():
 
     now = [10_000_000_000]
     watch = StallWatch(STALL_AFTER_S, {}, clock=lambda: now[0])
-    ledger = Ledger(lambda s: None, lambda t: None, rlotel.record.drops.Drops(), lambda s: None)
+    ledger = Ledger(lambda s: None, lambda t: None, rlotel.base.drops.Drops(), lambda s: None)
     root = new_phase(None, "generate")
     root.start_ns = now[0] + 5_000_000_000  # started "after" now: the clock stepped back
     ledger.open_remote[1] = Trace(root, None)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rlotel
-from rlotel import env
+from rlotel.base import env
 from rlotel.integrations import process, ray, startup, verl_workers
 from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import HttpReceiver

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from rlotel.metrics.store import _Histogram
-from rlotel.record.tally import CHUNK, DENSE_RANGE, Tally, ordered_pairs
+from rlotel.base.tally import CHUNK, DENSE_RANGE, Tally, ordered_pairs
 from rlotel.schema import catalogue as cat
+from rlotel.series.store import _Histogram
 
 integers = arrays(
     np.int64,

@@ -12,7 +12,7 @@ from verl.trainer.ppo import metric_utils
 from verl.utils.profiler.performance import simple_timer
 
 import rlotel
-from rlotel.derive import formulas
+from rlotel.schema import formulas
 
 STAGES = ["gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"]
 

@@ -25,7 +25,7 @@ import rlotel
 from rlotel.integrations import verl as plugin
 from rlotel.integrations import verl_workers
 from rlotel.offline import analyze
-from rlotel.sinks.traces.otlp_json import STATUS_ERROR, SpanRecord
+from rlotel.offline.otlp_json import STATUS_ERROR, SpanRecord
 from tests.helpers import parse_exposition, scrape
 
 pytestmark = pytest.mark.slow  # a Ray cluster and verl worker processes

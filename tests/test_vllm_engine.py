@@ -7,7 +7,7 @@ import logging
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from rlotel import env
+from rlotel.base import env
 from rlotel.integrations.vllm_engine import DeliveryCheck
 
 

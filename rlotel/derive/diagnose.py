@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlotel.errors import ConfigError
+from rlotel.base.errors import ConfigError
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
 

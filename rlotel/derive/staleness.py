@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from rlotel.base.tally import Tally
 from rlotel.record.samples import SampleBatch
-from rlotel.record.tally import Tally
 from rlotel.schema.vocabulary import OFF_POLICY, STALENESS_WORST_TOKEN_WEIGHTED
 
 

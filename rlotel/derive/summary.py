@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlotel.derive import async_bias, formulas, goodput, occupancy, staleness
+from rlotel.derive import async_bias, goodput, occupancy, staleness
 from rlotel.derive.diagnose import StepFacts, Verdict
 from rlotel.record import ranks, samples
-from rlotel.schema import vocabulary
+from rlotel.schema import formulas, vocabulary
 
 
 class StepRecord(Protocol):

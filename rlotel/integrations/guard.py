@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rlotel import env
+from rlotel.base import env
 
 log = logging.getLogger("rlotel")
 
@@ -55,7 +55,7 @@ def fault(hook: str) -> None:
 def failed(hook: str, error: BaseException) -> None:
     """rlotel's part of `hook` raised `error`: count it; the first time, say so."""
     try:
-        from rlotel.record.drops import HOOK_FAILURES  # numpy's module: loaded on failure only
+        from rlotel.base.drops import HOOK_FAILURES  # numpy's module: loaded on failure only
 
         if HOOK_FAILURES.add(hook) == 1:
             log.warning(

@@ -15,7 +15,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from rlotel import env
+from rlotel.base import env
 
 
 class RlotelInstrumentor(BaseInstrumentor):

@@ -2,7 +2,7 @@
 
 The verl plugin's timers, Tracking backend, agent-loop and V1 patches all record into the
 telemetry `rlotel.init` made (or, in a Ray worker, the worker's own), configured from the
-environment (`rlotel.env`). A module of its own so that the patches need not import
+environment (`rlotel.base.env`). A module of its own so that the patches need not import
 each other.
 
 The *driver* is the process that runs verl's trainer loop, wherever it runs: verl's
@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlotel import env
+from rlotel.base import env
 
 if TYPE_CHECKING:
     from rlotel.profile.config import ProfileConfig

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import rlotel
-from rlotel import env
+from rlotel.base import env
 from rlotel.schema import attributes as attr
 
 log = logging.getLogger("rlotel")

@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlotel import env
-from rlotel.errors import ConfigError
+from rlotel.base import env
+from rlotel.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlotel.telemetry import Telemetry

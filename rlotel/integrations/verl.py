@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType, ModuleType
 from typing import Any
 
-from rlotel import env
+from rlotel.base import env
 from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 from rlotel.integrations.process import (

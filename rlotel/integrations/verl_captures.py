@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlotel.profile.capture import Capture
+from rlotel.record.capture import Capture
 
 if TYPE_CHECKING:
     from rlotel.record.ledger import HookServices

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from rlotel import env
+from rlotel.base import env
 from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 

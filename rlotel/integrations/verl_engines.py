@@ -100,7 +100,7 @@ def caller_run(depth: int = 4) -> str:
     """The run's name as the trainer's telemetry has it: `RLOTEL_RUN`, else the caller's
     verl config (`self.config.trainer.experiment_name`, where every verl caller of the writer
     keeps it), else the current telemetry's, else verl's default."""
-    from rlotel import env
+    from rlotel.base import env
     from rlotel.integrations.process import _get
 
     run = env.Environment.read().run

@@ -27,9 +27,9 @@ import logging
 import time
 from typing import Any
 
+from rlotel.base import clock
 from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
-from rlotel.record import clock
 from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")

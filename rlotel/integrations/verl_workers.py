@@ -32,10 +32,9 @@ from dataclasses import replace
 from typing import Any
 
 import rlotel
-from rlotel import env
+from rlotel.base import clock, env
 from rlotel.integrations import collectives, guard
 from rlotel.integrations.patches import Patches
-from rlotel.record import clock
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
 from rlotel.schema import attributes as attr
@@ -75,7 +74,7 @@ _last_carrier: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, Non
 _run_carrier: dict[str, dict[str, str]] = {}  # run → its baggage-only carrier
 _told_run: set[tuple[str, Any]] = set()  # (run, actor) sent the baggage-only carrier
 _heard_run: list[str] = []  # the run a caller named before this worker's telemetry started
-# The clock exchange (`rlotel.record.clock`), in the driver: actors done, t1/t4 per actor, refs
+# The clock exchange (`rlotel.base.clock`), in the driver: actors done, t1/t4 per actor, refs
 # of the stamped calls (by id: holding the ref would pin its result) → actor.
 _clock_done: set[Any] = set()
 _clock_sent: dict[Any, list[int | None]] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlotel import env
+from rlotel.base import env
 from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 from rlotel.schema import attributes as attr

@@ -2,7 +2,7 @@
 
 Every source becomes per-step (timing_raw, metrics) records, so `rlotel analyze` prints the
 same ledger table as the demo and `rlotel report` draws the same numbers. Spans are decoded
-by `rlotel.sinks.traces.otlp_json`; lines that are neither OTLP requests nor verl log lines are
+by `rlotel.offline.otlp_json`; lines that are neither OTLP requests nor verl log lines are
 counted as skipped, never raised.
 """
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlotel.derive import formulas
 from rlotel.derive.diagnose import StepFacts
+from rlotel.offline import otlp_json
+from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
+from rlotel.schema import formulas
 from rlotel.schema import vocabulary as voc
-from rlotel.sinks.traces import otlp_json
-from rlotel.sinks.traces.otlp_json import SpanRecord
 
 SUMMARY_FILE = "summary.json"  # the demo's per-step timing_raw and metrics
 

@@ -39,9 +39,9 @@ import numpy as np
 
 from rlotel.derive.diagnose import diagnose, windows
 from rlotel.offline.analyze import Run, StepRecord, load_run
+from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
-from rlotel.sinks.traces.otlp_json import SpanRecord
 
 RESAMPLES = 2000
 SEED = 0

@@ -3,7 +3,7 @@ each stuck process's threads are — from a traces directory, while the run stil
 after it was killed.
 
 Every process writes one JSON line per stall it judged (`<role>-<rank>-<pid>.stacks`,
-`rlotel.publish.stall`). A stall whose span later closed complete in the traces files was
+`rlotel.derive.stall`). A stall whose span later closed complete in the traces files was
 a phase that got going again, not a hang; every other one is.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlotel.offline import otlp_json
 from rlotel.schema import attributes as attr
-from rlotel.sinks.traces import otlp_json
 
 FRAMES_SHOWN = 8  # innermost frames printed per thread
 PROCESS_KEYS = ("role", "rank", "node", attr.PROCESS_PID)

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlotel.offline import otlp_json
 from rlotel.offline.analyze import Run, load_run, resolve_capture_path
+from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
-from rlotel.sinks.traces import otlp_json
-from rlotel.sinks.traces.otlp_json import SpanRecord
 
 MAX_ALIGNMENT_SHIFT_US = 1_000_000  # a larger "skew" means the names matched other steps
 _KEPT_PHASES = frozenset({"X", "i", "I", "C", "s", "t", "f", "B", "E"})

@@ -29,13 +29,13 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Timestamp
 
 from rlotel import config
-from rlotel.metrics.recorder import Recorder
-from rlotel.metrics.store import SeriesStore, Snapshot
-from rlotel.record.drops import Drops, as_finite_float
+from rlotel.base.drops import Drops, as_finite_float
 from rlotel.record.ledger import Trace, new_phase
 from rlotel.schema import attributes as attr
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary
+from rlotel.series.recorder import Recorder
+from rlotel.series.store import SeriesStore, Snapshot
 from rlotel.sinks.metrics import exposition
 from rlotel.sinks.traces.jsonl import JsonLinesExporter
 from rlotel.sinks.traces.spans import SpanBuilder

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlotel import env
-from rlotel.errors import ConfigError
+from rlotel.base import env
+from rlotel.base.errors import ConfigError
 
 
 def token_window(start: Any, end: Any) -> tuple[int, int]:

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlotel.profile.capture import Capture, trace_basename
+from rlotel.base.drops import Drops
 from rlotel.profile.config import ProfileConfig
-from rlotel.record.drops import Drops
+from rlotel.record.capture import Capture, trace_basename
 
 log = logging.getLogger("rlotel")
 

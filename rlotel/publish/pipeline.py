@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from rlotel.base.drops import Drops
 from rlotel.derive.diagnose import Diagnoser
-from rlotel.profile.capture import Capture, summarize
 from rlotel.publish.sink import Sink
-from rlotel.record.drops import Drops
+from rlotel.record.capture import Capture, read_trace
 from rlotel.record.ledger import Step, Trace
 from rlotel.record.samples import SampleBatch
 
@@ -122,7 +122,7 @@ class Pipeline:
 
     def capture(self, capture: Capture) -> None:
         try:
-            summarize(capture, self._top_ops)
+            read_trace(capture, self._top_ops)
         except Exception as error:  # a missing or truncated file still gets its link
             self._drops.add("profile", "unreadable_capture", f"{capture.path}: {error!r}")
         self.sink.on_capture(capture)

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from rlotel.record.drops import Drops
+from rlotel.base.drops import Drops
 
 log = logging.getLogger("rlotel")
 

@@ -6,8 +6,8 @@ thread, each with data the pipeline already finished (verdicts, derived numbers,
 summaries are computed once, before fan-out), and flush/shutdown share one deadline.
 A user's own sink subclasses `Sink` and goes to `rlotel.init(sinks=[...])`.
 
-The interface belongs to the pipeline layer (DESIGN §2), beneath both the metrics recorder
-and the exporters that implement it; `rlotel.sinks.base` re-exports it.
+The interface belongs to the pipeline layer, beneath both the series recorder and the
+exporters that implement it (`tests/test_architecture.py`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlotel.record.drops import Drops
+from rlotel.base.drops import Drops
 
 if TYPE_CHECKING:
-    from rlotel.profile.capture import Capture
-    from rlotel.publish.stall import OpenPhase
+    from rlotel.derive.stall import OpenPhase
+    from rlotel.record.capture import Capture
     from rlotel.record.ledger import Step, Trace
     from rlotel.record.samples import SampleBatch
 

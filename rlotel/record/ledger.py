@@ -15,13 +15,14 @@ from contextvars import ContextVar
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from rlotel.record import ids, nvtx, ranks, samples
-from rlotel.record.drops import Drops, as_finite_float, clean_counts, describe, encodable
+from rlotel.base import ids
+from rlotel.base.drops import Drops, as_finite_float, clean_counts, describe, encodable
+from rlotel.record import nvtx, ranks, samples
 from rlotel.record.samples import SampleBatch
 from rlotel.schema import vocabulary
 
 if TYPE_CHECKING:
-    from rlotel.profile.capture import Capture
+    from rlotel.record.capture import Capture
 
 log = logging.getLogger("rlotel")
 

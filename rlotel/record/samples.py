@@ -13,10 +13,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rlotel.record import ids, trajectory
-from rlotel.record.drops import Drops, as_finite_float
+from rlotel.base import ids
+from rlotel.base.drops import Drops, as_finite_float
+from rlotel.base.tally import Tally, ordered_pairs
+from rlotel.record import trajectory
 from rlotel.record.propagation import parse
-from rlotel.record.tally import Tally, ordered_pairs
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlotel.record.drops import Drops, encodable
+from rlotel.base.drops import Drops, encodable
 from rlotel.schema import vocabulary as voc
 
 INVALID_VERSION = -1

@@ -108,7 +108,7 @@ REPLICA = "rl.replica"  # rollout replica
 NODE_ID = "rl.node_id"  # Ray's node id (node IPs repeat on one machine's test cluster)
 
 # This process's clock minus the driver's, measured over its first traced call
-# (`rlotel.record.clock`): on root spans exported once known; readers shift the process by it.
+# (`rlotel.base.clock`): on root spans exported once known; readers shift the process by it.
 CLOCK_OFFSET_NS = "rl.clock.offset_ns"
 CLOCK_UNCERTAINTY_NS = "rl.clock.uncertainty_ns"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlotel import cli
+from rlotel.cli import commands as cli
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
 from tests.e2e.main_ppo import EXPERIMENT, run_isolated

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from rlotel.derive.diagnose import TOP_LEVEL, Diagnoser, Verdict, windows
+from rlotel.offline import otlp_json
 from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path
+from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
-from rlotel.sinks.traces import otlp_json
-from rlotel.sinks.traces.otlp_json import SpanRecord
 
 MAX_POINTS = 2000
 MAX_TREES = 200

@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from rlotel.errors import ConfigError
+from rlotel.base.errors import ConfigError
 
 # How often the accept loop looks for a shutdown request: socketserver's 0.5 s default
 # adds up to half a second to every exit; 50 ms costs nothing measurable.

@@ -15,8 +15,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
-from rlotel.metrics.store import HistogramPoint, SeriesStore
 from rlotel.schema import catalogue as cat
+from rlotel.series.store import HistogramPoint, SeriesStore
 
 
 def family(spec: cat.MetricSpec) -> Metric:

@@ -29,10 +29,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from rlotel.metrics.store import SeriesStore, Snapshot
-from rlotel.record.drops import Drops
+from rlotel.base.drops import Drops
+from rlotel.publish.sink import Sink
 from rlotel.schema import catalogue as cat
-from rlotel.sinks.base import Sink
+from rlotel.series.store import SeriesStore, Snapshot
 from rlotel.sinks.traces import exporter_logs
 
 # UCUM units, as OTel semantic conventions write them.

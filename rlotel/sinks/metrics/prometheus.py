@@ -6,8 +6,8 @@ neither.
 
 from __future__ import annotations
 
-from rlotel.metrics.store import SeriesStore
-from rlotel.sinks.base import Sink
+from rlotel.publish.sink import Sink
+from rlotel.series.store import SeriesStore
 from rlotel.sinks.metrics import endpoint, exposition, wsgi
 
 

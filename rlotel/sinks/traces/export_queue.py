@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-from rlotel.record.drops import Drops
+from rlotel.base.drops import Drops
 from rlotel.sinks.traces import exporter_logs
 from rlotel.sinks.traces.span_data import SpanItem
 

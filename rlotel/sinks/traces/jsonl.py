@@ -5,7 +5,7 @@ The request is the message the OTLP exporters send (the SDK's encoder over the s
 as integers, 64-bit integers as strings, NaN and infinities as strings. Only the ids
 differ from protobuf-JSON: OTLP/JSON (what the Collector's file exporter writes and its
 `otlpjsonfile` receiver reads) wants them as lowercase hex, not base64.
-`rlotel.sinks.traces.otlp_json` reads the files back.
+`rlotel.offline.otlp_json` reads the files back.
 """
 
 from __future__ import annotations

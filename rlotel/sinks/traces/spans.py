@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlotel.base import clock, ids
+from rlotel.base.drops import Drops
 from rlotel.derive.goodput import PhaseBuckets
-from rlotel.profile.capture import Capture
-from rlotel.record import clock, ids, ranks
-from rlotel.record.drops import Drops
+from rlotel.publish.sink import Sink
+from rlotel.record import ranks
+from rlotel.record.capture import Capture
 from rlotel.record.ledger import Phase, Step, Trace
 from rlotel.record.samples import (
     DURATION_FIELDS,
@@ -30,7 +32,6 @@ from rlotel.record.samples import (
 )
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary
-from rlotel.sinks.base import Sink
 from rlotel.sinks.traces.export_queue import ExportQueue, SpanBatchExporter
 from rlotel.sinks.traces.span_data import (
     EventData,
@@ -42,7 +43,7 @@ from rlotel.sinks.traces.span_data import (
 )
 
 if TYPE_CHECKING:
-    from rlotel.publish.stall import OpenPhase, ThreadStack
+    from rlotel.derive.stall import OpenPhase, ThreadStack
 
 # Per-sample column → (span attribute, written as an integer).
 _SAMPLE_KEYS = {

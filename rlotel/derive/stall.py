@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rlotel.base import ids
 from rlotel.derive.diagnose import Verdict
-from rlotel.record import ids
 from rlotel.record.ledger import Ledger, Phase, Trace
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc

@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlotel.base.drops import Drops, as_finite_float, describe, encodable
 from rlotel.derive import staleness
-from rlotel.metrics.store import Exemplar, SeriesStore
-from rlotel.profile.capture import Capture
 from rlotel.publish.sink import Sink
 from rlotel.record import ranks
-from rlotel.record.drops import Drops, as_finite_float, describe, encodable
+from rlotel.record.capture import Capture
 from rlotel.record.ledger import RemotePhase, Step, Trace
 from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS, PREEMPTED, SampleBatch
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
+from rlotel.series.store import Exemplar, SeriesStore
 
 if TYPE_CHECKING:
-    from rlotel.publish.stall import OpenPhase
+    from rlotel.derive.stall import OpenPhase
 
 
 class Recorder(Sink):

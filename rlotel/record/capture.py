@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlotel.record import ids
+from rlotel.base import ids
 from rlotel.schema import attributes as attr
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z.=+-]+")
@@ -82,7 +82,7 @@ class Capture:
         return attributes
 
 
-def summarize(capture: Capture, top_n: int) -> None:
+def read_trace(capture: Capture, top_n: int) -> None:
     """Size, top-N operators by self time and the record_function ranges (rlotel's phases,
     verl's stage ranges), streaming the Chrome trace rather than loading it."""
     import ijson

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from rlotel import env
+from rlotel.base import env
 
 _SHIFT_NS = env.test_clock_shift_ns()
 _offset: list[tuple[int, int]] = []  # (offset_ns, uncertainty_ns) once measured

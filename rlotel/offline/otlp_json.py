@@ -211,7 +211,7 @@ def clock_offsets(spans: Iterable[SpanRecord]) -> dict[tuple[str, str], tuple[in
 
 def align_clocks(spans: list[SpanRecord]) -> list[SpanRecord]:
     """Spans on the driver's clock: each process's spans shifted by its measured offset
-    (`rlotel.record.clock`); processes without one (the driver, one machine) stay as they are.
+    (`rlotel.base.clock`); processes without one (the driver, one machine) stay as they are.
     Within the measurement's uncertainty, causality decides: a span cannot start before
     its parent in another process did (`_causal_shifts`)."""
     measured = clock_offsets(spans)

@@ -578,7 +578,3 @@ def _checked_path(args: argparse.Namespace) -> int:
         errors.print(f"[red]rlotel: {args.path} does not exist[/red]")
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,7 +36,7 @@ from opentelemetry.sdk.environment_variables import (
     OTEL_SERVICE_NAME,
 )
 
-from rlotel.errors import ConfigError
+from rlotel.base.errors import ConfigError
 
 RLOTEL_ENABLE = "RLOTEL_ENABLE"  # the verl plugin and the instrumentor switch on
 RLOTEL_RUN = "RLOTEL_RUN"

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlotel.record.drops import HOOK_FAILURES, Drops, encodable
+from rlotel.base.drops import HOOK_FAILURES, Drops, encodable
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
 

@@ -1,0 +1,1 @@
+"""The `rlotel` command (`commands.main`); `python -m rlotel.cli` runs it too."""

@@ -1,0 +1,5 @@
+import sys
+
+from rlotel.cli.commands import main
+
+sys.exit(main())
