@@ -15,7 +15,7 @@ import pytest
 
 import rlotel
 from rlotel.cli import commands as cli
-from rlotel.offline.report import MAX_POINTS, write_report
+from rlotel.offline.report import MAX_POINTS, PLOTLY_JS, write_report
 
 PHASES = ["gen", "reward", "old_log_prob", "update_actor", "update_weights"]
 WORKER = """
@@ -26,6 +26,23 @@ tel = rlotel.init(run="mp", service_name="rollout-worker", prometheus_port=None,
 with tel.phase("generate_remote", context=carrier):
     sum(range(200_000))
     tel.record_samples(generate_sequences=[0.2, 0.5], response_length=[7, 30], context=carrier)
+tel.shutdown()
+"""
+# A fused worker process (its resource says `critic`) serving an actor call: the call's root
+# span says `actor` (as verl_workers stamps it), its child inherits it, a plain call does not.
+FUSED_WORKER = """
+import json, sys, rlotel
+carrier = json.loads(sys.argv[2])
+tel = rlotel.init(run="mp", service_name="fused-worker", prometheus_port=None,
+                  traces_file=sys.argv[1], resource_attributes={"rl.role": "critic"})
+call = tel.phase("update_actor", context=carrier)
+call.__enter__()
+call.trace.role = "actor"
+with tel.phase("forward_backward"):
+    sum(range(50_000))
+call.__exit__(None, None, None)
+with tel.phase("update_critic", context=carrier):
+    sum(range(50_000))
 tel.shutdown()
 """
 
@@ -70,10 +87,10 @@ def test_report_from_traces_file(tmp_path) -> None:
     html = result.path.read_text()
     assert result.steps == 4 and result.skipped_lines == 0
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html)  # all inline
-    from plotly.offline import get_plotlyjs
-
-    own = html.replace(get_plotlyjs(), "")  # plotly.js names CDNs it never fetches unasked
-    assert get_plotlyjs() in html and "http://" not in own and "https://" not in own
+    plotly_js = PLOTLY_JS.read_text()
+    own = html.replace(plotly_js, "")  # plotly.js names CDNs it never fetches unasked
+    assert plotly_js in html and "http://" not in own and "https://" not in own
+    assert len(html.encode()) < 1_400_000  # plotly.js's basic bundle, not the 4.8 MB full one
     data = page_data(result.path)
     assert data["x"] == [1, 2, 3, 4]
     assert data["phases"] == PHASES
@@ -89,8 +106,10 @@ def test_report_from_traces_file(tmp_path) -> None:
     totals = [0.04 + 0.0 + 0.001, 0.02 + 0.01 + 0.001, 2.0 + 0.1 + 0.002]  # step 4
     assert data["tail"]["p99"][3] == pytest.approx(np.percentile(totals, 99), rel=1e-4)
     assert data["tail"]["p50"][3] == pytest.approx(np.percentile(totals, 50), rel=1e-4)
+    assert data["tail"]["basis"] == ["sample"]  # 3 sample spans = 3 sequences: every sample
     slowest = data["slowest_samples"][0]
     assert slowest["step"] == 4 and slowest["response_length"] == 90
+    assert data["tail"]["slowest_span"][3] == pytest.approx(slowest["total_s"])
     assert re.fullmatch(r"[0-9a-f]{16}", slowest["span_id"])
     label, confidence, share = data["verdicts"]["points"][0]
     assert data["verdicts"]["next_reads"][data["verdicts"]["labels"][label]]
@@ -215,6 +234,108 @@ def test_processes_across_files(tmp_path) -> None:
     gen_depth = next(r[1] for r in rows if r[0] == "gen")
     assert next(r[1] for r in remote if r[0] == "generate_remote") == gen_depth + 1
     assert data["slowest_samples"][0]["process"] == "rollout-worker"
+
+
+def test_unknowns_are_unknown_not_zero(tmp_path) -> None:
+    """verl's MFU 0.0 (no peak FLOPs known, e.g. CPU) and preemptions -1 ("not available")
+    are unknown in the page: no MFU line, no number in the preempted column."""
+    traces = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="unknown", prometheus_port=None, traces_file=traces)
+    for number in (1, 2):
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                tel.record_samples(
+                    generate_sequences=[0.1, 0.2], num_preempted=[-1, 3], response_length=[5, 6]
+                )
+            step.set_tokens(prompt=[4, 4], response=[5, 6])
+            step.set_mfu(actor=0.0, actor_infer=0.1 * (number - 1))  # known at step 2 only
+    tel.shutdown()
+    data = page_data(write_report(traces, tmp_path / "report.html").path)
+    assert data["mfu_unknown"] == ["actor"]
+    assert data["mfu"] == {"actor_infer": [None, pytest.approx(0.1)]}
+    preempted = {
+        round(row["generate_sequences_s"], 3): row["num_preempted"]
+        for row in data["slowest_samples"]
+    }
+    assert preempted == {0.1: None, 0.2: 3}
+
+
+def test_tail_from_every_trajectory_not_the_slowest_spans(tmp_path) -> None:
+    """10 samples a step, 2 sample spans (the slowest): the quantiles come from the 10
+    trajectory spans where they exist, and from nothing where only the slowest 2 do."""
+    traces = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="tail", prometheus_port=None, traces_file=traces, max_sample_spans=2)
+    for number in (1, 2):
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                if number == 1:  # verl V1's agent loop: one trajectory span per sample
+                    for work in range(1, 11):
+                        with tel.phase("trajectory"):
+                            sum(range(20_000 * work))
+                tel.record_samples(generate_sequences=[0.1 * k for k in range(1, 11)])
+            step.set_tokens(prompt=[4] * 10, response=[8] * 10)
+    tel.shutdown()
+    from rlotel.offline.analyze import load_run
+
+    run = load_run(traces)
+    first = next(s for s in run.steps if s.number == 1).span
+    seconds = [
+        s.seconds for s in run.spans if s.name == "trajectory" and s.trace_id == first.trace_id
+    ]
+    assert len(seconds) == 10
+    data = page_data(write_report(traces, tmp_path / "report.html").path)
+    tail = data["tail"]
+    assert tail["basis"] == ["trajectory"] and tail["samples_per_step"] == [10, None]
+    for name, q in (("p50", 50), ("p90", 90), ("p99", 99)):
+        assert tail[name][0] == pytest.approx(np.percentile(seconds, q), abs=2e-6), name
+        assert tail[name][1] is None, name  # step 2: only the slowest 2 of 10 have spans
+    assert tail["steps_without_every_sample"] == 1
+    assert tail["slowest_span"][1] == pytest.approx(1.0)  # the drill-down is still there
+    assert {row["step"] for row in data["slowest_samples"]} == {1, 2}
+
+
+def test_weight_sync_stages_and_empty_sections(tmp_path) -> None:
+    """The leaf spans under update_weights become stages; a run without validation,
+    checkpoints or stalls has none of those sections' data (nothing drawn as if it were)."""
+    traces = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="sync", prometheus_port=None, traces_file=traces)
+    for number in (1, 2, 3):
+        with tel.step(number):
+            with tel.phase("update_weights"):
+                for stage in ("wake_up", "collective_rpc"):
+                    with tel.phase(stage):
+                        sum(range(30_000))
+    tel.shutdown()
+    data = page_data(write_report(traces, tmp_path / "report.html").path)
+    assert list(data["weight_sync"]) == ["wake_up", "collective_rpc"]
+    assert all(0 < v < 1 for series in data["weight_sync"].values() for v in series)
+    assert data["occasional"] == [] and data["stalls"] == []
+    assert data["tail"]["basis"] == [] and data["mfu"] == {} == data["efficiency"]
+
+
+@pytest.mark.slow  # a worker process of its own
+def test_roles_per_span_not_per_process(tmp_path) -> None:
+    """A fused worker process (resource role `critic`) serving an actor call: the tree and
+    its legend say `actor` for that call and what it opened, `critic` for a plain call."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tel = rlotel.init(run="mp", prometheus_port=None, traces_file=run_dir / "driver.jsonl")
+    with tel.step(1):
+        with tel.phase("update_actor"):
+            carrier = json.dumps(tel.current_context())
+            subprocess.run(
+                [sys.executable, "-c", FUSED_WORKER, str(run_dir / "worker.jsonl"), carrier],
+                check=True,
+                timeout=120,
+            )
+    tel.shutdown()
+    data = page_data(write_report(run_dir, run_dir / "report.html").path)
+    rows = data["trees"]["1"]["rows"]
+    worker = data["processes"].index("fused-worker critic")
+    roles = {r[0]: data["roles"][r[8]] for r in rows if r[4] == worker}
+    assert roles == {
+        "update_actor": "actor", "forward_backward": "actor", "update_critic": "critic",
+    }  # fmt: skip
 
 
 # --- in a real browser ---------------------------------------------------------------------

@@ -9,24 +9,37 @@
     v === null || v === undefined ? "" : typeof v === "number" ? +v.toPrecision(digits) : String(v);
   const escape = (s) =>
     String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-  const stepAxis = { title: { text: "step" } };
   const margin = { l: 60, r: 20, t: 30, b: 40 };
+  // Steps are integers: one tick per step on a short run, plotly's integer ticks otherwise.
+  const first = data.x.length ? data.x[0] : 0;
+  const span = data.x.length ? data.x[data.x.length - 1] - first : 0;
+  const stepAxis = span <= 12
+    ? { title: { text: "step" }, tickmode: "linear", tick0: first, dtick: 1, tickformat: "d", hoverformat: "d" }
+    : { title: { text: "step" }, tickformat: "d", hoverformat: "d" };
+  // A ratio never goes below 0; shares and MFU never above 1.
+  const seconds = (text) => ({ title: { text }, rangemode: "tozero" });
+  const share = (text, top = 1) => ({ title: { text }, range: [0, top], tickformat: ".0%" });
+  const known = (values) => values.filter((v) => v !== null && v !== undefined);
+  const peak = (series) => Math.max(0, ...series.flatMap(known));
 
   function plot(id, traces, layout) {
+    if (layout.legend && layout.legend.orientation === "h") { // above the plot, clear of the step axis title
+      layout = { ...layout, legend: { ...layout.legend, x: 0, y: 1.02, yanchor: "bottom" } };
+    }
     pending.push(Plotly.newPlot(el(id), traces, { margin, ...layout }, config));
   }
 
   function table(id, headers, rows) {
     const head = "<tr>" + headers.map((h) => `<th>${escape(h)}</th>`).join("") + "</tr>";
     const body = rows
-      .map((r) => "<tr>" + r.map((c) => (typeof c === "number" ? `<td class="num">${fmt(c)}</td>` : `<td>${c ?? ""}</td>`)).join("") + "</tr>")
+      .map((r) => "<tr>" + r.map((c) => (typeof c === "number" ? `<td class="num">${fmt(c)}</td>` : String(c ?? "").startsWith("<td") ? c : `<td>${c ?? ""}</td>`)).join("") + "</tr>")
       .join("");
     el(id).innerHTML = head + body;
   }
 
   // --- header ---------------------------------------------------------------------------
   const per = data.steps_per_point > 1 ? `, downsampled to ${data.x.length} points of up to ${data.steps_per_point} steps` : "";
-  el("meta").textContent = `${data.step_count} steps from ${data.source}${per}; ${data.processes.length} process(es)`;
+  el("meta").textContent = `${data.step_count} steps from ${data.source}${per}; ${data.processes.length} process(es), roles ${data.roles.join(", ")}`;
   if (data.skipped_lines > 0) {
     el("skipped").innerHTML = `<p class="warn" id="skipped-lines">${data.skipped_lines} line(s) of the input could not be read (truncated or corrupt) and were skipped; everything else is shown.</p>`;
   }
@@ -41,13 +54,13 @@
     stackgroup: "step", line: { color: "#9aa0aa", dash: "dot" },
     hovertemplate: "unaccounted %{y:.4f}s<extra>step %{x}</extra>",
   });
-  plot("chart-phases", phaseTraces, { xaxis: stepAxis, yaxis: { title: { text: "seconds" } }, hovermode: "x unified" });
+  plot("chart-phases", phaseTraces, { xaxis: stepAxis, yaxis: seconds("seconds"), hovermode: "x unified" });
   const shareNames = Object.keys(data.share);
   plot("chart-share", [{
     type: "bar", orientation: "h", y: shareNames, x: shareNames.map((n) => data.share[n] * 100),
     text: shareNames.map((n) => (data.share[n] * 100).toFixed(1) + "%"), textposition: "auto",
     hovertemplate: "%{y}: %{x:.1f}% of step time<extra></extra>",
-  }], { xaxis: { title: { text: "% of step time (run)" } }, yaxis: { autorange: "reversed", automargin: true } });
+  }], { xaxis: { title: { text: "% of step time (run)" }, range: [0, 100] }, yaxis: { autorange: "reversed", automargin: true } });
 
   // --- throughput and MFU ----------------------------------------------------------------
   const perf = [];
@@ -55,10 +68,15 @@
   for (const [role, values] of Object.entries(data.mfu)) {
     perf.push({ name: `MFU ${role}`, x: data.x, y: values, type: "scatter", mode: "lines", yaxis: "y2" });
   }
+  if (data.mfu_unknown.length) {
+    el("mfu-note").hidden = false;
+    el("mfu-note").textContent = `MFU ${data.mfu_unknown.join(", ")}: unknown — verl logged 0.0 every step (it knows no peak FLOPs for this device, e.g. a CPU), so no MFU line is drawn.`;
+  }
   if (perf.length) {
+    const mfuTop = Math.min(1, Math.max(0.05, 1.25 * peak(Object.values(data.mfu))));
     plot("chart-throughput", perf, {
-      xaxis: stepAxis, yaxis: { title: { text: "tokens/s/GPU" } },
-      yaxis2: { title: { text: "MFU" }, overlaying: "y", side: "right", tickformat: ".1%" },
+      xaxis: stepAxis, yaxis: seconds("tokens/s/GPU"),
+      yaxis2: { ...share("MFU", mfuTop), overlaying: "y", side: "right", tickformat: ".1%", visible: Object.keys(data.mfu).length > 0 },
       legend: { orientation: "h" }, margin: { ...margin, r: 70 },
     });
   } else {
@@ -68,27 +86,66 @@
   // --- generation tail -------------------------------------------------------------------
   const tail = data.tail;
   const tailMode = data.x.length > 300 ? "lines" : "lines+markers"; // thousands of markers cost seconds
-  const tailTraces = ["p50", "p90", "p99"].map((q) => ({ name: `${q} (sample spans)`, x: data.x, y: tail[q], type: "scatter", mode: tailMode, connectgaps: false }));
-  if (tail.verl_mean) tailTraces.push({ name: "mean generate_sequences (all samples)", x: data.x, y: tail.verl_mean, type: "scatter", mode: "lines", line: { dash: "dash" } });
-  if (tail.verl_max) tailTraces.push({ name: "max generate_sequences (all samples)", x: data.x, y: tail.verl_max, type: "scatter", mode: "lines", line: { dash: "dot" } });
-  const perStep = tail.samples_per_step.filter((v) => v !== null);
-  const meanSpans = perStep.length ? perStep.reduce((a, b) => a + b, 0) / perStep.length : 0;
-  el("tail-note").textContent = meanSpans
-    ? `Quantiles of per-sample seconds (generate + tools + score) over the sample spans of each step (about ${fmt(meanSpans, 3)} a step: rlotel exports the slowest max_sample_spans; raise it for the whole distribution). Dashed lines: verl's agent_loop mean and max over every sample, where the run logged them.`
-    : "No sample spans in this run; dashed lines show verl's agent_loop mean and max where logged.";
-  plot("chart-tail", tailTraces, { xaxis: stepAxis, yaxis: { title: { text: "seconds per sample" } }, legend: { orientation: "h" } });
+  const basis = { trajectory: "every trajectory span", sample: "every sample span" };
+  const whole = tail.basis.map((b) => basis[b]).join(" / ");
+  const tailTraces = [];
+  if (tail.basis.length) {
+    for (const q of ["p50", "p90", "p99"]) tailTraces.push({ name: `${q} (${whole})`, x: data.x, y: tail[q], type: "scatter", mode: tailMode, connectgaps: false });
+  }
+  if (known(tail.slowest_span).length) {
+    tailTraces.push({ name: "slowest sample span (click: its step's tree)", x: data.x, y: tail.slowest_span, type: "scatter", mode: "markers", marker: { symbol: "x", size: data.x.length > 300 ? 4 : 9, color: "#555" } });
+  }
+  if (tail.verl_mean) tailTraces.push({ name: "mean generate_sequences (verl, all samples)", x: data.x, y: tail.verl_mean, type: "scatter", mode: "lines", line: { dash: "dash" } });
+  if (tail.verl_max) tailTraces.push({ name: "max generate_sequences (verl, all samples)", x: data.x, y: tail.verl_max, type: "scatter", mode: "lines", line: { dash: "dot" } });
+  const perStep = known(tail.samples_per_step);
+  const meanSamples = perStep.length ? perStep.reduce((a, b) => a + b, 0) / perStep.length : 0;
+  const notes = [];
+  if (tail.basis.includes("trajectory")) notes.push(`p50/p90/p99 of the wall seconds of every trajectory of a step (one trajectory span per sample, about ${fmt(meanSamples, 3)} a step)`);
+  if (tail.basis.includes("sample")) notes.push("p50/p90/p99 of per-sample seconds (generate + tools + score) where a step's sample spans cover all its sequences");
+  if (tail.steps_without_every_sample) notes.push(`${tail.steps_without_every_sample} step(s) exported only their slowest samples' spans: no quantiles drawn for them (a quantile of the slowest few is not the step's tail)`);
+  notes.push("× marks each step's slowest sample span, the drill-down (table below)");
+  if (tail.verl_mean || tail.verl_max) notes.push("dashed: verl's agent_loop mean and max over every sample");
+  el("tail-note").textContent = notes.join("; ") + ".";
+  if (tailTraces.length) {
+    plot("chart-tail", tailTraces, { xaxis: stepAxis, yaxis: seconds("seconds per sample"), legend: { orientation: "h" } });
+  } else {
+    el("chart-tail").innerHTML = '<p class="note">No per-sample timings in this run.</p>';
+  }
+  const unknown = (v) => (v === null || v === undefined ? '<td class="unknown">unknown</td>' : v);
   table("slowest-samples",
     ["step", "total s", "generate s", "tool calls s", "score s", "preempted", "prompt tokens", "response tokens", "process", "span id"],
-    data.slowest_samples.map((s) => [s.step, s.total_s, s.generate_sequences_s, s.tool_calls_s, s.compute_score_s, s.num_preempted, s.prompt_length, s.response_length, escape(s.process), `<code>${escape(s.span_id)}</code>`]));
+    data.slowest_samples.map((s) => [s.step, s.total_s, s.generate_sequences_s, s.tool_calls_s, s.compute_score_s, unknown(s.num_preempted), s.prompt_length, s.response_length, escape(s.process), `<code>${escape(s.span_id)}</code>`]));
 
   // --- verdicts --------------------------------------------------------------------------
   const v = data.verdicts;
-  plot("chart-verdicts", [{
-    type: "scatter", mode: "markers", x: data.x, y: v.points.map(([label]) => v.labels[label]),
-    marker: { size: data.x.length > 300 ? 5 : 9, symbol: "square", color: v.points.map(([, confidence]) => ({ high: "#c0392b", medium: "#e67e22", low: "#95a5a6" })[confidence]) },
-    customdata: v.points.map(([label, confidence, share]) => [confidence, (share * 100).toFixed(1), v.next_reads[v.labels[label]]]),
-    hovertemplate: "step %{x}: %{y}<br>%{customdata[0]} confidence, %{customdata[1]}% of the step<br>read next: %{customdata[2]}<extra></extra>",
-  }], { xaxis: stepAxis, yaxis: { type: "category", categoryarray: v.labels, automargin: true }, height: 110 + 28 * v.labels.length });
+  const colors = { high: "#c0392b", medium: "#e67e22", low: "#95a5a6" };
+  const hover = "step %{x}: %{y}<br>%{customdata[0]} confidence, %{customdata[1]}% of the step<br>read next: %{customdata[2]}<extra></extra>";
+  const verdictInfo = ([label, confidence, share]) => [confidence, (share * 100).toFixed(1), v.next_reads[v.labels[label]]];
+  let verdictTraces;
+  if (data.x.length <= 300) {
+    verdictTraces = [{
+      type: "scatter", mode: "markers", x: data.x, y: v.points.map(([label]) => v.labels[label]),
+      marker: { size: 9, symbol: "square", color: v.points.map(([, confidence]) => colors[confidence]) },
+      customdata: v.points.map(verdictInfo), hovertemplate: hover, showlegend: false,
+    }];
+  } else { // one path per confidence, a segment per run of equal points: thousands of markers cost seconds
+    const byConfidence = {};
+    const width = data.x.length > 1 ? data.x[1] - data.x[0] : 1;
+    let start = 0;
+    for (let i = 1; i <= v.points.length; i++) {
+      const [label, confidence] = v.points[start];
+      if (i < v.points.length && v.points[i][0] === label && v.points[i][1] === confidence) continue;
+      const t = (byConfidence[confidence] ??= { type: "scatter", mode: "lines", name: `${confidence} confidence`, x: [], y: [], customdata: [], line: { width: 10, color: colors[confidence] }, hovertemplate: hover });
+      const end = i < v.points.length ? data.x[i] : data.x[i - 1] + width;
+      t.x.push(data.x[start], end, null);
+      t.y.push(v.labels[label], v.labels[label], null);
+      const info = verdictInfo(v.points[start]);
+      t.customdata.push(info, info, null);
+      start = i;
+    }
+    verdictTraces = Object.values(byConfidence);
+  }
+  plot("chart-verdicts", verdictTraces, { xaxis: stepAxis, yaxis: { type: "category", categoryarray: v.labels, automargin: true }, height: 110 + 28 * v.labels.length, showlegend: false });
   const evidence = (e) => Object.entries(e).map(([k, x]) => `${escape(k)}=${escape(fmt(x))}`).join(", ");
   table("verdict-runs", ["steps", "verdict", "confidence", "share", "evidence (first step)", "read next", "trends"],
     v.runs.map((r) => [r.first === r.last ? `${r.first}` : `${r.first}–${r.last} (${r.steps})`, escape(r.label),
@@ -100,10 +157,15 @@
 
   // --- goodput, idle, staleness (only when the run has them) ----------------------------
   const lines = (series) => Object.entries(series).map(([name, y]) => ({ name, x: data.x, y, type: "scatter", mode: "lines" }));
+  const pick = (series, keep) => Object.fromEntries(Object.entries(series).filter(([name]) => keep(name)));
+  const isSeconds = (name) => name.includes("seconds");
+  const ratios = pick(data.efficiency, (n) => !isSeconds(n));
+  const bucketSeconds = pick(data.efficiency, isSeconds);
   if (Object.keys(data.efficiency).length || Object.keys(data.staleness).length) {
     el("efficiency").hidden = false;
-    if (Object.keys(data.efficiency).length) plot("chart-efficiency", lines(data.efficiency), { xaxis: stepAxis, yaxis: { title: { text: "ratio / seconds" } }, legend: { orientation: "h" } });
-    if (Object.keys(data.staleness).length) plot("chart-staleness", lines(data.staleness), { xaxis: stepAxis, yaxis: { title: { text: "steps behind" } }, legend: { orientation: "h" } });
+    if (Object.keys(ratios).length) plot("chart-efficiency", lines(ratios), { xaxis: stepAxis, yaxis: share("share of the step"), legend: { orientation: "h" } });
+    if (Object.keys(bucketSeconds).length) plot("chart-bucket-seconds", lines(bucketSeconds), { xaxis: stepAxis, yaxis: seconds("seconds"), legend: { orientation: "h" } });
+    if (Object.keys(data.staleness).length) plot("chart-staleness", lines(data.staleness), { xaxis: stepAxis, yaxis: seconds("steps behind"), legend: { orientation: "h" } });
   }
 
   // --- async bias, discards, occupancy (only when the run has them) ---------------------
@@ -111,8 +173,26 @@
     el("async-bias").hidden = false;
     table("async-summary", ["measure", "mean", "min", "max", "steps"],
       data.async_summary.map((r) => [escape(r.label), r.mean, r.min, r.max, r.steps]));
-    if (Object.keys(data.bias).length) plot("chart-bias", lines(data.bias), { xaxis: stepAxis, yaxis: { title: { text: "KS / share" }, range: [0, 1] }, legend: { orientation: "h" } });
-    if (Object.keys(data.occupancy).length) plot("chart-occupancy", lines(data.occupancy), { xaxis: stepAxis, yaxis: { title: { text: "ratio / seconds" } }, legend: { orientation: "h" } });
+    if (Object.keys(data.bias).length) plot("chart-bias", lines(data.bias), { xaxis: stepAxis, yaxis: share("KS / share"), legend: { orientation: "h" } });
+    const occupancy = pick(data.occupancy, (n) => !isSeconds(n));
+    const occupancyTail = pick(data.occupancy, isSeconds);
+    if (Object.keys(occupancy).length) plot("chart-occupancy", lines(occupancy), { xaxis: stepAxis, yaxis: share("occupancy (mean ÷ peak)"), legend: { orientation: "h" } });
+    if (Object.keys(occupancyTail).length) plot("chart-occupancy-tail", lines(occupancyTail), { xaxis: stepAxis, yaxis: seconds("seconds"), legend: { orientation: "h" } });
+  }
+
+  // --- weight sync, validation and checkpoints, stalls (only when the run has them) ----
+  if (Object.keys(data.weight_sync).length) {
+    el("weight-sync").hidden = false;
+    plot("chart-weight-sync", lines(data.weight_sync), { xaxis: stepAxis, yaxis: seconds("seconds"), legend: { orientation: "h" } });
+  }
+  if (data.occasional.length) {
+    el("occasional").hidden = false;
+    table("occasional-table", ["window", "step", "seconds"], data.occasional.map((r) => [escape(r.name), r.step ?? "", r.seconds]));
+  }
+  if (data.stalls.length) {
+    el("stalls").hidden = false;
+    table("stall-table", ["phase", "step", "state", "open for s", "process"],
+      data.stalls.map((r) => [escape(r.name), r.step ?? "", r.stalled ? "stalled" : "unfinished", r.open_s ?? r.seconds, escape(r.process)]));
   }
 
   // --- captures ------------------------------------------------------------------------
@@ -135,20 +215,20 @@
     if (!tree) return Promise.resolve();
     select.value = String(number);
     const rows = tree.rows;
-    const byProcess = new Map();
+    const byRole = new Map();
     rows.forEach((r, i) => {
-      if (!byProcess.has(r[4])) byProcess.set(r[4], []);
-      byProcess.get(r[4]).push([i, r]);
+      if (!byRole.has(r[8])) byRole.set(r[8], []);
+      byRole.get(r[8]).push([i, r]);
     });
-    const traces = [...byProcess.entries()].map(([p, list]) => ({
-      type: "bar", orientation: "h", name: data.processes[p], marker: { color: palette[p % palette.length], line: { color: list.map(([, r]) => (r[6] ? "#c0392b" : "rgba(0,0,0,0)")), width: 2 } },
+    const traces = [...byRole.entries()].map(([role, list]) => ({
+      type: "bar", orientation: "h", name: data.roles[role], marker: { color: palette[role % palette.length], line: { color: list.map(([, r]) => (r[6] ? "#c0392b" : "rgba(0,0,0,0)")), width: 2 } },
       y: list.map(([i]) => i), base: list.map(([, r]) => r[2]), x: list.map(([, r]) => Math.max(r[3], 0.001)),
-      customdata: list.map(([, r]) => [r[0], r[3].toFixed(3), r[5], Object.entries(r[7]).slice(0, 12).map(([k, x]) => `${k}=${fmt(x)}`).join("<br>")]),
-      hovertemplate: "<b>%{customdata[0]}</b> %{customdata[1]} ms<br>span %{customdata[2]}<br>%{customdata[3]}<extra>%{fullData.name}</extra>",
+      customdata: list.map(([, r]) => [r[0], r[3].toFixed(3), r[5], escape(data.processes[r[4]]), Object.entries(r[7]).slice(0, 12).map(([k, x]) => `${k}=${fmt(x)}`).join("<br>")]),
+      hovertemplate: "<b>%{customdata[0]}</b> %{customdata[1]} ms<br>span %{customdata[2]} in %{customdata[3]}<br>%{customdata[4]}<extra>%{fullData.name}</extra>",
     }));
     const layout = {
-      barmode: "overlay", height: Math.max(260, 60 + 20 * rows.length), showlegend: byProcess.size > 1,
-      xaxis: { title: { text: "ms since step start" } },
+      barmode: "overlay", height: Math.max(260, 60 + 20 * rows.length), showlegend: byRole.size > 1, legend: { title: { text: "role" } },
+      xaxis: { title: { text: "ms since step start" }, rangemode: "tozero" },
       yaxis: { tickvals: rows.map((_, i) => i), ticktext: rows.map((r) => "\u00a0".repeat(2 * r[1]) + r[0]), autorange: "reversed", automargin: true },
       margin: { ...margin, l: 140 },
     };
