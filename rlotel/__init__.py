@@ -8,7 +8,7 @@ or of a class below (PEP 562).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from rlotel import active
@@ -51,7 +51,7 @@ _LAZY = {
     "vllm_profiler_args": "rlotel.profile.config",
 }
 
-_new_phase: Callable[..., Phase] | None = None
+_phase: type[Phase] | None = None
 
 
 def __getattr__(name: str) -> Any:
@@ -98,7 +98,7 @@ def marked_timer(
     """Drop-in for verl's `marked_timer`: sums seconds into `timing_raw[name]` like verl,
     mirrors an NVTX range, and records the phase in the current step when rlotel is on.
     `domain` and `category` are accepted for signature compatibility."""
-    phase = _new_phase or _load_new_phase()
+    phase = _phase or _load_phase()
     tel = active.current
     if tel is None:
         return phase(None, name, color, timing_raw)
@@ -110,12 +110,12 @@ def marked_timer(
     return phase(tel.ledger, name, color, timing_raw)
 
 
-def _load_new_phase() -> Callable[..., Phase]:
-    global _new_phase
-    from rlotel.record.ledger import new_phase
+def _load_phase() -> type[Phase]:
+    global _phase
+    from rlotel.record.ledger import Phase
 
-    _new_phase = new_phase
-    return new_phase
+    _phase = Phase
+    return Phase
 
 
 def diagnose(step: Any, thresholds: Thresholds | None = None) -> Verdict:

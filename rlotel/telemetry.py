@@ -37,7 +37,6 @@ from rlotel.record.ledger import (
     Step,
     StepHooks,
     innermost_open,
-    new_phase,
 )
 from rlotel.record.propagation import parse, traceparent
 from rlotel.record.ranks import RankCompute, RankReply, RankSeconds
@@ -262,22 +261,7 @@ class Telemetry:
         driver) makes a phase opened outside any local step a child of that remote phase.
         """
         if context is None and type(name) is str and name in self._usable_names:  # known name
-            # `new_phase(self.ledger, name, color)` inline: a Python call is ~6 % of a phase
-            # (tests/test_ledger.py checks that the two make the same phase)
-            phase = Phase()
-            phase._ledger = self.ledger
-            phase._sink = None
-            phase._range = None
-            phase.name = name
-            phase.color = color
-            phase.parent = None
-            phase.progress_ns = 0
-            phase.span_id = 0
-            phase.start_ns = 0
-            phase.end_ns = 0
-            phase.error = None
-            phase.marks_nvtx = True
-            return phase
+            return Phase(self.ledger, name, color)
         if not isinstance(name, str) or not name or not encodable(name) or name == "step":
             self.drops.add(
                 "spans",
@@ -285,16 +269,16 @@ class Telemetry:
                 f"phase name {describe(name)} is not a usable name (non-empty UTF-8 string, "
                 "not the reserved 'step'); the body runs untimed",
             )
-            return new_phase(None, "unnamed", color)
+            return Phase(None, "unnamed", color)
         ledger = self.ledger
         if context is not None and ledger.current_step is None and not ledger.in_open_phase():
             ids = parse(context)
             if ids is not None:
-                return RemotePhase.under(self.ledger, name, color, ids)
+                return RemotePhase(self.ledger, name, color, ids)
             self.drops.add("spans", "bad_context", f"no valid traceparent in {context!r}")
         if len(self._usable_names) < MAX_CACHED_NAMES:
             self._usable_names.add(name)
-        return new_phase(self.ledger, name, color)
+        return Phase(self.ledger, name, color)
 
     @property
     def current_step(self) -> Step | None:

@@ -216,21 +216,3 @@ def test_nvtx_package_backend_pushes_and_pops():
         assert detect_backend() is None  # no tool attached: skip NVTX calls entirely
     else:
         assert isinstance(detect_backend(), _NvtxPackage)
-
-
-def test_a_known_phase_name_makes_the_phase_new_phase_makes():
-    """`Telemetry.phase` builds phases of known names inline (one call less per phase):
-    every slot as `new_phase` sets it."""
-    from rlotel.record.ledger import Phase, new_phase
-
-    tel = rlotel.init(run="inline", prometheus_port=None)
-    try:
-        with tel.phase("gen", color="red"):  # the name is validated once, then known
-            pass
-        inline = tel.phase("gen", color="red")
-        made = new_phase(tel.ledger, "gen", "red")
-        slots = [slot for slot in Phase.__slots__ if slot != "_records"]  # set on entry
-        assert {s: getattr(inline, s) for s in slots} == {s: getattr(made, s) for s in slots}
-        assert type(inline) is type(made)
-    finally:
-        tel.shutdown()

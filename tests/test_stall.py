@@ -164,12 +164,12 @@ def test_readers_keep_the_complete_span_over_its_partial(make_tel, tmp_path):
 
 
 def test_a_clock_running_backwards_never_gives_a_negative_age():
-    from rlotel.record.ledger import Ledger, Trace, new_phase
+    from rlotel.record.ledger import Ledger, Phase, Trace
 
     now = [10_000_000_000]
     watch = StallWatch(STALL_AFTER_S, {}, clock=lambda: now[0])
     ledger = Ledger(lambda s: None, lambda t: None, rlotel.base.drops.Drops(), lambda s: None)
-    root = new_phase(None, "generate")
+    root = Phase(None, "generate")
     root.start_ns = now[0] + 5_000_000_000  # started "after" now: the clock stepped back
     ledger.open_remote[1] = Trace(root, None)
     watch.ledger = ledger

@@ -30,7 +30,7 @@ from prometheus_client.samples import Timestamp
 
 from rlotel import config
 from rlotel.base.drops import Drops, as_finite_float
-from rlotel.record.ledger import Trace, new_phase
+from rlotel.record.ledger import Phase, Trace
 from rlotel.schema import attributes as attr
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary
@@ -291,11 +291,11 @@ def _write_traces(
     try:
         for index, (number, data) in enumerate(steps):
             begin = clock.begin_ns[index]
-            root = new_phase(None, vocabulary.STEP)
+            root = Phase(None, vocabulary.STEP)
             root.start_ns, root.end_ns = begin, clock.end_ns[index]
             trace = Trace(root, number)
             for stage, seconds in _stages(data):
-                record = new_phase(None, stage)
+                record = Phase(None, stage)
                 record.start_ns = begin
                 begin += round(seconds * 1e9)
                 record.end_ns = begin

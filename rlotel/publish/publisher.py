@@ -1,20 +1,14 @@
 """The thread that runs the pipeline's handlers, off the training thread.
 
 Each item is queued with the handler that takes it (no type dispatch on the far side).
-The training thread pays one deque append per step. The publisher looks for work every
-`POLL_S` on its own; the training thread rings its doorbell (a C-level queue put) only
-for a burst (`RING_AT` items waiting) or when someone waits for the result (`wake`:
-`flush`, a step's verdict). Waking a sleeping thread cost the training thread ~10 µs a
-step here, more than the step's own bookkeeping. The queue is bounded and drops the
-oldest item when full (counted), so a stuck exporter can never grow memory or block
-training.
+The training thread pays one deque append and an Event set per step. The queue is
+bounded and drops the oldest item when full (counted), so a stuck exporter can never grow
+memory or block training.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -25,18 +19,7 @@ from rlotel.base.drops import Drops
 
 log = logging.getLogger("rlotel")
 
-POLL_S = 0.05  # the longest a closed item waits unless something waits for it
-RING_AT = 64  # items waiting that ring the doorbell at once (a burst of steps)
-
-
-def yield_gil() -> None:
-    """Let a waiting training thread take the GIL now, once per published item.
-
-    Without this, a thread that has just released the GIL in a torch kernel may wait up to
-    the interpreter's switch interval (5 ms) for this thread's Python work to be preempted.
-    (It costs a syscall, ~20 µs here: once per step, not once per span.)
-    """
-    time.sleep(0)
+POLL_S = 0.05  # how often an idle publisher looks at the clock for its tick
 
 
 class Publisher:
@@ -54,11 +37,7 @@ class Publisher:
         self._tick = tick
         self._tick_s = tick_s
         self._queue: deque[Any] = deque(maxlen=maxlen)
-        # The doorbell: a token wakes the thread; `_ringing` says one is on its way, so a
-        # burst of submits rings once (an Event's set costs Python-level lock work each time).
-        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._ringing = False
-        self._ring_at = max(1, min(RING_AT, maxlen // 2))
+        self._wake = threading.Event()
         self._idle = threading.Condition()
         self._submitted = 0  # sequence number of the newest item
         self._handled = 0  # sequence number of the newest item handled (older: handled/dropped)
@@ -72,21 +51,11 @@ class Publisher:
             self._drops.add("spans", "queue_full", f"publisher queue of {items.maxlen} is full")
         self._submitted += 1
         items.append((self._submitted, handler, item))  # a full deque discards its oldest item
-        if len(items) >= self._ring_at:
-            self.wake()
+        self._wake.set()
 
     def wake(self) -> None:
-        """Handle what is queued now, not at the next poll (someone waits for it)."""
-        if not self._ringing:  # read after the append: a publisher that cleared it drains after
-            self._ringing = True
-            self._bell.put(None)
-
-    def _wait(self, timeout: float | None) -> None:
-        """Until the doorbell rings or `timeout` passes; then anything submitted from here
-        on rings again (the drain that follows sees what came before)."""
-        with contextlib.suppress(queue.Empty):
-            self._bell.get(timeout=timeout)
-        self._ringing = False
+        """Handle what is queued now (someone waits for it)."""
+        self._wake.set()
 
     def _tick_if_due(self) -> None:
         if self._tick is None or time.monotonic() < self._next_tick:
@@ -104,14 +73,14 @@ class Publisher:
             timeout = POLL_S
             if self._tick is not None:
                 timeout = min(timeout, max(0.0, self._next_tick - time.monotonic()))
-            self._wait(timeout)
+            self._wake.wait(timeout)
+            self._wake.clear()  # anything submitted from here on sets it again
             self._tick_if_due()
             while self._queue:
                 try:
                     sequence, handler, item = self._queue.popleft()
                 except IndexError:
                     break
-                yield_gil()
                 try:
                     handler(item)
                 except Exception:
@@ -140,6 +109,6 @@ class Publisher:
 
     def stop(self, timeout_s: float) -> bool:
         self._stopping = True
-        self._bell.put(None)
+        self._wake.set()
         self._thread.join(min(max(timeout_s, 0.0), threading.TIMEOUT_MAX))
         return not self._thread.is_alive()

@@ -8,10 +8,11 @@ to Unix time when the step closes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -63,8 +64,8 @@ class Phase:
     trace): nesting follows a context variable, so phases opened from other threads or
     asyncio tasks nest under what *they* have open, never under another thread's phase.
     `span_id` is 0 until someone needs it before export (context propagation); the span
-    builder draws it otherwise. Made by `new_phase`: a Python `__init__` alone costs a
-    third of entering and leaving a phase (CPython 3.11), a bare `Phase()` a tenth.
+    builder draws it otherwise. `ledger` None: timed, not recorded; `sink` also sums its
+    seconds into a dict (verl's `timing_raw`).
     """
 
     __slots__ = (
@@ -72,6 +73,7 @@ class Phase:
         "_range",
         "_records",
         "_sink",
+        "_token",
         "color",
         "end_ns",
         "error",
@@ -87,6 +89,7 @@ class Phase:
     _range: Any  # torch.profiler.record_function while a capture runs
     _records: list[Phase] | None
     _sink: MutableMapping[str, float] | None
+    _token: Token[Phase | None] | None  # restores the context's innermost phase on exit
     color: str | None
     end_ns: int
     error: BaseException | None
@@ -97,6 +100,28 @@ class Phase:
     span_id: int
     start_ns: int
 
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        name: str,
+        color: str | None = None,
+        sink: MutableMapping[str, float] | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._sink = sink
+        self._range = None
+        self._records = None
+        self._token = None
+        self.name = name
+        self.color = color
+        self.parent = None
+        self.progress_ns = 0
+        self.span_id = 0
+        self.start_ns = 0
+        self.end_ns = 0
+        self.error = None
+        self.marks_nvtx = True
+
     @property
     def seconds(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
@@ -105,7 +130,7 @@ class Phase:
         ledger = self._ledger
         if ledger is not None:
             records = ledger.records
-            parent = _innermost_get()
+            parent = _innermost.get()
             while parent is not None and parent.end_ns:  # closed (see `_innermost`)
                 parent = parent.parent
             # The common case inline: the open trace's phase in the context that has its
@@ -121,7 +146,7 @@ class Phase:
                 self._records = records
             else:
                 self._attach(ledger, parent)
-            _innermost_set(self)
+            self._token = _innermost.set(self)
             if ledger.phase_range is not None:
                 self._enter_range(ledger.phase_range)
         backend = nvtx._backend
@@ -168,6 +193,10 @@ class Phase:
                 sink[self.name] = sink.get(self.name, 0) + (end - self.start_ns) / 1e9
             except Exception as sink_error:
                 _drop(self._ledger, "timing_raw", "bad_dict", sink_error)
+        if self._token is not None:
+            with contextlib.suppress(ValueError):  # left in another context: nothing to restore
+                _innermost.reset(self._token)
+            self._token = None
         ledger = self._ledger
         if ledger is not None:
             self._records = None  # no cycle (the trace's list holds this phase) once closed
@@ -185,39 +214,11 @@ class Phase:
             _drop(self._ledger, "profile", "profiler_error", error)
 
 
-def new_phase(
-    ledger: Ledger | None,
-    name: str,
-    color: str | None = None,
-    sink: MutableMapping[str, float] | None = None,
-    kind: type[Phase] = Phase,
-) -> Phase:
-    """A phase (not yet entered) recording into `ledger` (None: timed, not recorded);
-    `sink` also sums its seconds into a dict (verl's `timing_raw`)."""
-    phase = kind()
-    phase._ledger = ledger
-    phase._sink = sink
-    phase._range = None
-    phase.name = name
-    phase.color = color
-    phase.parent = None
-    phase.progress_ns = 0
-    phase.span_id = 0
-    phase.start_ns = 0
-    phase.end_ns = 0
-    phase.error = None
-    phase.marks_nvtx = True
-    return phase
-
-
-# The innermost phase the running context (thread, asyncio task, copied context) entered.
-# Leaving a phase does not reset it: the context keeps the closed phase until it enters
-# the next, and every reader walks up from a closed phase to its nearest open ancestor
-# (`parent`), which is what a reset would have restored — one context-variable write per
-# phase instead of two. (A phase left in another context, a generator's or a callback's,
-# could not have been reset anyway.)
+# The innermost phase the running context (thread, asyncio task, copied context) entered;
+# leaving a phase resets it. A phase left in another context than it entered (a
+# generator's, a callback's) cannot reset it there, so readers still walk up from a
+# closed phase to its nearest open ancestor (`parent`).
 _innermost: ContextVar[Phase | None] = ContextVar("rlotel_innermost_phase", default=None)
-_innermost_get, _innermost_set = _innermost.get, _innermost.set
 
 
 def _open_ancestor(phase: Phase | None, records: list[Phase] | None) -> Phase | None:
@@ -246,14 +247,12 @@ class RemotePhase(Phase):
     remote: tuple[int, int]
     trace: Trace | None
 
-    @classmethod
-    def under(
-        cls, ledger: Ledger, name: str, color: str | None, remote: tuple[int, int]
-    ) -> RemotePhase:
-        phase = new_phase(ledger, name, color, kind=cls)
-        phase.remote = remote  # type: ignore[attr-defined]
-        phase.trace = None  # type: ignore[attr-defined]
-        return phase  # type: ignore[return-value]
+    def __init__(
+        self, ledger: Ledger, name: str, color: str | None, remote: tuple[int, int]
+    ) -> None:
+        super().__init__(ledger, name, color)
+        self.remote = remote
+        self.trace = None
 
     def _attach(self, ledger: Ledger, parent: Phase | None = None) -> None:
         trace = self.trace = Trace(self, ledger.last_step_number)
@@ -343,7 +342,7 @@ class Step:
     def __init__(self, ledger: Ledger, number: int) -> None:
         self._ledger = ledger
         self.number = number
-        self.trace = Trace(new_phase(None, vocabulary.STEP), number)
+        self.trace = Trace(Phase(None, vocabulary.STEP), number)
         self.prompt_tokens: int | float | None = None
         self.response_tokens: int | float | None = None
         self.mfu: dict[str, float] = {}
@@ -355,8 +354,7 @@ class Step:
         self.held = False  # a hook holds it until its captures are written
         self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)
         self.published = False  # the pipeline published it (its summary is final)
-        self._published = threading.Lock()  # held until then: readers of the verdict wait
-        self._published.acquire()  # on it (an Event costs 3 µs to make, a lock 0.1)
+        self._published = threading.Event()  # readers of the verdict wait on it
         self._summary_lock = threading.Lock()
         self._summary: Summary | None = None
 
@@ -474,8 +472,7 @@ class Step:
             return None
         if not self.published:
             self._ledger.wake()  # the publisher polls: this reader waits, so now
-        if self._published.acquire(timeout=self._ledger.verdict_wait_s):
-            self._published.release()  # open for every later reader
+        self._published.wait(self._ledger.verdict_wait_s)
         return self.summary.verdict
 
     def publish(self, summary: Summary) -> None:
@@ -483,7 +480,7 @@ class Step:
         self._summary = summary
         if not self.published:  # once: only the pipeline calls this
             self.published = True
-            self._published.release()
+            self._published.set()
 
 
 def _nothing() -> None:
@@ -536,11 +533,11 @@ class Ledger:
         """The trace phases are recorded into now: the open step's, or a loose one."""
         if self._step is not None:
             return self._step.trace
-        return _remote_trace(_innermost_get(), self) or self._loose
+        return _remote_trace(_innermost.get(), self) or self._loose
 
     def in_open_phase(self) -> bool:
         """The caller's own context has a phase open (nesting follows contexts)."""
-        phase = _innermost_get()
+        phase = _innermost.get()
         while phase is not None and phase.end_ns:
             phase = phase.parent
         return phase is not None and phase._ledger is self

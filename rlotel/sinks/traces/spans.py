@@ -134,21 +134,18 @@ class SpanBuilder:
             if attributes is None:
                 attributes = named[name] = {**common, phase_key: name, bucket_key: bucket_of(name)}
             append(
-                new_span(
-                    SpanData,
-                    (
-                        trace_id,
-                        span_id,
-                        parent.span_id if parent is not None else root_id,
-                        name,
-                        record.start_ns + offset,
-                        end + offset,
-                        attributes,  # shared by the phases of a name (encoded once)
-                        links_by_phase.get(span_id, no_links) if links_by_phase else no_links,
-                        record.error,
-                        False,
-                        no_links,
-                    ),
+                SpanData(
+                    trace_id,
+                    span_id,
+                    parent.span_id if parent is not None else root_id,
+                    name,
+                    record.start_ns + offset,
+                    end + offset,
+                    attributes,  # shared by the phases of a name
+                    links_by_phase.get(span_id, no_links) if links_by_phase else no_links,
+                    record.error,
+                    False,
+                    no_links,
                 )
             )
         for batch in trace.samples:
