@@ -46,7 +46,7 @@ STARTUP = (
 ROOT = Path(__file__).resolve().parents[1]
 RLOTEL_FRAME = re.compile(r"\((rlotel/[^:]+):(\d+)\)")
 BLOCKING_CALL = re.compile(r"\.(get|wait|join|acquire)\(|sleep\(")
-OWN_THREADS = ("ExportQueue._run", "Publisher._run", "OtlpMetricsPusher", "serve_forever")
+OWN_THREADS = ("Worker._run", "OtlpMetricsPusher", "serve_forever")
 
 
 def classify(frames: list[str]) -> str | None:

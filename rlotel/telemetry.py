@@ -470,7 +470,7 @@ class Telemetry:
         """Publish everything closed so far and push it to every exporter; bounded wait."""
         timeout = bounded(timeout_s, self.config.shutdown_timeout_s)
         deadline = time.monotonic() + timeout
-        done = self._publisher.flush(timeout)
+        done = self._publisher.flush(deadline)
         return self._sink.force_flush(deadline) and done
 
     def shutdown(self, timeout_s: float | None = None) -> None:
@@ -494,8 +494,8 @@ class Telemetry:
         if self._profiler is not None:
             self._profiler.wait_for_hook(timeout / 4)
         self._publisher.submit(self._pipeline.release_all, None)
-        self._publisher.flush(timeout / 2)
-        self._publisher.stop(0.5)
+        self._publisher.flush(time.monotonic() + timeout / 2)
+        self._publisher.stop(time.monotonic() + 0.5)
         self._sink.shutdown(time.monotonic() + timeout / 2)
         if active.current is self:
             active.current = None

@@ -1,9 +1,10 @@
-"""The thread that runs the pipeline's handlers, off the training thread.
+"""The one queue-and-thread of rlotel: a bounded queue and the daemon thread that drains it.
 
-Each item is queued with the handler that takes it (no type dispatch on the far side).
-The training thread pays one deque append and an Event set per step. The queue is
-bounded and drops the oldest item when full (counted), so a stuck exporter can never grow
-memory or block training.
+Work leaves a thread that must not be slowed (the training thread, or the publisher) by one
+`put`: the item goes to a bounded queue that drops its oldest items when full (counted),
+so a stuck consumer can never grow memory or block the caller. `Publisher` runs the
+pipeline's handlers off the training thread; each span exporter drains its own `Worker`
+(`rlotel.sinks.traces.export_queue`), so a slow exporter holds up nothing else.
 """
 
 from __future__ import annotations
@@ -19,43 +20,80 @@ from rlotel.base.drops import Drops
 
 log = logging.getLogger("rlotel")
 
-POLL_S = 0.05  # how often an idle publisher looks at the clock for its tick
+POLL_S = 0.05  # how often an idle worker looks at the clock for its tick
 
 
-class Publisher:
-    """`tick`, if given, also runs on this thread every `tick_s` seconds (work that watches
-    what is still open, e.g. stalled phases), between items, never while one is handled."""
+class Worker:
+    """`put` from any thread; a daemon thread hands `handle` batches of items in order.
+
+    `capacity` bounds the queued weight (an item weighs 1 unless `put` says more: a batch of
+    spans weighs its spans). The thread wakes when `batch` weight is waiting, when someone
+    waits (`wake`, `flush`), or every `delay_s` (a longer delay coalesces small puts into
+    fewer, larger batches). `tick`, if given, runs every `tick_s` seconds between batches
+    (work that watches what is still open, e.g. stalled phases).
+    """
 
     def __init__(
         self,
+        name: str,
+        handle: Callable[[list[Any]], None],
         drops: Drops,
-        maxlen: int,
+        capacity: int,
+        *,
+        batch: int = 1,
+        delay_s: float = POLL_S,
         tick: Callable[[], None] | None = None,
         tick_s: float = 1.0,
     ) -> None:
+        self.name = name
+        self._handle = handle
         self._drops = drops
+        self._capacity = max(1, capacity)
+        self._batch = max(1, batch)
+        self._delay_s = delay_s
         self._tick = tick
         self._tick_s = tick_s
-        self._queue: deque[Any] = deque(maxlen=maxlen)
-        self._wake = threading.Event()
-        self._idle = threading.Condition()
+        self._next_tick = time.monotonic() + tick_s
+        self._items: deque[tuple[int, Any, int]] = deque()  # (sequence, item, weight)
+        self._queued = 0  # weight waiting
         self._submitted = 0  # sequence number of the newest item
         self._handled = 0  # sequence number of the newest item handled (older: handled/dropped)
+        self._lock = threading.Condition()
+        self._wake = threading.Event()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="rlotel-publisher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"rlotel-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, handler: Callable[[Any], None], item: Any) -> None:
-        items = self._queue
-        if len(items) == items.maxlen:
-            self._drops.add("spans", "queue_full", f"publisher queue of {items.maxlen} is full")
-        self._submitted += 1
-        items.append((self._submitted, handler, item))  # a full deque discards its oldest item
-        self._wake.set()
+    def put(self, item: Any, weight: int = 1) -> None:
+        with self._lock:
+            self._submitted += 1
+            self._items.append((self._submitted, item, weight))
+            self._queued += weight
+            while self._queued > self._capacity and len(self._items) > 1:
+                _, _, dropped = self._items.popleft()
+                self._queued -= dropped
+                self._drops.add(
+                    "spans", "queue_full", f"{self.name}: {self._capacity} waiting", dropped
+                )
+            full = self._queued >= self._batch
+        if full:
+            self._wake.set()
 
     def wake(self) -> None:
         """Handle what is queued now (someone waits for it)."""
         self._wake.set()
+
+    def _take(self) -> tuple[list[Any], int]:
+        """Up to `batch` weight of the oldest items (at least one) and the last one's number."""
+        with self._lock:
+            items: list[Any] = []
+            taken = last = 0
+            while self._items and (not items or taken < self._batch):
+                last, item, weight = self._items.popleft()
+                items.append(item)
+                taken += weight
+            self._queued -= taken
+            return items, last
 
     def _tick_if_due(self) -> None:
         if self._tick is None or time.monotonic() < self._next_tick:
@@ -64,51 +102,73 @@ class Publisher:
         try:
             self._tick()
         except Exception:
-            log.exception("rlotel publisher tick failed; continuing")
-            self._drops.add("spans", "internal_error", "publisher tick failed")
+            log.exception("rlotel %s tick failed; continuing", self.name)
+            self._drops.add("spans", "internal_error", f"{self.name} tick failed")
 
     def _run(self) -> None:
-        self._next_tick = time.monotonic() + self._tick_s
         while True:
-            timeout = POLL_S
+            timeout = self._delay_s
             if self._tick is not None:
                 timeout = min(timeout, max(0.0, self._next_tick - time.monotonic()))
             self._wake.wait(timeout)
-            self._wake.clear()  # anything submitted from here on sets it again
+            self._wake.clear()  # anything put from here on sets it again
             self._tick_if_due()
-            while self._queue:
-                try:
-                    sequence, handler, item = self._queue.popleft()
-                except IndexError:
+            while True:
+                items, last = self._take()
+                if not items:
                     break
                 try:
-                    handler(item)
+                    self._handle(items)
                 except Exception:
-                    log.exception("rlotel publisher failed on %s; continuing", type(item).__name__)
-                    self._drops.add("spans", "internal_error", "publisher failed on one item")
-                with self._idle:
-                    self._handled = sequence
-                    self._idle.notify_all()
+                    log.exception("rlotel %s failed on a batch; continuing", self.name)
+                    self._drops.add("spans", "internal_error", f"{self.name} failed on a batch")
+                with self._lock:
+                    self._handled = last
+                    self._lock.notify_all()
                 self._tick_if_due()  # a queue that never drains still ticks
             if self._stopping:
                 return
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until everything submitted so far has been handled."""
-        target = self._submitted
-        self.wake()
-        timeout_s = min(max(timeout_s, 0.0), threading.TIMEOUT_MAX)
-        deadline = time.monotonic() + timeout_s
-        with self._idle:
+    def flush(self, deadline: float) -> bool:
+        """Wait until everything put so far has been handled; False if `deadline`
+        (`time.monotonic()`) passes first."""
+        with self._lock:
+            target = self._submitted
+        self._wake.set()
+        with self._lock:
             while self._handled < target:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._idle.wait(remaining)
+                self._lock.wait(min(remaining, threading.TIMEOUT_MAX))
         return True
 
-    def stop(self, timeout_s: float) -> bool:
+    def stop(self, deadline: float) -> bool:
+        """Handle what is queued, then end the thread; False if it is still running at
+        `deadline`."""
         self._stopping = True
         self._wake.set()
-        self._thread.join(min(max(timeout_s, 0.0), threading.TIMEOUT_MAX))
+        self._thread.join(min(max(deadline - time.monotonic(), 0.0), threading.TIMEOUT_MAX))
         return not self._thread.is_alive()
+
+
+class Publisher(Worker):
+    """Runs the pipeline's handlers off the training thread: each item is queued with the
+    handler that takes it (no type dispatch on the far side)."""
+
+    def __init__(
+        self,
+        drops: Drops,
+        capacity: int,
+        tick: Callable[[], None] | None = None,
+        tick_s: float = 1.0,
+    ) -> None:
+        super().__init__("publisher", _run_handlers, drops, capacity, tick=tick, tick_s=tick_s)
+
+    def submit(self, handler: Callable[[Any], None], item: Any) -> None:
+        self.put((handler, item))
+
+
+def _run_handlers(items: list[tuple[Callable[[Any], None], Any]]) -> None:
+    for handler, item in items:
+        handler(item)
