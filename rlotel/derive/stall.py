@@ -9,7 +9,19 @@ samples recorded, worker-group replies: `Phase.progress_ns`, written where those
 already happen). A phase is stalled once that evidence has been quiet for `stall_after_s`
 (`RLOTEL_STALL_AFTER_S`), however long or short it ran before; a slow phase that keeps
 progressing never is. Its age and the median of its recent closed durations stay as
-evidence. On the tick a phase becomes stalled, rlotel records every thread's Python stack
+evidence. A phase name is judged by the freshest evidence of any of its spans in this
+process: calls a worker serves one at a time (a reward worker's queue) progress while
+one completes, however long the last in line waits.
+
+Across processes: work another process runs for a phase here (V1's trajectories under
+the trainer's step, a worker group's calls) is progress of that phase and of every phase
+it holds open (the driver's `gen` waits on the trajectories its step dispatched). Each
+process reports, per remote parent span, the latest progress under it (`reported`, a
+few dozen entries at most); the Ray integration carries that to the driver with each
+process's target heartbeat and hands back the spans that moved (`heard`, bounded, drops
+counted). Only changes are compared, never two processes' clocks.
+
+On the tick a phase becomes stalled, rlotel records every thread's Python stack
 of this process (from the publisher thread, so a blocked training thread is no obstacle),
 logs one line and keeps a live verdict naming the phase, the process and where to look;
 the sinks get every tick's open phases (gauges, a partial span tree).
@@ -26,7 +38,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,6 +52,8 @@ from rlotel.schema import vocabulary as voc
 log = logging.getLogger("rlotel")
 
 HISTORY = 32  # recent closed durations kept per phase name
+MAX_HEARD = 1024  # spans with remote progress waiting for the next tick; more are dropped
+MAX_REPORTED = 32  # remote parent spans this process reports progress under (the latest)
 MAX_NAMES = 256  # phase names watched (verl uses a few dozen); more are not watched
 STALLED = "stalled"  # the verdict kind
 
@@ -117,15 +131,46 @@ class StallWatch:
         self._actors: dict[str, list[str]] = {}  # stalled phase → Ray actors not started
         self._stacks: dict[str, tuple[ThreadStack, ...]] = {}  # stalled phase → its stacks
         self.rank_waits: dict[int, RankWait] = {}  # id → a blocking call's pending ranks
+        self._last_closed: dict[str, int] = {}  # phase name → when a span of it last closed
+        self._heard: dict[int, int] = {}  # span id → when progress under it was heard
+        self.heard_dropped = 0  # spans whose remote progress found the buffer full
+        self._reported: dict[int, int] = {}  # remote parent span id → latest progress under it
+        # The same, as the other process reads it (hex span id → ns on this process's clock):
+        # a new dict each tick it changes, so a reader on any thread holds a complete one.
+        self.reported: dict[str, int] = {}
+
+    # --- fed from any thread ----------------------------------------------------------
+
+    def heard(self, span_ids: Iterable[int]) -> int:
+        """Another process reported progress of work that phases of this one (the spans
+        `span_ids` name) are waiting on; applied on the next tick. Never blocks longer than
+        a dict update; returns how many were dropped (more than MAX_HEARD pending)."""
+        now = self._clock()
+        dropped = 0
+        with self._lock:
+            heard = self._heard
+            for span_id in span_ids:
+                if span_id in heard or len(heard) < MAX_HEARD:
+                    heard[span_id] = now
+                else:
+                    dropped += 1
+            self.heard_dropped += dropped
+        return dropped
 
     # --- fed on the publisher thread --------------------------------------------------
 
     def closed(self, trace: Trace) -> None:
-        """A trace closed: its phases' durations are the median given as evidence."""
+        """A trace closed: its phases' durations are the median given as evidence, its end
+        the latest progress of its name (and of the remote span it ran under)."""
         history = self._history
+        if trace.remote_parent and trace.root.end_ns:
+            self._report(trace.remote_parent, trace.root.end_ns)
+        last_closed = self._last_closed
         for record in (trace.root, *trace.records):
             if not record.end_ns:
                 continue
+            if record.name in last_closed or len(last_closed) < MAX_NAMES:
+                last_closed[record.name] = max(last_closed.get(record.name, 0), record.end_ns)
             durations = history.get(record.name)
             if durations is None:
                 if len(history) >= MAX_NAMES:
@@ -138,8 +183,13 @@ class StallWatch:
         now = self._clock()
         self._note_replies(now)
         traces = self._open_traces()
+        with self._lock:
+            heard, self._heard = self._heard, {}
+        if heard:
+            _apply_heard(traces, heard)
         latest = _latest_progress(traces)
         quietest: dict[str, tuple[Phase, Trace]] = {}
+        freshest: dict[str, int] = {}  # per name: the latest progress of any of its spans
         for trace in traces:
             for record in (trace.root, *list(trace.records)):
                 if not record.start_ns or record.end_ns:
@@ -149,10 +199,15 @@ class StallWatch:
                     continue
                 if known is None or latest[record] < latest[known[0]]:
                     quietest[record.name] = (record, trace)
+                freshest[record.name] = max(freshest.get(record.name, 0), latest[record])
+            if trace.remote_parent:  # progress of the other process's span this work is under
+                self._report(trace.remote_parent, latest[trace.root])
+        self._publish_reported()
         judged = []
         for name, (record, trace) in quietest.items():
             age_s = max(0.0, (now - record.start_ns) / 1e9)
-            quiet_s = max(0.0, (now - latest[record]) / 1e9)
+            last = max(freshest[name], self._last_closed.get(name, 0))
+            quiet_s = max(0.0, (now - last) / 1e9)
             durations = self._history.get(name)
             median_s = statistics.median(durations) if durations else None
             judged.append((name, record, trace, age_s, quiet_s, median_s))
@@ -182,6 +237,20 @@ class StallWatch:
         self._actors = {name: self._actors[name] for name in verdicts if name in self._actors}
         self._stacks = {name: self._stacks[name] for name in verdicts if name in self._stacks}
         return phases
+
+    def _report(self, parent: int, at_ns: int) -> None:
+        """Progress at `at_ns` under the remote span `parent` (publisher thread only)."""
+        reported = self._reported
+        if at_ns <= reported.get(parent, 0):
+            return
+        reported[parent] = at_ns
+        if len(reported) > MAX_REPORTED:  # the oldest is done with, most likely
+            del reported[min(reported, key=reported.__getitem__)]
+
+    def _publish_reported(self) -> None:
+        reported = {f"{span:016x}": at for span, at in self._reported.items()}
+        if reported != self.reported:
+            self.reported = reported
 
     def _note_replies(self, now: int) -> None:
         """A rank replied since the last tick (its wait's pending set shrank): progress."""
@@ -346,6 +415,26 @@ def _enclosing(stalled: list[tuple[Phase, Trace]]) -> set[Phase]:
             ancestors.add(parent)
             parent = parent.parent
     return ancestors
+
+
+def _apply_heard(traces: list[Trace], heard: Mapping[int, int]) -> None:
+    """Progress heard from other processes under a span: progress of that phase and of
+    every open phase inside it (the driver's `gen` waits on what its step dispatched)."""
+    for trace in traces:
+        records = (trace.root, *list(trace.records))
+        marked = {r: heard[r.span_id] for r in records if r.span_id and r.span_id in heard}
+        if not marked:
+            continue
+        under_root = marked.get(trace.root, 0)
+        for record in records:
+            if record.end_ns:
+                continue
+            at, node = under_root, record
+            while node is not None:
+                at = max(at, marked.get(node, 0))
+                node = node.parent
+            if at > record.progress_ns:
+                record.progress_ns = at
 
 
 def _latest_progress(traces: list[Trace]) -> dict[Phase, int]:

@@ -23,18 +23,27 @@ them and serves Prometheus HTTP service discovery at `/targets` on its own `/met
 listener (and, if asked, one file-SD JSON of them all): a target whose heartbeat stopped
 for `TARGET_TTL_S` (a killed actor, a dead node) is left out. The advertised address is
 the bind address, or Ray's node address when bound to all interfaces — never `0.0.0.0`.
+
+The same heartbeat carries the process's progress under other processes' spans (its stall
+watch's `reported`: remote parent span → latest progress, a few dozen at most): the driver
+compares each process's entries with the last it read and hands the spans that moved to
+its own stall watch (`StallWatch.heard`), so its `gen` knows whether the trajectories and
+reward calls it waits on still complete. Nothing is sent to the driver from the worker's
+call path; a slow or absent GCS costs the heartbeat thread only.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +58,8 @@ HEARTBEAT_S = 1.0  # each process refreshes its target this often
 TARGET_TTL_S = 3.0  # a target whose heartbeat stopped this long is gone (killed, node died)
 POLL_S = 0.5  # the driver reads the targets this often
 FORGET_S = 60.0  # a dead target's key is deleted after this long
+PROGRESS_KEY = "progress"  # in a heartbeat: remote parent span (hex) → latest progress there
+MAX_PROGRESS = 64  # entries read from one process's heartbeat; more are dropped (counted)
 UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
@@ -196,6 +207,9 @@ class _Heartbeat:
     def beat(self) -> None:
         self.count += 1
         value = {"targets": [self.target], "labels": self.labels, "beat": self.count}
+        progress = _progress()
+        if progress:
+            value[PROGRESS_KEY] = progress
         _kv()._internal_kv_put(self.key, json.dumps(value), True, namespace=KV_NAMESPACE)
 
     def start(self) -> None:
@@ -215,6 +229,15 @@ class _Heartbeat:
             _kv()._internal_kv_del(self.key, namespace=KV_NAMESPACE)
 
 
+def _progress() -> dict[str, int]:
+    """This process's progress under other processes' spans (its stall watch's report)."""
+    try:
+        tel = rlotel.current()
+        return tel.stalls.reported if tel is not None else {}
+    except Exception:  # a telemetry shutting down: nothing to report
+        return {}
+
+
 class TargetDirectory:
     """The driver's view of every process's target in its Ray job: polled from the GCS
     every `poll_s`, a target left out once its heartbeat has not moved for `ttl_s` (on
@@ -226,6 +249,7 @@ class TargetDirectory:
         file_sd: Path | None = None,
         ttl_s: float = TARGET_TTL_S,
         poll_s: float = POLL_S,
+        on_progress: Callable[[list[int]], None] | None = None,
     ) -> None:
         ray = _ray()
         if ray is None:
@@ -240,6 +264,9 @@ class TargetDirectory:
         self._written: str | None = None
         self._stop = threading.Event()
         self.url: str | None = None  # where /targets is served (the driver's listener)
+        self.on_progress = on_progress  # spans other processes showed progress under
+        self._progress: dict[str, dict[str, Any]] = {}  # key → its last progress entries
+        self.progress_dropped = 0  # entries past MAX_PROGRESS or malformed
         self.poll()
         self._thread = threading.Thread(target=self._run, name="rlotel-targets", daemon=True)
         self._thread.start()
@@ -259,13 +286,19 @@ class TargetDirectory:
         now = time.monotonic()
         live: list[dict[str, Any]] = []
         seen: dict[str, tuple[int, float, dict[str, Any]]] = {}
+        moved: list[int] = []
+        progress: dict[str, dict[str, Any]] = {}
         for raw_key, raw in values.items():
             key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
             try:
                 entry = json.loads(raw)
                 beat = int(entry.pop("beat"))
-            except (TypeError, ValueError, KeyError):
+            except (TypeError, ValueError, KeyError, AttributeError):
                 continue
+            entries = entry.pop(PROGRESS_KEY, None)
+            if isinstance(entries, dict):
+                progress[key] = entries
+                moved += self._moved(self._progress.get(key, {}), entries)
             last = self._seen.get(key)
             changed = last is None or last[0] != beat
             when = now if changed else last[1]
@@ -279,7 +312,25 @@ class TargetDirectory:
             live.insert(0, self._own)  # the driver first, then by role and rank
         with self._lock:
             self._seen, self._live = seen, live
+        self._progress = progress
+        if moved and self.on_progress is not None:
+            self.on_progress(moved)
         self._write_file(live)
+
+    def _moved(self, before: dict[str, Any], now: dict[str, Any]) -> list[int]:
+        """The spans whose progress entry changed since the last read (first seen: moved)."""
+        moved = []
+        for index, (span, at) in enumerate(now.items()):
+            if index >= MAX_PROGRESS:
+                self.progress_dropped += len(now) - MAX_PROGRESS
+                break
+            if before.get(span) == at:
+                continue
+            try:
+                moved.append(int(span, 16))
+            except (TypeError, ValueError):
+                self.progress_dropped += 1
+        return moved
 
     def _write_file(self, live: list[dict[str, Any]]) -> None:
         if self._file_sd is None:
@@ -320,6 +371,15 @@ def _multi_get(kv: Any, keys: list[bytes]) -> dict[bytes, bytes]:
     return {key: value for key, value in found.items() if value is not None}
 
 
+def _heard(tel: Any, span_ids: list[int]) -> None:
+    """Progress other processes showed under these spans, to this process's stall watch."""
+    dropped = tel.stalls.heard(span_ids)
+    if dropped:
+        tel.drops.add(
+            "spans", "remote_progress_dropped", f"{dropped} span(s) of remote progress", dropped
+        )
+
+
 def serve_targets(tel: Any, file_sd: Path | None = None, **options: Any) -> TargetDirectory:
     """In the Ray driver: every rlotel process of this job, the driver's own `/metrics`
     included, as Prometheus HTTP service discovery at `<driver's /metrics host:port>/targets`
@@ -337,6 +397,7 @@ def serve_targets(tel: Any, file_sd: Path | None = None, **options: Any) -> Targ
         if urllib.parse.urlsplit(tel.metrics_url).scheme == "https":
             labels["__scheme__"] = "https"
         own = {"targets": [advertised_target(tel.metrics_url)], "labels": labels}
+    options.setdefault("on_progress", functools.partial(_heard, tel))
     directory = TargetDirectory(own, file_sd, **options)
     directory.url = tel.serve_path("/targets", directory.body)
     tel.on_shutdown(directory.close)

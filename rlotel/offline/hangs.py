@@ -20,6 +20,7 @@ from rlotel.offline import otlp_json
 from rlotel.schema import attributes as attr
 
 FRAMES_SHOWN = 8  # innermost frames printed per thread
+MAIN_THREAD = "MainThread"  # always printed: where the process's own work runs
 PROCESS_KEYS = ("role", "rank", "node", attr.PROCESS_PID)
 
 
@@ -94,8 +95,9 @@ def hangs(directory: Path) -> list[Stall]:
 
 def render(stalls: list[Stall]) -> Iterator[str]:
     """The lines `rlotel hangs` prints: per stall, its phase and times, then its process's
-    threads, each with its innermost user frame, then its innermost frames, marked (threads
-    in rlotel or the stdlib alone are counted)."""
+    threads that run the user's code (and its main thread), each with its innermost user
+    frame, then its innermost frames, marked; threads in library code alone are named on
+    one line (a runtime's idle loops), those in rlotel or the stdlib alone counted."""
     for stall in stalls:
         step = stall.evidence.get("step")
         at = f" in step {step}" if step is not None else ""
@@ -108,17 +110,29 @@ def render(stalls: list[Stall]) -> Iterator[str]:
         pending = stall.evidence.get("pending_ranks")
         if pending:
             yield f"  ranks that never replied: {pending}"
-        quiet = 0
+        quiet, library = 0, []
+        shown: dict[tuple[str, ...], tuple[list[str], list[dict[str, Any]]]] = {}
         for thread in stall.threads:
             frames = thread.get("frames", [])
-            if not any(f.get("kind") in ("user", "library") for f in frames):
-                quiet += 1
+            kinds = {f.get("kind") for f in frames}
+            name = str(thread.get("thread"))
+            if "user" not in kinds and name != MAIN_THREAD:
+                if "library" in kinds:
+                    library.append(name)
+                else:
+                    quiet += 1
                 continue
+            same = tuple(str(f.get("where")) for f in frames)  # a pool's threads: one stack
+            shown.setdefault(same, ([], frames))[0].append(name)
+        for names, frames in shown.values():
             user = next((f.get("where") for f in frames if f.get("kind") == "user"), None)
             stuck = f" stuck at {user}" if user else ""
-            yield f"  thread {thread.get('thread')}:{stuck}"
+            same = f" ({len(names)} threads, one stack)" if len(names) > 1 else ""
+            yield f"  thread {', '.join(names)}{same}:{stuck}"
             for frame in frames[:FRAMES_SHOWN]:
                 yield f"    [{frame.get('kind')}] {frame.get('where')}"
+        if library:
+            yield f"  threads in library code only: {', '.join(library)}"
         if quiet:
             yield f"  ({quiet} more thread(s) in rlotel or the standard library only)"
 
