@@ -49,11 +49,18 @@ def main_ppo(assets: Path, *argv: str) -> Iterator[Path]:
 
 
 PROFILED_STEP = 2
+TOKEN_WINDOW = (1, 4)  # the rollout engine records decode iterations [1, 4): vLLM's delay/max
 PROFILE = (  # verl's torch profiler on the actor for step 2, written under its save_path
     "global_profiler.tool=torch",
     f"global_profiler.steps=[{PROFILED_STEP}]",
     "actor_rollout_ref.actor.profiler.enable=True",
     "actor_rollout_ref.actor.profiler.all_ranks=True",
+    # discrete: a trace per worker stage, the update's named by its mini-batch window, and
+    # the rollout engine's (vLLM's profiler, per replica) over `gen` in a token window
+    "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",
+    "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1",
+    f"actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start={TOKEN_WINDOW[0]}",
+    f"actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end={TOKEN_WINDOW[1]}",
 )
 
 
@@ -241,17 +248,59 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
     assert {"step", "gen", "update_actor", "compute_log_prob"} <= names
 
 
-def test_verl_profiler_capture_linked_from_its_step(plugin_on: Path) -> None:
-    trainer = spans_by_role(plugin_on)["trainer"]
+def links_of(span: dict) -> dict[tuple[str, str], dict]:
+    """A span's capture links: (trace, span) of the capture span → the link's attributes."""
+    return {(t, s): a for t, s, a in span["links"] if "rl.profile.path" in a}
+
+
+def test_verl_profiler_captures_linked_from_their_windows(plugin_on: Path) -> None:
+    """verl's discrete profile of step 2: the actor's log-prob and update traces and the
+    rollout engine's, each linked from the step, the trainer phase it explains, and the
+    span of the worker (or rollout replica) that wrote it, with its writer, window and step."""
+    roles = spans_by_role(plugin_on)
+    trainer = roles["trainer"]
+    captures = {
+        (s["trace"], s["id"]): s["attrs"] for s in trainer if s["name"] == "profile.capture"
+    }
+    for attrs in captures.values():
+        path = Path(attrs["rl.profile.path"])
+        assert (path if path.is_absolute() else plugin_on / path).is_file(), path
+    stages = sorted(a.get("rl.profile.stage", "engine") for a in captures.values())
+    assert stages == ["actor_compute_log_prob", "actor_update", "engine"], captures
     steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
-    links = [attrs for _, _, attrs in steps[PROFILED_STEP]["links"]]
-    paths = [Path(attrs["rl.profile.path"]) for attrs in links if "rl.profile.path" in attrs]
-    assert paths, links
-    for path in paths:
-        path = path if path.is_absolute() else plugin_on / path
-        assert path.is_file() and f"step{PROFILED_STEP}" in path.name, path
-    assert not any("rl.profile.path" in a for n, s in steps.items() if n != PROFILED_STEP
-                   for _, _, a in s["links"])  # fmt: skip
+    assert set(links_of(steps[PROFILED_STEP])) == set(captures)
+    assert not any(links_of(s) for n, s in steps.items() if n != PROFILED_STEP)
+
+    def linked_from(spans: list[dict], name: str) -> dict[tuple[str, str], dict]:
+        return {k: a for s in spans if s["name"] == name for k, a in links_of(s).items()}
+
+    in_step = [s for s in trainer if s["attrs"].get("rl.step") == PROFILED_STEP]
+    windows = {"old_log_prob": "actor_compute_log_prob", "update_actor": "actor_update"}
+    for phase, stage in (*windows.items(), ("gen", None)):
+        ((key, link),) = linked_from(in_step, phase).items()
+        assert key in captures and link.get("rl.profile.stage") == stage, (phase, link)
+        assert link["rl.profile.step_first"] == link["rl.profile.step_last"] == PROFILED_STEP
+    (log_prob,) = linked_from(in_step, "old_log_prob").values()
+    assert (log_prob["rl.profile.role"], log_prob["rl.profile.rank"]) == ("actor", 0)
+    (update,) = linked_from(in_step, "update_actor").values()
+    assert (update["rl.profile.mini_batch_first"], update["rl.profile.mini_batch_last"]) == (0, 0)
+    assert "_mb0." in update["rl.profile.path"]
+    (engine,) = linked_from(in_step, "gen").values()
+    assert (engine["rl.profile.role"], engine["rl.profile.replica"]) == ("rollout", 0)
+    assert (engine["rl.profile.token_start"], engine["rl.profile.token_end"]) == TOKEN_WINDOW
+    assert "agent_loop_rollout_replica_0/" in engine["rl.profile.path"]
+    # the writers' own spans link the same capture spans
+    actor = roles["actor"]
+    methods = {"compute_log_prob": windows["old_log_prob"], "update_actor": windows["update_actor"]}
+    for method, stage in methods.items():
+        ((key, link),) = linked_from(actor, method).items()
+        assert captures[key]["rl.profile.stage"] == link["rl.profile.stage"] == stage
+    replica = [s for s in roles["rollout"] if s["attrs"].get("rl.replica", 0) == 0]
+    ((key, link),) = linked_from(replica, "stop_profile").items()
+    assert key in captures and link["rl.profile.replica"] == 0
+    assert (link["rl.profile.token_start"], link["rl.profile.token_end"]) == TOKEN_WINDOW
+    print("capture links:", json.dumps({"old_log_prob": log_prob, "update_actor": update,
+                                         "gen": engine, "rollout stop_profile": link}))  # fmt: skip
 
 
 def test_verdicts_carry_mfu_and_token_evidence(plugin_on: Path) -> None:
@@ -370,3 +419,115 @@ def test_engine_requests_under_the_trajectory_they_served(plugin_on: Path) -> No
               if link.get("rl.link.relation") == "trajectory"}  # fmt: skip
     assert samples and len(linked) == len(samples)
     assert linked <= trajectories
+
+
+def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> None:
+    """`rlotel report` on the real run's traces, drawn by headless Chromium and read back
+    from the DOM and the pixels: integer step ticks; verl's MFU 0.0 (CPU) said to be unknown,
+    not drawn; throughput on an axis from 0; the tail from every trajectory of a step; verl's
+    preempted -1 as unknown; each span in its role's colour; weight-sync stages drawn."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.chromium import Chromium, chromium_binary, file_url
+    from tests.test_report import _pixels_are_not_blank, page_data
+
+    if chromium_binary() is None:
+        pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
+    report = tmp_path / "report.html"
+    assert cli.main(["report", str(plugin_on / "traces"), "-o", str(report)]) == 0
+    data, logged = page_data(report), verl_log(plugin_on)
+    with Chromium(height=6000) as browser:  # every section inside the viewport
+        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        assert load.console_errors == [] and load.requests == []
+        dom = json.loads(
+            browser.evaluate(
+                """(() => {
+                  const texts = (s) => [...document.querySelectorAll(s)].map(e => e.textContent);
+                  const box = (id) => { const r = document.getElementById(id)
+                    .querySelector('.main-svg').getBoundingClientRect();
+                    return { x: r.x, y: r.y + window.scrollY, width: r.width, height: r.height }; };
+                  const charts = ['chart-phases', 'chart-throughput', 'chart-tail',
+                                  'chart-verdicts', 'chart-weight-sync'];
+                  return JSON.stringify({
+                    xticks: Object.fromEntries(charts.map(id => [id, texts(`#${id} .xtick text`)])),
+                    yticks: texts('#chart-throughput .ytick text'),
+                    y2ticks: texts('#chart-throughput .y2tick text'),
+                    mfu: document.getElementById('mfu-note').hidden ? null
+                         : document.getElementById('mfu-note').textContent,
+                    tailLegend: texts('#chart-tail .legendtext'),
+                    preempted: [...document.querySelectorAll('#slowest-samples tr')].slice(1)
+                                 .map(r => r.cells[5].textContent),
+                    roles: texts('#chart-waterfall .legendtext'),
+                    syncLegend: texts('#chart-weight-sync .legendtext'),
+                    hidden: Object.fromEntries(['weight-sync', 'occasional', 'stalls']
+                              .map(id => [id, document.getElementById(id).hidden])),
+                    boxes: { tail: box('chart-tail'), waterfall: box('chart-waterfall') },
+                  });
+                })()"""
+            )
+        )
+        page = browser.screenshot()
+        shots = {}
+        for name, box in dom["boxes"].items():  # one chart's pixels each
+            shot = browser.call(
+                "Page.captureScreenshot", session=True, format="png", clip={**box, "scale": 1}
+            )
+            shots[name] = Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB")
+    (tmp_path / "report.png").write_bytes(page)  # kept by pytest for a reader to look at
+    steps = [str(n) for n in range(1, STEPS + 1)]
+    assert dom["xticks"] == {chart: steps for chart in dom["xticks"]}, dom["xticks"]
+    # MFU: verl logged 0.0 every step on CPU → unknown, said, no line and no MFU axis
+    zero = sorted(k.removeprefix(voc.MFU) for k in logged[1] if k.startswith(voc.MFU)
+                  if all(logged[n][k] == 0.0 for n in logged))  # fmt: skip
+    assert data["mfu_unknown"] == zero and not set(zero) & set(data["mfu"])
+    if zero:
+        assert dom["mfu"] and all(role in dom["mfu"] for role in zero) and "unknown" in dom["mfu"]
+    assert dom["y2ticks"] == [] or all(float(t.rstrip("%")) >= 0 for t in dom["y2ticks"])
+    assert dom["yticks"][0] == "0" and all(float(t) >= 0 for t in dom["yticks"])
+    for number in logged:
+        assert math.isclose(data["throughput"][number - 1], logged[number][voc.THROUGHPUT],
+                            rel_tol=1e-5)  # fmt: skip
+    # the tail from every trajectory of each step, the slowest sample spans as drill-down
+    tail = data["tail"]
+    assert tail["basis"] == ["trajectory"] and tail["samples_per_step"] == [TRAJECTORIES] * STEPS
+    for i in range(STEPS):
+        assert 0 < tail["p50"][i] <= tail["p90"][i] <= tail["p99"][i]
+    assert [t for t in dom["tailLegend"] if t.startswith("p")] == [
+        f"{q} (every trajectory span)" for q in ("p50", "p90", "p99")
+    ]
+    samples = [s for s in spans_by_role(plugin_on)["trainer"] if s["name"] == "sample"]
+    if all(s["attrs"].get("rl.sample.num_preempted") == -1 for s in samples):
+        assert dom["preempted"] and set(dom["preempted"]) == {"unknown"}
+    # roles per span: the legend names the roles the spans carry, each drawn in its colour
+    assert {"trainer", "actor", "agent_loop", "rollout"} <= set(dom["roles"]), dom["roles"]
+    rows = data["trees"][str(data["default_step"])]["rows"]
+    role_of = {r[0]: data["roles"][r[8]] for r in rows}
+    assert role_of["trajectory"] == "agent_loop" and role_of["generate"] == "rollout"
+    assert role_of["compute_log_prob"] == "actor" and role_of["gen"] == "trainer"
+
+    def pixels(image: Image.Image, colour: str, tolerance: int = 12) -> int:
+        """How many pixels are within `tolerance` (per channel) of a #rrggbb colour."""
+        target = bytes.fromhex(colour.lstrip("#"))
+        return sum(
+            n
+            for n, c in image.getcolors(maxcolors=1 << 24) or ()
+            if max(abs(a - b) for a, b in zip(c, target, strict=True)) <= tolerance
+        )
+
+    palette = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477"]
+    palette.append("#66aa00")  # page.js's waterfall palette, by role index
+    drawn = {r[8] for r in rows if r[3] > 0.005 * rows[0][3]}  # roles with a visible bar
+    for role in drawn:
+        found = pixels(shots["waterfall"], palette[role % len(palette)])
+        assert found > 30, (data["roles"][role], found)
+    # the p99 line (plotly's third colour, over p50/p90 where they meet) is drawn
+    assert pixels(shots["tail"], "#2ca02c", 16) > 100
+    # weight sync stages (the run has them); no empty section drawn as if it were data
+    assert not dom["hidden"]["weight-sync"] and dom["syncLegend"] == list(data["weight_sync"])
+    assert dom["hidden"]["occasional"] == (data["occasional"] == [])
+    assert dom["hidden"]["stalls"] == (data["stalls"] == [])
+    colors, coverage = _pixels_are_not_blank(page)
+    assert colors > 50 and coverage > 0.05, (colors, coverage)
