@@ -384,7 +384,7 @@ def _stalls(spans: Sequence[SpanRecord], steps: Sequence[StepRecord]) -> list[di
 # --- samples and the generation tail ----------------------------------------------------
 
 
-def _sample_row(step: int, span: SpanRecord) -> dict[str, Any]:
+def _sample_row(step: int, span: SpanRecord, process: str) -> dict[str, Any]:
     attributes = span.attributes
     stages = {
         stage: _finite(attributes.get(attr.sample_attribute(stage, True))) for stage in STAGES
@@ -401,7 +401,7 @@ def _sample_row(step: int, span: SpanRecord) -> dict[str, Any]:
         "index": attributes.get(attr.SAMPLE_INDEX),
         "span_id": span.span_id,
         "trace_id": span.trace_id,
-        "process": otlp_json.process_label(span.resource),
+        "process": process,
     }
 
 
@@ -548,6 +548,7 @@ class _SpanIndex:
         self.roles: list[str] = []  # names a waterfall row's role refers to by index
         self._role_of: dict[str, str] = {}  # span id → its role (own, an ancestor's, process's)
         self._by_id: dict[str, SpanRecord] = {}
+        self._keys: dict[int, tuple[dict[str, Any], tuple[str, str]]] = {}
         for span in spans:
             self._by_id[span.span_id] = span
             self.by_trace[span.trace_id].append(span)
@@ -555,7 +556,7 @@ class _SpanIndex:
                 self.by_parent[span.parent_span_id].append(span)
             if span.name == attr.CAPTURE_SPAN:
                 self.captures.append(span)
-            self._processes.setdefault(otlp_json.process_key(span.resource), len(self._processes))
+            self._processes.setdefault(self.process_key(span), len(self._processes))
 
     def children(self, span: SpanRecord) -> list[SpanRecord]:
         return [c for c in self.by_parent.get(span.span_id, ()) if c.trace_id == span.trace_id]
@@ -569,7 +570,16 @@ class _SpanIndex:
         ]
 
     def process_index(self, span: SpanRecord) -> int:
-        return self._processes[otlp_json.process_key(span.resource)]
+        return self._processes[self.process_key(span)]
+
+    def process_key(self, span: SpanRecord) -> tuple[str, str]:
+        """`otlp_json.process_key`, once per resource: the spans of one export share it (a
+        10,000-step run has ~130,000 spans and a few hundred resources)."""
+        resource = span.resource
+        found = self._keys.get(id(resource))
+        if found is None or found[0] is not resource:
+            found = self._keys[id(resource)] = (resource, otlp_json.process_key(resource))
+        return found[1]
 
     def role(self, span: SpanRecord) -> str:
         """The role a span ran as: its own `rl.role` (a fused worker process hosts actor,
@@ -579,7 +589,7 @@ class _SpanIndex:
         if found is not None:
             return found
         chain, current, role = [], span, None
-        process = otlp_json.process_key(span.resource)
+        process = self.process_key(span)
         while current is not None and len(chain) < 256:
             own = current.attributes.get(attr.ROLE)
             if own:
@@ -590,9 +600,7 @@ class _SpanIndex:
                 break
             chain.append(current.span_id)
             parent = self._by_id.get(current.parent_span_id)
-            current = (
-                parent if parent and otlp_json.process_key(parent.resource) == process else None
-            )
+            current = parent if parent and self.process_key(parent) == process else None
         if role is None:
             resource = span.resource
             role = str(resource.get(attr.ROLE) or resource.get(attr.SERVICE_NAME) or "unknown")
@@ -628,7 +636,7 @@ class _SpanIndex:
             if step.span is None:
                 continue
             rows = [
-                _sample_row(step.number, span)
+                _sample_row(step.number, span, self.process_key(span)[0])
                 for span in self.by_trace.get(step.span.trace_id, ())
                 if span.name == attr.SAMPLE_SPAN
             ]

@@ -93,7 +93,8 @@
     for (const q of ["p50", "p90", "p99"]) tailTraces.push({ name: `${q} (${whole})`, x: data.x, y: tail[q], type: "scatter", mode: tailMode, connectgaps: false });
   }
   if (known(tail.slowest_span).length) {
-    tailTraces.push({ name: "slowest sample span (click: its step's tree)", x: data.x, y: tail.slowest_span, type: "scatter", mode: "markers", marker: { symbol: "x", size: data.x.length > 300 ? 4 : 9, color: "#555" } });
+    const long = data.x.length > 300; // a marker per point costs more than the other lines together
+    tailTraces.push({ name: "slowest sample span (click: its step's tree)", x: data.x, y: tail.slowest_span, type: "scatter", mode: long ? "lines" : "markers", line: { color: "#555", width: 1, dash: "dot" }, marker: { symbol: "x", size: 9, color: "#555" } });
   }
   if (tail.verl_mean) tailTraces.push({ name: "mean generate_sequences (verl, all samples)", x: data.x, y: tail.verl_mean, type: "scatter", mode: "lines", line: { dash: "dash" } });
   if (tail.verl_max) tailTraces.push({ name: "max generate_sequences (verl, all samples)", x: data.x, y: tail.verl_max, type: "scatter", mode: "lines", line: { dash: "dot" } });
