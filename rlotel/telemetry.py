@@ -44,7 +44,6 @@ from rlotel.record.samples import build_batch, use_remote_spans
 from rlotel.schema import attributes as attr
 from rlotel.series.recorder import Recorder
 from rlotel.series.store import SeriesStore
-from rlotel.sinks.traces.export_queue import SpanBatchExporter
 
 log = logging.getLogger("rlotel")
 
@@ -105,11 +104,12 @@ class Telemetry:
 
     def _build_sinks(self) -> list[Sink]:
         from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import SpanExporter
 
         from rlotel.sinks.metrics.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
         from rlotel.sinks.metrics.prometheus import PrometheusEndpoint
         from rlotel.sinks.traces.jsonl import JsonLinesExporter, traces_dir_file
-        from rlotel.sinks.traces.otlp import SdkSpanExporter, otlp_span_exporter
+        from rlotel.sinks.traces.otlp import otlp_span_exporter
         from rlotel.sinks.traces.spans import SpanSink
 
         config, environment = self.config, self.config.environment
@@ -119,22 +119,18 @@ class Telemetry:
             attr.PROCESS_PID: os.getpid(),
         }
         resource = Resource.create({**identity, **config.resource_attributes})
-        exporters: dict[str, SpanBatchExporter] = {}
+        exporters: dict[str, SpanExporter] = {}
         if environment.otlp_traces is not None:
-            exporters["otlp"] = SdkSpanExporter(
-                otlp_span_exporter(environment.otlp_traces), resource.attributes
-            )
+            exporters["otlp"] = otlp_span_exporter(environment.otlp_traces)
         if config.traces_file is not None:
-            exporters["traces_file"] = JsonLinesExporter(config.traces_file, resource.attributes)
+            exporters["traces_file"] = JsonLinesExporter(config.traces_file)
         if environment.traces_dir is not None:  # one file per process
             role = config.resource_attributes.get(attr.ROLE) or environment.role or "main"
             rank = config.resource_attributes.get(attr.RANK, environment.rank)
             path = traces_dir_file(environment.traces_dir, str(role), rank)
-            exporters["traces_dir"] = JsonLinesExporter(path, resource.attributes)
+            exporters["traces_dir"] = JsonLinesExporter(path)
         for index, exporter in enumerate(config.span_exporters):
-            exporters[f"{type(exporter).__name__}#{index}"] = SdkSpanExporter(
-                exporter, resource.attributes
-            )
+            exporters[f"{type(exporter).__name__}#{index}"] = exporter
         store = SeriesStore(
             config.run,
             self.drops,
@@ -157,6 +153,7 @@ class Telemetry:
                 SpanSink(
                     config.run,
                     exporters,
+                    resource,
                     self.drops,
                     phase_buckets=self._phase_buckets,
                     delay_s=delay_s,

@@ -10,6 +10,8 @@ import time
 import numpy as np
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 import rlotel
 from rlotel.offline.otlp_json import read_file
@@ -115,11 +117,13 @@ def sent_and_written(spans: list, tmp_path) -> tuple[ExportTraceServiceRequest, 
 
     receiver = HttpReceiver()
     resource = {"service.name": "direct", "rl.run": "r", "process.pid": 7}
-    sender = otlp.SdkSpanExporter(OTLPSpanExporter(f"{receiver.endpoint}/v1/traces"), resource)
+    sender = OTLPSpanExporter(f"{receiver.endpoint}/v1/traces")
     path = tmp_path / "spans.jsonl"
-    writer = JsonLinesExporter(path, resource)
+    writer = JsonLinesExporter(path)
+    readable = otlp.readable_spans(spans, Resource(resource))
     try:
-        assert sender.export(spans) and writer.export(spans)
+        assert sender.export(readable) is SpanExportResult.SUCCESS
+        assert writer.export(readable) is SpanExportResult.SUCCESS
     finally:
         sender.shutdown()
         writer.shutdown()

@@ -38,6 +38,7 @@ from rlotel.series.recorder import Recorder
 from rlotel.series.store import SeriesStore, Snapshot
 from rlotel.sinks.metrics import exposition
 from rlotel.sinks.traces.jsonl import JsonLinesExporter
+from rlotel.sinks.traces.otlp import readable_spans
 from rlotel.sinks.traces.spans import SpanBuilder
 
 DEFAULT_STEP_SECONDS = 60.0
@@ -283,11 +284,11 @@ def _write_traces(
 ) -> None:
     """One line per step: a `step` root and its stages back to back from the step start,
     through the live span path (span builder, OTLP/JSON encoder)."""
-    resource = Resource.create({attr.SERVICE_NAME: service_name, attr.RUN: run}).attributes
+    resource = Resource.create({attr.SERVICE_NAME: service_name, attr.RUN: run})
     builder = SpanBuilder(run)
     marked = {attr.RECONSTRUCTED: True}
     path.write_text("")
-    writer = JsonLinesExporter(path, resource)
+    writer = JsonLinesExporter(path)
     try:
         for index, (number, data) in enumerate(steps):
             begin = clock.begin_ns[index]
@@ -301,9 +302,10 @@ def _write_traces(
                 record.end_ns = begin
                 trace.records.append(record)
             spans = builder.trace(trace, _root_attributes(data), offset_ns=0)
-            writer.export(
-                [span._replace(attributes={**span.attributes, **marked}) for span in spans]
-            )
+            marked_spans = [
+                span._replace(attributes={**span.attributes, **marked}) for span in spans
+            ]
+            writer.export(readable_spans(marked_spans, resource))
     finally:
         writer.shutdown()
 

@@ -8,35 +8,35 @@ exporters' own retry warnings are folded into rlotel's rate-limited drop line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from rlotel.base.drops import Drops
 from rlotel.publish.publisher import POLL_S, Worker
 from rlotel.sinks.traces import exporter_logs
+from rlotel.sinks.traces.otlp import readable_spans
 from rlotel.sinks.traces.span_data import SpanItem
 
 MAX_QUEUED_SPANS = 65536
 MAX_EXPORT_BATCH = 2048
 
 
-class SpanBatchExporter(Protocol):
-    """Writes a batch of span data somewhere; returns False (or raises) on failure."""
-
-    def export(self, spans: Sequence[SpanItem]) -> bool: ...
-
-    def shutdown(self) -> None: ...
-
-
 class ExportQueue:
-    """One exporter behind its own `Worker`: `put` from the publisher; the worker's thread
-    exports coalesced batches at most every `delay_s`."""
+    """One OTel `SpanExporter` behind its own `Worker`: `put` from the publisher; the
+    worker's thread makes `ReadableSpan`s of `resource` and exports coalesced batches at
+    most every `delay_s`."""
 
     def __init__(
-        self, name: str, exporter: SpanBatchExporter, drops: Drops, delay_s: float = 1.0
+        self,
+        name: str,
+        exporter: SpanExporter,
+        resource: Resource,
+        drops: Drops,
+        delay_s: float = 1.0,
     ) -> None:
         self.name = name
         self._exporter = exporter
+        self._resource = resource
         self._drops = drops
         self._worker = Worker(
             f"export-{name}",
@@ -57,11 +57,11 @@ class ExportQueue:
         count = sum(count for _, count in batches)
         with exporter_logs.captured() as first_log:
             try:
-                done = self._exporter.export(spans)
+                result = self._exporter.export(readable_spans(spans, self._resource))
             except Exception as error:
                 self._drops.add("spans", "export_failed", f"{self.name}: {error!r}", count)
                 return
-        if not done:
+        if result is not SpanExportResult.SUCCESS:
             why = first_log() or "no reason given"
             self._drops.add("spans", "export_failed", f"{self.name}: {why}", count)
 

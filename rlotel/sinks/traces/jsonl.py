@@ -14,7 +14,7 @@ import base64
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,8 @@ import orjson
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.resources import Resource
-
-from rlotel.sinks.traces.otlp import readable_spans
-from rlotel.sinks.traces.span_data import SpanItem
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
@@ -54,24 +52,23 @@ def traces_dir_file(directory: Path, role: str, rank: int | str) -> Path:
     return Path(directory) / f"{'-'.join(parts)}.jsonl"
 
 
-class JsonLinesExporter:
-    """Appends each exported batch to a file as one OTLP/JSON line, flushed at once."""
+class JsonLinesExporter(SpanExporter):
+    """An OTel `SpanExporter` that appends each exported batch to a file as one OTLP/JSON
+    line, flushed at once."""
 
-    def __init__(self, path: Path, resource: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._resource = Resource(dict(resource))
         self._file = path.open("a", encoding="utf-8")  # init surfaces an unwritable path
         self._lock = threading.Lock()
 
-    def export(self, spans: Sequence[SpanItem]) -> bool:
-        request = encode_spans(readable_spans(spans, self._resource))
-        line = request_json(request) + "\n"
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = request_json(encode_spans(spans)) + "\n"
         with self._lock:
             if self._file.closed:
-                return False
+                return SpanExportResult.FAILURE
             self._file.write(line)
             self._file.flush()
-        return True
+        return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
         with self._lock:

@@ -10,12 +10,11 @@ processor, no per-span lock).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -82,18 +81,3 @@ def readable_spans(items: Sequence[SpanItem], resource: Resource) -> list[Readab
         expanded = item.spans() if type(item) is SampleBlock else (item,)
         readable.extend(readable_span(span, resource) for span in expanded)
     return readable
-
-
-class SdkSpanExporter:
-    """Adapts an OTel `SpanExporter` to rlotel's batches of span data."""
-
-    def __init__(self, exporter: SpanExporter, resource: Mapping[str, Any]) -> None:
-        self._exporter = exporter
-        self._resource = Resource(dict(resource))
-
-    def export(self, spans: Sequence[SpanItem]) -> bool:
-        readable = readable_spans(spans, self._resource)
-        return self._exporter.export(readable) is SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self._exporter.shutdown()

@@ -32,7 +32,7 @@ from rlotel.record.samples import (
 )
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary
-from rlotel.sinks.traces.export_queue import ExportQueue, SpanBatchExporter
+from rlotel.sinks.traces.export_queue import ExportQueue
 from rlotel.sinks.traces.span_data import (
     EventData,
     LinkData,
@@ -43,6 +43,9 @@ from rlotel.sinks.traces.span_data import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SpanExporter
+
     from rlotel.derive.stall import OpenPhase, ThreadStack
 
 # Per-sample column → (span attribute, written as an integer).
@@ -435,14 +438,16 @@ class SpanSink(Sink):
     def __init__(
         self,
         run: str,
-        exporters: dict[str, SpanBatchExporter],
+        exporters: dict[str, SpanExporter],
+        resource: Resource,
         drops: Drops,
         phase_buckets: Callable[[], PhaseBuckets] = PhaseBuckets,
         delay_s: float = 1.0,
     ) -> None:
         self._build = SpanBuilder(run, phase_buckets)
         self._queues = [
-            ExportQueue(name, exporter, drops, delay_s) for name, exporter in exporters.items()
+            ExportQueue(name, exporter, resource, drops, delay_s)
+            for name, exporter in exporters.items()
         ]
 
     def _put(self, spans: list[SpanItem]) -> None:
