@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -251,3 +252,208 @@ def test_links_verl_captures_found_by_name(make_tel, span_exporter, tmp_path):
     tools = sorted(link.attributes["rl.profile.tool"] for link in links[2])
     assert tools == ["nsys", "torch", "torch_memory"]
     assert all(Path(link.attributes["rl.profile.path"]).exists() for link in links[2])
+
+
+# --- verl's captures where they belong (names as verl 0.9.1 writes them) ---------------------
+
+
+def verl_trace(save: Path, name: str) -> Path:
+    """A real torch trace under one of verl's names."""
+    with torch.profiler.profile() as profiler:
+        (torch.randn(16, 16) @ torch.randn(16, 16)).sum()
+    path = save / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(path))
+    return path
+
+
+def verl_name(stage: str, step: int, mini_batches: str = "") -> str:
+    from verl.utils.profiler import torch_profile
+
+    base = torch_profile.build_trace_basename(
+        rank=0,
+        role=stage,
+        save_file_prefix="actor_rollout",
+        topology={"rank": 0, "world_size": 1},
+        profile_step=step,
+    )
+    return f"{base}{mini_batches}.json.gz"
+
+
+def test_verl_names_parse_into_writer_stage_step_and_mini_batches():
+    parsed = verl_captures.parse_verl_name(
+        "actor-rollout_actor-update_step2_rank0-of-1_pid14041_20261202145505801_mb0.json.gz"
+    )
+    assert parsed == verl_captures.VerlName("actor-rollout", "actor_update", 2, 0, 14041, (0, 0))
+    assert parsed.role == "actor"
+    whole = verl_captures.parse_verl_name(verl_name("train", 3))
+    assert (whole.stage, whole.step, whole.mini_batches) == ("train", 3, None)
+    window = verl_captures.parse_verl_name(verl_name("actor_update", 2, "_mb2-5"))
+    assert window.mini_batches == (2, 5)
+    assert verl_captures.parse_verl_name("1796-rank-0.1796.pt.trace.json.gz") is None
+    assert verl_captures.parse_verl_name("profiler_out_0.txt") is None
+
+
+def span_named(spans, name: str, step: int):
+    return next(s for s in spans if s.name == name and s.attributes.get("rl.step") == step)
+
+
+def test_discrete_captures_link_from_the_phase_they_were_written_in(
+    make_tel, span_exporter, tmp_path
+):
+    """verl's discrete mode: each worker stage writes its trace inside the trainer phase that
+    called it; each replica's engine writes one in `gen` (the token window on its link)."""
+    save = tmp_path / "profile"
+    config = ProfileConfig(steps=(2,), discover_dir=save, token_start=1, token_end=4)
+    traces = tmp_path / "traces.jsonl"
+    tel = make_tel(
+        run="verl", profile=config, step_hooks=[verl_captures.discover], traces_file=traces
+    )
+    for number in (1, 2, 3):
+        with tel.step(number):
+            with tel.phase("gen"):
+                if number == 2:
+                    verl_trace(
+                        save, "agent_loop_rollout_replica_0/1796-rank-0.1796.pt.trace.json.gz"
+                    )
+                    verl_trace(save, "rollout-replica1_1797-rank-0.1797.pt.trace.json.gz")
+            with tel.phase("old_log_prob"):
+                if number == 2:
+                    verl_trace(save, verl_name("actor_compute_log_prob", 2))
+            with tel.phase("update_actor"):
+                if number == 2:
+                    verl_trace(save, verl_name("actor_update", 2, "_mb0"))
+    spans = finished_spans(tel, span_exporter)
+    captures = {s.context.span_id: s for s in spans if s.name == "profile.capture"}
+    assert len(captures) == 4
+    step = span_named(spans, "step", 2)
+    assert {link.context.span_id for link in step.links} == set(captures)
+    by_stage = {}
+    for phase in ("gen", "old_log_prob", "update_actor"):
+        for link in span_named(spans, phase, 2).links:
+            capture = captures[link.context.span_id]
+            assert link.attributes["rl.profile.path"] == capture.attributes["rl.profile.path"]
+            by_stage.setdefault(phase, []).append(capture.attributes)
+    (log_prob,) = by_stage["old_log_prob"]
+    assert (log_prob["rl.profile.role"], log_prob["rl.profile.rank"]) == ("actor", 0)
+    assert log_prob["rl.profile.stage"] == "actor_compute_log_prob"
+    (update,) = by_stage["update_actor"]
+    assert (update["rl.profile.mini_batch_first"], update["rl.profile.mini_batch_last"]) == (0, 0)
+    assert update["rl.profile.step_first"] == update["rl.profile.step_last"] == 2
+    engines = sorted(by_stage["gen"], key=lambda a: a["rl.profile.replica"])
+    assert [(a["rl.profile.role"], a["rl.profile.replica"]) for a in engines] == [
+        ("rollout", 0),
+        ("rollout", 1),
+    ]
+    assert all((a["rl.profile.token_start"], a["rl.profile.token_end"]) == (1, 4) for a in engines)
+    for number in (1, 3):
+        assert all(not span_named(spans, n, number).links for n in ("step", "gen", "update_actor"))
+    # the timeline: each capture's slice names its windows, an arrow from each window to it
+    from rlotel.offline import analyze, perfetto
+
+    events = perfetto.timeline(analyze.load_run(traces))[0]["traceEvents"]
+    slices = [e for e in events if e.get("name") == "profile.capture" and e["ph"] == "X"]
+    windows = sorted(w for e in slices for w in e["args"]["linked_from"])
+    assert [w.split()[-1] for w in windows] == sorted(
+        ["gen", "gen", "old_log_prob", "update_actor"] + ["step"] * 4
+    )
+    flows = [e for e in events if e.get("cat") == "rl.profile" and e["ph"] in ("s", "f")]
+    assert len(flows) == 2 * len(windows)
+
+
+def test_a_continuous_verl_capture_links_from_every_step_it_covers(
+    make_tel, span_exporter, tmp_path
+):
+    """profile_continuous_steps: one `train` trace, named by its first step, written when
+    the last one stops."""
+    save = tmp_path / "profile"
+    config = ProfileConfig(steps=(2, 3), discover_dir=save, continuous=True)
+    tel = make_tel(run="verl", profile=config, step_hooks=[verl_captures.discover])
+    for number in (1, 2, 3, 4):
+        with tel.step(number), tel.phase("update_actor"):
+            pass
+        if number == 3:
+            path = verl_trace(save, verl_name("train", 2))
+    spans = finished_spans(tel, span_exporter)
+    (capture,) = [s for s in spans if s.name == "profile.capture"]
+    attributes = capture.attributes
+    assert (attributes["rl.profile.step_first"], attributes["rl.profile.step_last"]) == (2, 3)
+    assert attributes["rl.profile.path"] == str(path)
+    for number, linked in ((1, False), (2, True), (3, True), (4, False)):
+        links = [link.context.span_id for link in span_named(spans, "step", number).links]
+        assert links == ([capture.context.span_id] if linked else []), number
+
+
+class _Worker:
+    """A verl worker as far as capture linking sees it: its `DistProfiler` (verl's own)."""
+
+    def __init__(self, save: Path, finish_hook: str | None = None) -> None:
+        from verl.utils.profiler import DistProfiler, ProfilerConfig
+        from verl.utils.profiler.config import TorchProfilerToolConfig
+
+        config = ProfilerConfig(
+            tool="torch", enable=True, all_ranks=True, save_path=str(save),
+            finish_hook_cmd=finish_hook,
+        )  # fmt: skip
+        self.profiler = DistProfiler(
+            0, config, TorchProfilerToolConfig(discrete=True), "actor_rollout"
+        )
+
+
+def worker_call(tel: rlotel.Telemetry, worker: _Worker, name: str, body) -> None:
+    """One traced worker call as `verl_workers` makes it: a phase under the caller's."""
+    carrier = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}
+    with tel.phase(name, context=carrier) as phase:
+        watch = verl_captures.watch_call(worker, name)
+        body()
+        watch.end(phase)
+
+
+def test_a_worker_call_links_what_its_process_wrote_during_it(make_tel, span_exporter, tmp_path):
+    from rlotel.record.capture import capture_ids
+
+    tel = make_tel(run="verl")
+    save = tmp_path / "profile"
+    worker = _Worker(save)
+    worker.profiler.start(profile_step=2)
+    mine = f"actor-rollout_actor-update_step2_rank0-of-1_pid{os.getpid()}_2026120214550_mb0.json.gz"
+    worker_call(tel, worker, "update_actor", lambda: verl_trace(save, mine))
+    worker_call(tel, worker, "compute_log_prob", lambda: None)
+    worker.profiler.stop(run_command=False)
+    spans = finished_spans(tel, span_exporter)
+    (link,) = next(s for s in spans if s.name == "update_actor").links
+    assert (link.context.trace_id, link.context.span_id) == capture_ids(save / mine)
+    assert link.attributes["rl.profile.stage"] == "actor_update"
+    assert link.attributes["rl.profile.mini_batch_first"] == 0
+    assert link.attributes["rl.profile.size_bytes"] == (save / mine).stat().st_size
+    assert not next(s for s in spans if s.name == "compute_log_prob").links
+
+
+def test_the_finish_hook_run_is_an_event_without_its_arguments(make_tel, span_exporter, tmp_path):
+    from verl.utils.profiler import profile
+
+    from rlotel.integrations.patches import Patches
+
+    script = tmp_path / "upload"
+    script.write_text("#!/bin/sh\nexit 3\n")
+    script.chmod(0o755)
+    patches = Patches()
+    verl_captures.patch_profiler(profile, patches)
+    try:
+        tel = make_tel(run="verl")
+        worker = _Worker(tmp_path / "profile", f"TOKEN=s3cret {script} --key=s3cret")
+        worker.profiler.start(profile_step=2)
+        worker_call(tel, worker, "stop_profile", lambda: worker.profiler.stop(run_command=True))
+    finally:
+        patches.undo()
+    spans = finished_spans(tel, span_exporter)
+    stop = next(s for s in spans if s.name == "stop_profile")
+    (event,) = [e for e in stop.events if e.name == "rl.profile.finish_hook"]
+    assert event.attributes["rl.profile.finish_hook.command"] == "upload"
+    assert event.attributes["rl.profile.finish_hook.exit_status"] == 3
+    assert 0 < event.attributes["rl.profile.finish_hook.duration_s"] < 30
+    assert stop.start_time <= event.timestamp <= stop.end_time
+    assert not any("s3cret" in repr(dict(s.attributes)) + repr(s.events) for s in spans)
+    drops = parse_exposition(scrape(tel.metrics_url))
+    key = frozenset({("run", "verl"), ("signal", "profile"), ("reason", "hook_failed")})
+    assert drops[("rlotel_telemetry_dropped_total", key)] == 1

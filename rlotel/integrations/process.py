@@ -72,7 +72,20 @@ def verl_profile_config(config: Any) -> ProfileConfig | None:
     save_path = _get(profiler, "save_path")
     if not steps or not save_path:
         return None
-    return ProfileConfig(steps=steps, discover_dir=Path(save_path))
+    continuous = bool(_get(profiler, "profile_continuous_steps"))
+    # the rollout engines' token window (vLLM's delay/max iterations): on their captures' links
+    rollout = _get(_get(_get(config, "actor_rollout_ref"), "rollout"), "profiler")
+    tool = _get(_get(rollout, "tool_config"), str(_get(profiler, "tool")))
+    start, end = _get(tool, "profile_token_start"), _get(tool, "profile_token_end")
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end):
+        start = end = None  # both or neither (verl allows one: then only the workers say)
+    return ProfileConfig(
+        steps=steps,
+        discover_dir=Path(save_path),
+        continuous=continuous,
+        token_start=start,
+        token_end=end,
+    )
 
 
 def _get(config: Any, key: str) -> Any:
@@ -94,6 +107,8 @@ def flush_driver() -> None:
 
     tel = rlotel.current()
     if tel is not None:
+        for hook in tel.ledger.hooks:  # verl stopped its profilers: link the last captures
+            hook.flush()
         tel.flush()
 
 

@@ -432,6 +432,7 @@ def _hooks() -> dict[str, Callable[[ModuleType], None]]:
         # a job submitted to a running cluster: the entrypoint's RLOTEL_*/OTEL_* reach workers
         "verl.trainer.constants_ppo": verl_cluster.patch_runtime_env,
         "verl.utils.profiler.performance": _patch_timer,
+        "verl.utils.profiler.profile": _patch_profiler,  # its finish hook's runs recorded
         "verl.utils.tracking": _patch_tracking,
         "ray.actor": verl_workers.install_actor_calls,
         "ray._private.function_manager": verl_workers.install_worker,
@@ -465,6 +466,12 @@ def _guarded(module: str, patch: Callable[[ModuleType], None]) -> Callable[[Modu
 
 def _patch_timer(performance: ModuleType) -> None:
     _patches.replace(performance, "_timer", traced_timer(performance._timer))
+
+
+def _patch_profiler(profile: ModuleType) -> None:
+    from rlotel.integrations import verl_captures
+
+    verl_captures.patch_profiler(profile, _patches)
 
 
 def _patch_agent_loop_module(agent_loop: ModuleType) -> None:

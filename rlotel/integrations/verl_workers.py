@@ -33,7 +33,7 @@ from typing import Any
 
 import rlotel
 from rlotel.base import clock, env
-from rlotel.integrations import collectives, guard
+from rlotel.integrations import collectives, guard, verl_captures
 from rlotel.integrations.patches import Patches
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
@@ -586,12 +586,14 @@ class _WorkerCall:
         self.received = clock.unix_ns() if CLOCK_KEY in carrier else 0  # once or twice
         self.phase: Any = contextlib.nullcontext()
         self.timing: _Call | _Untimed = _UNTIMED
+        self.captures: Any = None  # verl's profiler is on: what this call wrote gets linked
         name, self.role = _verl_method(instance, name, args)
         if not name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             tel = worker_telemetry(instance, carrier)
             guard.fault(ACTOR_CALL_HOOK)
             tel.drops.fired(ACTOR_CALL_HOOK)
             self.phase = tel.phase(name, context=carrier)
+            self.captures = verl_captures.watch_call(instance, name)
             if _in_process_group() and (collectives.installed() or collectives.install()):
                 self.timing = _Call(tel, name, carrier, self.role)  # a rank: collectives timed
 
@@ -606,6 +608,8 @@ class _WorkerCall:
     def end(self, raised: BaseException | None, result: Any = None) -> Any:
         """The method's result (with this rank's seconds when the caller asked for them);
         never raises: the method's own exception is the one that propagates."""
+        if self.captures is not None:
+            guard.attempt(verl_captures.CAPTURE_HOOK, self.captures.end, self.phase)
         guard.attempt(ACTOR_CALL_HOOK, self.timing.close, self.phase)
         guard.exit_context(ACTOR_CALL_HOOK, self.phase, raised)
         guard.attempt(ACTOR_CALL_HOOK, _call_carrier.reset, self.token)

@@ -40,6 +40,7 @@ MAX_ALIGNMENT_SHIFT_US = 1_000_000  # a larger "skew" means the names matched ot
 _KEPT_PHASES = frozenset({"X", "i", "I", "C", "s", "t", "f", "B", "E"})
 _FLOW_PHASES = frozenset({"s", "t", "f"})
 _FLOW_ID_STRIDE = 1 << 40  # flow ids of capture k are offset by k * stride: no collisions
+_WINDOW_FLOW_ID = 1 << 52  # window → capture arrows: above every capture's own flow ids
 
 
 class PerfettoError(Exception):
@@ -85,6 +86,7 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
     for span in run.spans:
         by_process[otlp_json.process_key(span.resource)].append(span)
     merged = missing = 0
+    linked_from = _linked_from(run.spans, by_process)
     for key, spans in by_process.items():
         pid = builder.process(
             key[0] if _unique_label(key, by_process) else f"{key[0]} {key[1][:8]}"
@@ -94,7 +96,10 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
         captures = [s for s in spans if s.name == attr.CAPTURE_SPAN]
         builder.spans(pid, "phases", phases, attr.PHASE, sort_base=0)
         builder.spans(pid, "samples", samples, attr.SAMPLE_NAMESPACE, sort_base=100)
-        builder.spans(pid, "profile captures", captures, attr.PROFILE_NAMESPACE, sort_base=200)
+        builder.spans(
+            pid, "profile captures", captures, attr.PROFILE_NAMESPACE, sort_base=200,
+            linked_from=linked_from,
+        )  # fmt: skip
         for capture in captures:
             path = resolve_capture_path(
                 str(capture.attributes.get(attr.PROFILE_PATH, "")), run.source
@@ -107,6 +112,7 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
                 merged += 1
             else:
                 missing += 1
+    builder.window_flows(linked_from)
     return (
         {
             "traceEvents": builder.events,
@@ -121,6 +127,21 @@ def timeline(run: Run) -> tuple[dict[str, Any], int, int]:
         merged,
         missing,
     )
+
+
+def _linked_from(
+    spans: Sequence[SpanRecord], by_process: dict[tuple[str, str], list[SpanRecord]]
+) -> dict[int, list[tuple[str, SpanRecord]]]:
+    """Capture span id → (process label, span) of each span that links it: the windows it
+    explains (a step, a trainer phase, a worker's call)."""
+    captures = {s.span_id for s in spans if s.name == attr.CAPTURE_SPAN}
+    found: dict[int, list[tuple[str, SpanRecord]]] = defaultdict(list)
+    for key, members in by_process.items():
+        for span in members:
+            for link in span.links:
+                if link.span_id in captures:
+                    found[link.span_id].append((key[0], span))
+    return found
 
 
 def _in_samples(span: SpanRecord) -> bool:
@@ -193,6 +214,7 @@ class _Builder:
         self.origin_ns = origin_ns
         self.events: list[dict[str, Any]] = []
         self._next_tid: dict[int, int] = {}
+        self._placed: dict[int, tuple[int, int, float]] = {}  # span id → pid, tid, ts
 
     def process(self, name: str) -> int:
         pid = len(self._next_tid) + 1
@@ -212,12 +234,28 @@ class _Builder:
         self.events.append({"ph": "M", "name": name, "pid": pid, "tid": tid, "args": args})
 
     def spans(
-        self, pid: int, track: str, spans: Sequence[SpanRecord], category: str, sort_base: int
+        self,
+        pid: int,
+        track: str,
+        spans: Sequence[SpanRecord],
+        category: str,
+        sort_base: int,
+        linked_from: dict[int, list[tuple[str, SpanRecord]]] | None = None,
     ) -> None:
         for index, lane in enumerate(pack_lanes(spans)):
             name = track if index == 0 else f"{track} {index + 1}"
             tid = self.thread(pid, name, sort_base + index)
             for span in lane:
+                ts = (span.start_ns - self.origin_ns) / 1000
+                self._placed[span.span_id] = (pid, tid, ts)
+                args = _args(span)
+                if linked_from and span.span_id in linked_from:  # a capture: its windows
+                    args["linked_from"] = sorted(
+                        {
+                            f"{process} {window.name}"
+                            for process, window in linked_from[span.span_id]
+                        }
+                    )
                 self.events.append(
                     {
                         "ph": "X",
@@ -225,11 +263,29 @@ class _Builder:
                         "cat": attr.STEP if span.name == voc.STEP else category,
                         "pid": pid,
                         "tid": tid,
-                        "ts": (span.start_ns - self.origin_ns) / 1000,
+                        "ts": ts,
                         "dur": (span.end_ns - span.start_ns) / 1000,
-                        "args": _args(span),
+                        "args": args,
                     }
                 )
+
+    def window_flows(self, linked_from: dict[int, list[tuple[str, SpanRecord]]]) -> None:
+        """An arrow from each window (a span that links a capture) to the capture's slice:
+        Perfetto draws flow events between the slices they bind to."""
+        flow = _WINDOW_FLOW_ID
+        for capture, windows in linked_from.items():
+            target = self._placed.get(capture)
+            for _, window in windows:
+                source = self._placed.get(window.span_id)
+                if target is None or source is None:
+                    continue
+                flow += 1
+                for phase, (pid, tid, ts) in (("s", source), ("f", target)):
+                    event = {"ph": phase, "id": flow, "pid": pid, "tid": tid, "ts": ts}
+                    event.update(name=attr.CAPTURE_SPAN, cat=attr.PROFILE_NAMESPACE)
+                    if phase == "f":
+                        event["bp"] = "e"  # binds to the capture slice starting there
+                    self.events.append(event)
 
     def torch_capture(
         self,

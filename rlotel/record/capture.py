@@ -7,6 +7,7 @@ read by streaming the Chrome trace, once, in the pipeline before the capture fan
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import re
 import time
@@ -43,13 +44,24 @@ def trace_basename(
     return "_".join(_UNSAFE.sub("-", part) for part in parts)
 
 
+def capture_ids(path: Path | str) -> tuple[int, int]:
+    """(trace id, span id) of the span that stands for the output file named `path`: drawn
+    from its file name, so every process that links the file (the worker that wrote it,
+    the trainer that found it) links the same span. verl's and the engines' names carry
+    the pid and a millisecond timestamp."""
+    digest = hashlib.blake2b(Path(path).name.encode(), digest_size=24).digest()
+    trace_id = int.from_bytes(digest[:16], "big") or 1
+    span_id = int.from_bytes(digest[16:], "big") or 1
+    return trace_id, span_id
+
+
 @dataclass
 class Capture:
     """One profiler output file and the span that stands for it."""
 
     tool: str
     path: Path
-    steps: tuple[int, int]
+    steps: tuple[int, int] | None  # None: not known where it was linked (an engine's, by a worker)
     role: str
     rank: int
     mini_batches: tuple[int, int] | None = None
@@ -61,6 +73,23 @@ class Capture:
     size: int = 0
     top_ops: list[str] = field(default_factory=list)
     phases: list[str] = field(default_factory=list)
+    stage: str | None = None  # the window the writer named (verl: `actor_update`, `train`)
+    replica: int | None = None  # a rollout engine's capture: its replica
+    token_window: tuple[int | None, int | None] | None = None  # the engine's, when set
+
+    @classmethod
+    def of_file(
+        cls,
+        tool: str,
+        path: Path,
+        steps: tuple[int, int] | None,
+        role: str,
+        rank: int,
+        **fields: Any,
+    ) -> Capture:
+        """A capture whose span ids follow from its file name (`capture_ids`)."""
+        trace_id, span_id = capture_ids(path)
+        return cls(tool, path, steps, role, rank, trace_id=trace_id, span_id=span_id, **fields)
 
     def attributes(self) -> dict[str, Any]:
         attributes: dict[str, Any] = {
@@ -69,12 +98,23 @@ class Capture:
             attr.PROFILE_TOOL: self.tool,
             attr.PROFILE_ROLE: self.role,
             attr.PROFILE_RANK: self.rank,
-            attr.PROFILE_STEP_FIRST: self.steps[0],
-            attr.PROFILE_STEP_LAST: self.steps[1],
         }
+        if self.steps is not None:
+            attributes[attr.PROFILE_STEP_FIRST] = self.steps[0]
+            attributes[attr.PROFILE_STEP_LAST] = self.steps[1]
         if self.mini_batches is not None:
             attributes[attr.PROFILE_MINI_BATCH_FIRST] = self.mini_batches[0]
             attributes[attr.PROFILE_MINI_BATCH_LAST] = self.mini_batches[1]
+        if self.stage is not None:
+            attributes[attr.PROFILE_STAGE] = self.stage
+        if self.replica is not None:
+            attributes[attr.PROFILE_REPLICA] = self.replica
+        if self.token_window is not None:
+            start, end = self.token_window
+            if start is not None:
+                attributes[attr.PROFILE_TOKEN_START] = start
+            if end is not None:
+                attributes[attr.PROFILE_TOKEN_END] = end
         if self.top_ops:
             attributes[attr.PROFILE_TOP_OPS] = list(self.top_ops)
         if self.phases:

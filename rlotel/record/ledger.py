@@ -292,6 +292,8 @@ class Trace:
     """A tree of phases with one root: a step, or a phase opened outside any step."""
 
     __slots__ = (
+        "captures",
+        "events",
         "rank_time",
         "records",
         "remote_parent",
@@ -311,6 +313,8 @@ class Trace:
         self.remote_parent = 0  # span id in another process (propagated context), if any
         self.rank_time: ranks.RankTime | None = None  # a worker call's compute vs collectives
         self.role: str | None = None  # a worker call's own role (its process may host several)
+        self.captures: tuple[Capture, ...] = ()  # a worker call's: profiler outputs it wrote
+        self.events: tuple[tuple[str, int, dict[str, Any]], ...] = ()  # its root's (Unix ns)
 
     @property
     def sample_spans(self) -> int:

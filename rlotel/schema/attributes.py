@@ -96,6 +96,14 @@ PROFILE_MINI_BATCH_FIRST = "rl.profile.mini_batch_first"
 PROFILE_MINI_BATCH_LAST = "rl.profile.mini_batch_last"
 PROFILE_TOP_OPS = "rl.profile.top_ops"
 PROFILE_PHASES = "rl.profile.phases"
+PROFILE_STAGE = "rl.profile.stage"  # the window its writer named (verl: actor_update, train)
+PROFILE_REPLICA = "rl.profile.replica"  # a rollout engine's capture: the replica it profiled
+PROFILE_TOKEN_START = "rl.profile.token_start"  # the engine's token window, when set
+PROFILE_TOKEN_END = "rl.profile.token_end"
+PROFILE_HOOK_EVENT = "rl.profile.finish_hook"  # verl ran finish_hook_cmd (an event)
+PROFILE_HOOK_COMMAND = "rl.profile.finish_hook.command"  # its program's name, no arguments
+PROFILE_HOOK_EXIT_STATUS = "rl.profile.finish_hook.exit_status"  # None: it did not start
+PROFILE_HOOK_SECONDS = "rl.profile.finish_hook.duration_s"
 
 SERVICE_NAME = "service.name"
 PROCESS_PID = "process.pid"  # OTel semantic conventions (resource)

@@ -82,6 +82,7 @@ class SpanBuilder:
         root_attributes: dict[str, Any],
         captures: Sequence[Capture] = (),
         offset_ns: int | None = None,
+        events: Sequence[tuple[str, int, dict[str, Any]]] = (),
     ) -> list[SpanItem]:
         """`offset_ns` maps the records' clock to Unix time: perf_counter's now (one
         offset per trace, so durations stay exact), or 0 for records already in Unix ns."""
@@ -119,6 +120,7 @@ class SpanBuilder:
                 [_capture_link(c) for c in captures],
                 root.error,
                 bool(trace.remote_parent),
+                [EventData(*event) for event in events],
             )
         ]
         append = spans.append
@@ -239,7 +241,7 @@ class SpanBuilder:
             root_attributes.update(trace.rank_time.attributes())
         if trace.role is not None:  # a worker call's own role, where its process hosts several
             root_attributes[attr.ROLE] = trace.role
-        return self.trace(trace, root_attributes)
+        return self.trace(trace, root_attributes, trace.captures, events=trace.events)
 
     def remote_samples(self, batch: SampleBatch) -> list[SpanItem]:
         """Sample spans whose parent phase lives in another process (propagated context)."""
