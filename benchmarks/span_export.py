@@ -4,7 +4,8 @@ Users who trace every trajectory (agentic debugging) pay per sample span. rlotel
 span data for the whole step in one pass on its publisher; each exporter's thread makes
 `ReadableSpan`s of it for the OTLP exporter (or the SDK's encoder and protobuf's JSON
 mapping, for the traces file). The SDK way starts and ends a span per sample through a
-tracer and a BatchSpanProcessor, into the same destination: a traces file (OTLP
+tracer and a BatchSpanProcessor, each with the attributes rlotel's span of that sample
+carries (the same spans on both sides), into the same destination: a traces file (OTLP
 protobuf), or the SDK's own OTLP/HTTP or OTLP/gRPC exporter. The OTLP receiver runs in a
 process of its own (it decodes and counts every span there), so the process CPU time
 measured here (all threads) is the sender's alone. Rounds are interleaved; medians.
@@ -35,6 +36,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 import rlotel
 from benchmarks.phase_overhead import OtlpFileExporter
+from rlotel.schema import attributes as attr
 
 ENDPOINT_VARIABLES = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -201,24 +203,35 @@ def trajectories_cpu_s(samples: int) -> tuple[float, float]:
     return publisher, exporter
 
 
-def eager_cpu_s(samples: int, rng: np.random.Generator, exporter: SpanExporter) -> float:
+def sample_span_attributes(samples: int) -> list[dict]:
+    """The attributes of the sample spans rlotel exports for one step of `samples`
+    trajectories (untimed): the eager SDK spans carry exactly these, so both sides send
+    the same spans."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    tel = rlotel.init(
+        run="bench", prometheus_port=None, max_sample_spans=samples, span_exporters=[memory]
+    )
+    with tel.step(1), tel.phase("gen"):
+        tel.record_samples(**columns(samples, np.random.default_rng(0)))
+    assert tel.flush(120)
+    tel.shutdown()
+    spans = [span for span in memory.get_finished_spans() if span.name == attr.SAMPLE_SPAN]
+    assert len(spans) == samples
+    return [dict(span.attributes) for span in spans]
+
+
+def eager_cpu_s(attributes: list[dict], exporter: SpanExporter) -> float:
+    """One eager SDK span per sample (started, ended, batched, exported), each carrying
+    the attributes rlotel's sample span of that sample carries."""
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=samples * 2))
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=len(attributes) * 2))
     tracer = provider.get_tracer("bench")
-    generate = rng.lognormal(size=samples).tolist()
-    lengths = rng.integers(10, 4000, size=samples).tolist()
     start = time.process_time()
     with tracer.start_as_current_span("gen"):
-        for index in range(samples):
-            span = tracer.start_span(
-                "sample",
-                attributes={
-                    "rl.sample.index": index,
-                    "rl.sample.generate_sequences_s": generate[index],
-                    "gen_ai.usage.output_tokens": lengths[index],
-                },
-            )
-            span.end()
+        for sample in attributes:
+            tracer.start_span(attr.SAMPLE_SPAN, attributes=sample).end()
     provider.force_flush()
     spent = time.process_time() - start
     provider.shutdown()
@@ -248,8 +261,10 @@ def cases(
 
         return run
 
+    attributes = sample_span_attributes(samples)
+
     def eager(make: Callable[[], SpanExporter]) -> Callable[[], float]:
-        return lambda: eager_cpu_s(samples, rng, make())
+        return lambda: eager_cpu_s(attributes, make())
 
     def rlotel_file() -> float:
         with otlp_environment(None, None):

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from rlotel.base.drops import Drops
 from rlotel.publish.publisher import POLL_S, Worker
 from rlotel.sinks.traces import exporter_logs
-from rlotel.sinks.traces.otlp import readable_spans
+from rlotel.sinks.traces.otlp import HashedResource, readable_spans
 from rlotel.sinks.traces.span_data import SpanItem
 
 MAX_QUEUED_SPANS = 65536
@@ -36,7 +36,7 @@ class ExportQueue:
     ) -> None:
         self.name = name
         self._exporter = exporter
-        self._resource = resource
+        self._resource = HashedResource(resource)
         self._drops = drops
         self._worker = Worker(
             f"export-{name}",

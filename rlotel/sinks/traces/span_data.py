@@ -8,7 +8,7 @@ traces file writes.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from rlotel.schema import attributes as attr
@@ -82,26 +82,29 @@ class SampleBlock(NamedTuple):
     def count(self) -> int:
         return len(self.span_ids)
 
-    def spans(self) -> list[SpanData]:
-        result = []
+    def rows_as_attributes(self) -> Iterator[tuple[int, int, dict[str, Any]]]:
+        """Per sample: its span id, start and span attributes."""
         for span_id, start, row in zip(self.span_ids, self.starts, self.rows, strict=True):
             attributes = dict(self.common)
             for key, whole, value in zip(self.keys, self.integral, row, strict=True):
                 if value == value:  # not NaN: an invalid entry has no attribute
                     attributes[key] = int(value) if whole else value
-            result.append(
-                SpanData(
-                    self.trace_id,
-                    span_id,
-                    self.parent_span_id,
-                    attr.SAMPLE_SPAN,
-                    start,
-                    self.end_ns,
-                    attributes,
-                    remote_parent=self.remote_parent,
-                )
+            yield span_id, start, attributes
+
+    def spans(self) -> list[SpanData]:
+        return [
+            SpanData(
+                self.trace_id,
+                span_id,
+                self.parent_span_id,
+                attr.SAMPLE_SPAN,
+                start,
+                self.end_ns,
+                attributes,
+                remote_parent=self.remote_parent,
             )
-        return result
+            for span_id, start, attributes in self.rows_as_attributes()
+        ]
 
 
 SpanItem = SpanData | SampleBlock  # what an exporter receives in a batch
