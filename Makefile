@@ -67,7 +67,7 @@ demo: $(STAMP)
 test: $(STAMP) system-deps $(ENGINE_WHEEL)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=30
 
 # The generated docs pages (docs/metrics.md from the catalogue); the tests check for drift.
 docs: $(STAMP)
