@@ -457,3 +457,41 @@ def test_the_finish_hook_run_is_an_event_without_its_arguments(make_tel, span_ex
     drops = parse_exposition(scrape(tel.metrics_url))
     key = frozenset({("run", "verl"), ("signal", "profile"), ("reason", "hook_failed")})
     assert drops[("rlotel_telemetry_dropped_total", key)] == 1
+
+
+class _RolloutServer:
+    """A rollout server as capture linking sees it: verl's profiler controller of a replica."""
+
+    def __init__(self, save: Path, replica: int) -> None:
+        from verl.utils.profiler import ProfilerConfig, build_rollout_dist_profiler
+        from verl.utils.profiler.config import TorchProfilerToolConfig
+
+        config = ProfilerConfig(tool="torch", enable=True, all_ranks=True, save_path=str(save))
+        tool = TorchProfilerToolConfig(discrete=True, profile_token_start=2, profile_token_end=6)
+        self.replica_rank = replica
+        self.profiler_controller = build_rollout_dist_profiler(replica, 1, config, tool)
+
+
+def test_a_replica_links_its_engine_trace_from_its_stop_profile(make_tel, span_exporter, tmp_path):
+    """vLLM's profiler stops by itself once its token window closed: the trace is written
+    between the replica's start_profile and stop_profile, and linked from the latter."""
+    from rlotel.record.capture import capture_ids
+
+    tel = make_tel(run="verl")
+    save = tmp_path / "profile"
+    server = _RolloutServer(save, 1)
+    other = save / "agent_loop_rollout_replica_0" / "9-rank-0.9.pt.trace.json.gz"
+    worker_call(tel, server, "start_profile", lambda: None)
+    worker_call(tel, server, "generate", lambda: verl_trace(save, str(other.relative_to(save))))
+    mine = verl_trace(save, "agent_loop_rollout_replica_1/7-rank-0.7.pt.trace.json.gz")
+    worker_call(tel, server, "stop_profile", lambda: None)
+    worker_call(tel, server, "stop_profile", lambda: None)  # linked once
+    spans = finished_spans(tel, span_exporter)
+    stops = [s for s in spans if s.name == "stop_profile"]
+    (link,) = stops[0].links
+    assert not stops[1].links
+    assert (link.context.trace_id, link.context.span_id) == capture_ids(mine)
+    attributes = dict(link.attributes)
+    assert (attributes["rl.profile.role"], attributes["rl.profile.replica"]) == ("rollout", 1)
+    assert (attributes["rl.profile.token_start"], attributes["rl.profile.token_end"]) == (2, 6)
+    assert "rl.profile.step_first" not in attributes  # the trainer's `gen` link says the step

@@ -364,6 +364,11 @@ class _Profiled:
 _current: contextvars.ContextVar[CallWatch | None] = contextvars.ContextVar(
     "rlotel_capture_call", default=None
 )
+# A rollout server's engine profile window: when its `start_profile` was called (vLLM's
+# profiler may stop and write by itself, once its token window is done).
+_engine_started: dict[int, float] = {}
+_engine_linked: set[Path] = set()  # its traces this process linked already
+_LOADED_S = time.time()  # a start_profile not traced: the traces written since this process ran
 
 
 @dataclass
@@ -378,6 +383,7 @@ class CallWatch:
     recording: bool = False
     events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     token: Any = None
+    engine_since_s: float = 0.0  # a rollout server's stop_profile: when it started the engine
 
     @classmethod
     def begin(cls, instance: Any, name: str) -> CallWatch | None:
@@ -388,6 +394,10 @@ class CallWatch:
         watch = cls(name, profiled)
         watch.recording = any(_this_step(p.profiler) for p in profiled)
         watch.token = _current.set(watch)
+        if name == voc.START_PROFILE and any(p.replica is not None for p in profiled):
+            _engine_started[id(instance)] = watch.since_s
+        elif watch._stopping():  # the engine may write before (its token window closed)
+            watch.engine_since_s = _engine_started.pop(id(instance), _LOADED_S)
         return watch
 
     def end(self, phase: Any) -> None:
@@ -430,8 +440,9 @@ class CallWatch:
                 continue
             for replica, rank, path in engine_traces(profiled.save_dir, profiled.replica):
                 written = _mtime(path)
-                if written is None or written < self.since_s:
+                if written is None or written < self.engine_since_s or path in _engine_linked:
                     continue
+                _engine_linked.add(path)
                 found.append(
                     Capture.of_file(  # its step: on the trainer's span (the `gen` it covers)
                         "torch",
