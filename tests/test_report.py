@@ -290,6 +290,9 @@ def test_tail_from_every_trajectory_not_the_slowest_spans(tmp_path) -> None:
         assert tail[name][0] == pytest.approx(np.percentile(seconds, q), abs=2e-6), name
         assert tail[name][1] is None, name  # step 2: only the slowest 2 of 10 have spans
     assert tail["steps_without_every_sample"] == 1
+    # one after another on one replica: one in flight at a time, the peak → occupancy 1
+    assert data["replica_occupancy"]["ratio"] == {"replica 0": [pytest.approx(1.0), None]}
+    assert data["replica_occupancy"]["tail_seconds"] == {"replica 0": [0.0, None]}
     assert tail["slowest_span"][1] == pytest.approx(1.0)  # the drill-down is still there
     assert {row["step"] for row in data["slowest_samples"]} == {1, 2}
 

@@ -418,7 +418,7 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
                                  .map(r => r.cells[5].textContent),
                     roles: texts('#chart-waterfall .legendtext'),
                     syncLegend: texts('#chart-weight-sync .legendtext'),
-                    hidden: Object.fromEntries(['weight-sync', 'occasional', 'stalls']
+                    hidden: Object.fromEntries(['weight-sync', 'occasional', 'stalls', 'replicas']
                               .map(id => [id, document.getElementById(id).hidden])),
                     boxes: { tail: box('chart-tail'), waterfall: box('chart-waterfall') },
                   });
@@ -483,6 +483,10 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
     assert pixels(shots["tail"], "#2ca02c", 16) > 100
     # weight sync stages (the run has them); no empty section drawn as if it were data
     assert not dom["hidden"]["weight-sync"] and dom["syncLegend"] == list(data["weight_sync"])
+    # occupancy per rollout replica, from every trajectory's real times
+    occupancy = data["replica_occupancy"]["ratio"]
+    assert not dom["hidden"]["replicas"] and list(occupancy) == ["replica 0"]
+    assert all(0 < v <= 1 for v in occupancy["replica 0"]), occupancy
     assert dom["hidden"]["occasional"] == (data["occasional"] == [])
     assert dom["hidden"]["stalls"] == (data["stalls"] == [])
     colors, coverage = _pixels_are_not_blank(page)

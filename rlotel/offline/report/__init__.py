@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from rlotel.derive import occupancy
 from rlotel.derive.diagnose import TOP_LEVEL, Diagnoser, Verdict, windows
 from rlotel.offline import otlp_json
 from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path
@@ -150,6 +151,7 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
         "tail": _tail(buckets, steps, samples, trees.trajectories_by_step(steps)),
         "slowest_samples": _slowest_samples(samples),
         "weight_sync": _weight_sync(buckets, steps, trees),
+        "replica_occupancy": _replica_occupancy(buckets, steps, trees),
         "occasional": _occasional(run.spans, steps),
         "stalls": _stalls(run.spans, steps),
         "verdicts": _verdicts(buckets, steps, verdicts),
@@ -317,6 +319,42 @@ def _weight_sync(
         per_step.append(stages)
     names = list(dict.fromkeys(n for stages in per_step for n in stages))
     return {name: _series(buckets, [s.get(name) for s in per_step]) for name in names}
+
+
+def _replica_occupancy(
+    buckets: Sequence[tuple[int, int]], steps: Sequence[StepRecord], trees: _SpanIndex
+) -> dict[str, dict[str, list[float | None]]]:
+    """Per rollout replica and step, from the real times of every trajectory span in the
+    step's trace: occupancy (mean in flight ÷ peak) and tail seconds (in flight < half the
+    peak), as `rlotel.derive.occupancy` measures them live. A trajectory's replica is the
+    `rl.replica` of the rollout process that served its `generate` calls; {} without
+    trajectory spans."""
+    per_step: list[dict[str, occupancy.Occupancy]] = []
+    for step in steps:
+        times: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        if step.span is not None:
+            for span in trees.by_trace.get(step.span.trace_id, ()):
+                if span.name == voc.TRAJECTORY:
+                    times[trees.replica_under(span)].append((span.start_ns, span.end_ns))
+        measured = {}
+        for replica, pairs in times.items():
+            starts, ends = np.array(pairs, dtype=np.int64).T
+            found = occupancy.occupancy(starts, ends)
+            if found is not None:
+                measured[replica] = found
+        per_step.append(measured)
+    replicas = sorted({r for measured in per_step for r in measured})
+    if not replicas:
+        return {}
+
+    def series(replica: str, field: str) -> list[float | None]:
+        values = [getattr(m[replica], field) if replica in m else None for m in per_step]
+        return _series(buckets, values)
+
+    return {
+        "ratio": {f"replica {r}": series(r, "ratio") for r in replicas},
+        "tail_seconds": {f"replica {r}": series(r, "tail_seconds") for r in replicas},
+    }
 
 
 OCCASIONAL = (voc.TESTING, voc.SAVE_CHECKPOINT)
@@ -613,6 +651,20 @@ class _SpanIndex:
         if role not in self.roles:
             self.roles.append(role)
         return self.roles.index(role)
+
+    def replica_under(self, span: SpanRecord) -> str:
+        """The `rl.replica` of the first process under `span` whose resource names one
+        (the rollout replica that served a trajectory), else "0" as the live metric says."""
+        todo = [span]
+        for _ in range(10_000):  # a trajectory's subtree: a few spans per turn
+            if not todo:
+                break
+            current = todo.pop(0)
+            replica = current.resource.get(attr.REPLICA)
+            if replica is not None:
+                return str(replica)
+            todo.extend(self.children(current))
+        return occupancy.DEFAULT_REPLICA
 
     def trajectories_by_step(self, steps: Sequence[StepRecord]) -> dict[int, list[float]]:
         """Seconds of each trajectory span in a step's trace: one per sample, every sample

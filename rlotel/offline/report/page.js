@@ -181,6 +181,14 @@
     if (Object.keys(occupancyTail).length) plot("chart-occupancy-tail", lines(occupancyTail), { xaxis: stepAxis, yaxis: seconds("seconds"), legend: { orientation: "h" } });
   }
 
+  // --- per-replica occupancy from trajectory spans (only when the run has them) --------
+  const replicas = data.replica_occupancy;
+  if (replicas.ratio) {
+    el("replicas").hidden = false;
+    plot("chart-replica-occupancy", lines(replicas.ratio), { xaxis: stepAxis, yaxis: share("occupancy (mean ÷ peak)"), legend: { orientation: "h" }, showlegend: true });
+    plot("chart-replica-tail", lines(replicas.tail_seconds), { xaxis: stepAxis, yaxis: seconds("tail seconds"), legend: { orientation: "h" }, showlegend: true });
+  }
+
   // --- weight sync, validation and checkpoints, stalls (only when the run has them) ----
   if (Object.keys(data.weight_sync).length) {
     el("weight-sync").hidden = false;
