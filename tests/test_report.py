@@ -316,6 +316,33 @@ def test_weight_sync_stages_and_empty_sections(tmp_path) -> None:
     assert data["tail"]["basis"] == [] and data["mfu"] == {} == data["efficiency"]
 
 
+def test_checkpoints_validation_and_unfinished_steps_have_sections(tmp_path) -> None:
+    """A step that raised is listed as unfinished; checkpoint and validation windows from
+    verl's log are listed by step."""
+    traces = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="events", prometheus_port=None, traces_file=traces)
+    with tel.step(1), tel.phase("gen"):
+        sum(range(10_000))
+    with pytest.raises(RuntimeError), tel.step(2), tel.phase("update_actor"):
+        raise RuntimeError("the update failed")
+    tel.shutdown()
+    data = page_data(write_report(traces, tmp_path / "report.html").path)
+    assert [(r["name"], r["step"], r["stalled"]) for r in data["stalls"]] == [("step", 2, False)]
+    log = tmp_path / "exp.jsonl"
+    with log.open("w") as out:
+        for number in (1, 2):
+            timing = {"timing_s/gen": 1.0, "timing_s/step": 3.0}
+            if number == 2:
+                timing |= {"timing_s/save_checkpoint": 1.5, "timing_s/testing": 0.5}
+            out.write(json.dumps({"step": number, "data": timing}) + "\n")
+    data = page_data(write_report(log, tmp_path / "log.html").path)
+    assert data["occasional"] == [
+        {"name": "testing", "step": 2, "seconds": 0.5},
+        {"name": "save_checkpoint", "step": 2, "seconds": 1.5},
+    ]
+    assert data["stalls"] == [] and data["weight_sync"] == {}
+
+
 @pytest.mark.slow  # a worker process of its own
 def test_roles_per_span_not_per_process(tmp_path) -> None:
     """A fused worker process (resource role `critic`) serving an actor call: the tree and

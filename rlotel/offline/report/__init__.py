@@ -152,8 +152,8 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
         "slowest_samples": _slowest_samples(samples),
         "weight_sync": _weight_sync(buckets, steps, trees),
         "replica_occupancy": _replica_occupancy(buckets, steps, trees),
-        "occasional": _occasional(run.spans, steps),
-        "stalls": _stalls(run.spans, steps),
+        "occasional": _occasional(trees.occasional, steps),
+        "stalls": _stalls(trees.flagged, steps),
         "verdicts": _verdicts(buckets, steps, verdicts),
         "efficiency": {
             key: series
@@ -305,7 +305,11 @@ def _weight_sync(
     for step in steps:
         leaves = []
         if step.span is not None:
-            todo = [c for c in trees.children(step.span) if c.name == voc.UPDATE_WEIGHTS]
+            todo = [
+                span
+                for span in trees.named.get((step.span.trace_id, voc.UPDATE_WEIGHTS), ())
+                if span.parent_span_id == step.span.span_id
+            ]
             while todo:
                 span = todo.pop()
                 children = trees.children(span)
@@ -333,9 +337,8 @@ def _replica_occupancy(
     for step in steps:
         times: dict[str, list[tuple[int, int]]] = defaultdict(list)
         if step.span is not None:
-            for span in trees.by_trace.get(step.span.trace_id, ()):
-                if span.name == voc.TRAJECTORY:
-                    times[trees.replica_under(span)].append((span.start_ns, span.end_ns))
+            for span in trees.named.get((step.span.trace_id, voc.TRAJECTORY), ()):
+                times[trees.replica_under(span)].append((span.start_ns, span.end_ns))
         measured = {}
         for replica, pairs in times.items():
             starts, ends = np.array(pairs, dtype=np.int64).T
@@ -358,6 +361,7 @@ def _replica_occupancy(
 
 
 OCCASIONAL = (voc.TESTING, voc.SAVE_CHECKPOINT)
+_BY_TRACE = frozenset({attr.SAMPLE_SPAN, voc.TRAJECTORY, voc.UPDATE_WEIGHTS})  # read by trace
 MAX_EVENT_ROWS = 200
 
 
@@ -380,7 +384,7 @@ def _step_lookup(steps: Sequence[StepRecord]) -> tuple[dict[str, int], list[tupl
 
 
 def _occasional(spans: Sequence[SpanRecord], steps: Sequence[StepRecord]) -> list[dict[str, Any]]:
-    """Validation and checkpoint windows (spans, else the logged timing_raw), by step."""
+    """Validation and checkpoint windows (their spans, else the logged timing_raw), by step."""
     by_trace, starts = _step_lookup(steps)
     rows = [
         {
@@ -389,7 +393,7 @@ def _occasional(spans: Sequence[SpanRecord], steps: Sequence[StepRecord]) -> lis
             "seconds": round(span.seconds, 6),
         }
         for span in sorted(spans, key=lambda s: s.start_ns)
-        if span.name in OCCASIONAL and not span.attributes.get(attr.OPEN_S)
+        if not span.attributes.get(attr.OPEN_S)
     ]
     seen = {(row["name"], row["step"]) for row in rows}
     rows += [
@@ -402,7 +406,8 @@ def _occasional(spans: Sequence[SpanRecord], steps: Sequence[StepRecord]) -> lis
 
 
 def _stalls(spans: Sequence[SpanRecord], steps: Sequence[StepRecord]) -> list[dict[str, Any]]:
-    """Phases exported while they hung (`rl.stalled`) or left open at exit (`rl.incomplete`)."""
+    """Phases exported while they hung (`rl.stalled`) or left open at exit (`rl.incomplete`):
+    `spans` are those flagged so."""
     by_trace, starts = _step_lookup(steps)
     rows = [
         {
@@ -587,13 +592,24 @@ class _SpanIndex:
         self._role_of: dict[str, str] = {}  # span id → its role (own, an ancestor's, process's)
         self._by_id: dict[str, SpanRecord] = {}
         self._keys: dict[int, tuple[dict[str, Any], tuple[str, str]]] = {}
+        # the few names the page reads by trace, and the flagged spans: one pass, not one a view
+        self.named: dict[tuple[str, str], list[SpanRecord]] = defaultdict(list)
+        self.occasional: list[SpanRecord] = []
+        self.flagged: list[SpanRecord] = []
         for span in spans:
             self._by_id[span.span_id] = span
             self.by_trace[span.trace_id].append(span)
             if span.parent_span_id:
                 self.by_parent[span.parent_span_id].append(span)
-            if span.name == attr.CAPTURE_SPAN:
+            name, attributes = span.name, span.attributes
+            if name in _BY_TRACE:
+                self.named[(span.trace_id, name)].append(span)
+            elif name in OCCASIONAL:
+                self.occasional.append(span)
+            elif name == attr.CAPTURE_SPAN:
                 self.captures.append(span)
+            if attr.STALLED in attributes or attr.INCOMPLETE in attributes:
+                self.flagged.append(span)
             self._processes.setdefault(self.process_key(span), len(self._processes))
 
     def children(self, span: SpanRecord) -> list[SpanRecord]:
@@ -674,8 +690,7 @@ class _SpanIndex:
             if step.span is not None:
                 seconds = [
                     round(span.seconds, 6)
-                    for span in self.by_trace.get(step.span.trace_id, ())
-                    if span.name == voc.TRAJECTORY
+                    for span in self.named.get((step.span.trace_id, voc.TRAJECTORY), ())
                 ]
                 if seconds:
                     result[step.number] = seconds
@@ -689,8 +704,7 @@ class _SpanIndex:
                 continue
             rows = [
                 _sample_row(step.number, span, self.process_key(span)[0])
-                for span in self.by_trace.get(step.span.trace_id, ())
-                if span.name == attr.SAMPLE_SPAN
+                for span in self.named.get((step.span.trace_id, attr.SAMPLE_SPAN), ())
             ]
             if rows:
                 result[step.number] = rows
