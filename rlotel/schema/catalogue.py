@@ -237,9 +237,9 @@ PHASE_STALLED = MetricSpec(
     "rlotel_phase_stalled",
     "gauge",
     "",
-    "1 while the work of the phase's quietest open span has shown no progress (child phases, "
-    "samples, worker replies) for stall_after_s (RLOTEL_STALL_AFTER_S), else 0; how long it "
-    "ran is no part of it.",
+    "1 while none of the phase's open spans has shown progress (child phases, samples, "
+    "worker replies, work other processes run under it) for stall_after_s "
+    "(RLOTEL_STALL_AFTER_S), else 0; how long it ran is no part of it.",
     ("phase",),
 )
 PHASE_RANK_SPREAD = MetricSpec(
