@@ -76,6 +76,11 @@ CASES = [
         "update-bound", "low-mfu", "high",
     ),
     (
+        "update, MFU verl could not compute (0.0 on CPU)",
+        facts(gen=20, update_actor=70, mfu={"actor": 0.0}),
+        "update-bound", "", "low",
+    ),
+    (
         "update, moderate MFU",
         facts(gen=20, update_actor=70, mfu={"actor": 0.25}),
         "update-bound", "moderate-mfu", "medium",

@@ -433,7 +433,7 @@ def _rollout(
 
 def _update(facts: StepFacts, limits: Thresholds, evidence: dict) -> tuple[str, str]:
     mfu = facts.mfu.get("actor")
-    if mfu is None:
+    if not mfu:  # absent, or verl's 0.0: no peak FLOPs known for the device (CPU), not low
         return "", "low"
     evidence["mfu_actor"] = round(mfu, 4)
     if mfu >= limits.high_mfu:
