@@ -208,7 +208,7 @@ class VerlCaptureDiscovery:
         continuous: bool = False,
         token_window: tuple[int | None, int | None] | None = None,
     ) -> None:
-        self._save_dir = save_dir
+        self._save_dir = save_dir.absolute()  # verl's is relative to the workers' cwd
         self._flagged = steps
         self._role = role
         self._rank = rank
@@ -500,7 +500,7 @@ def _enabled_profilers(instance: Any) -> list[_Profiled]:
             window = (start, end)
         if not isinstance(replica, int) or isinstance(replica, bool):
             replica = None
-        profiled.append(_Profiled(profiler, Path(save_path), replica, window))
+        profiled.append(_Profiled(profiler, Path(save_path).absolute(), replica, window))
     return profiled
 
 
