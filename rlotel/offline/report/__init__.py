@@ -765,6 +765,11 @@ def _captures(run: Run, trees: _SpanIndex, out_dir: Path) -> list[dict[str, Any]
         if step.span is not None:
             for link in step.span.links:
                 linked_from[link.span_id].append(step.number)
+    windows: dict[str, set[str]] = defaultdict(set)  # the phases and calls that link it
+    for linking in run.spans:
+        if linking.links and linking.name != voc.STEP:
+            for link in linking.links:
+                windows[link.span_id].add(linking.name)
     result = []
     for span in sorted(trees.captures, key=lambda s: s.start_ns):
         attributes = span.attributes
@@ -792,6 +797,7 @@ def _captures(run: Run, trees: _SpanIndex, out_dir: Path) -> list[dict[str, Any]
                 ],
                 "top_ops": _json_value(attributes.get(attr.PROFILE_TOP_OPS, []))[:5],
                 "covers": covers,
+                "windows": sorted(windows.get(span.span_id, ())),
                 "span_id": span.span_id,
             }
         )

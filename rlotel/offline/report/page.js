@@ -207,9 +207,9 @@
   // --- captures ------------------------------------------------------------------------
   const captureLink = (c) => (c.href ? `<a href="${escape(c.href)}">${escape(c.path.split("/").pop())}</a>` : `${escape(c.path)} (not found)`);
   if (data.captures.length) {
-    table("capture-table", ["file", "tool", "role", "rank", "steps", "covers steps", "size", "top ops"],
+    table("capture-table", ["file", "tool", "role", "rank", "steps", "covers steps", "windows", "size", "top ops"],
       data.captures.map((c) => [captureLink(c), escape(c.tool), escape(c.role), c.rank, c.steps[0] === c.steps[1] ? `${c.steps[0]}` : `${c.steps[0]}–${c.steps[1]}`,
-        c.covers.join(", "), c.size_bytes ? `${(c.size_bytes / 1024).toFixed(0)} KiB` : "", (c.top_ops || []).map(escape).join("<br>")]));
+        c.covers.join(", "), (c.windows || []).map(escape).join(", "), c.size_bytes ? `${(c.size_bytes / 1024).toFixed(0)} KiB` : "", (c.top_ops || []).map(escape).join("<br>")]));
   } else {
     el("capture-table").innerHTML = "<tr><td>No profile.capture spans in this run (rlotel demo --profile-steps 2,3 makes some).</td></tr>";
   }
