@@ -35,13 +35,13 @@ def test_the_process_is_named_by_its_main_role(keys: tuple[str, ...], role: str)
 
 
 def test_each_call_carries_the_role_of_its_worker(make_tel, span_exporter) -> None:
-    worker = WorkerDict("actor_rollout", "critic", "ref")
+    worker = WorkerDict("actor_rollout_ref", "critic")  # verl fuses the reference in
     tel = make_tel(resource_attributes={attr.ROLE: verl_workers._verl_role(worker)})
     for method in (
-        "actor_rollout_update_actor",
+        "actor_rollout_ref_update_actor",
         "critic_update_critic",
         "critic_compute_values",
-        "ref_compute_ref_log_prob",
+        "actor_rollout_ref_compute_ref_log_prob",  # the reference policy's model
     ):
         call = verl_workers._begin_call(
             worker, method, (), {verl_workers.RAY_CONTEXT_KWARG: {"traceparent": TRACEPARENT}}

@@ -640,7 +640,8 @@ def _verl_method(instance: Any, name: str, args: tuple) -> tuple[str, str | None
         return args[0].split(FUSED_METHOD_SEPARATOR, 1)[1], None
     for prefix in _fused_roles(instance):
         if name.startswith(prefix + "_"):
-            return name[len(prefix) + 1 :], vocabulary.verl_worker_role(prefix)
+            method = name[len(prefix) + 1 :]
+            return method, vocabulary.verl_call_role(prefix, method)
     return name, None
 
 

@@ -211,6 +211,17 @@ def verl_worker_role(worker_role: str) -> str:
     return VERL_WORKER_ROLES.get(worker_role.split("_", 1)[0], worker_role)
 
 
+# Methods of a fused worker (`actor_rollout_ref`) that run another role's model: the
+# reference policy's log-probs are the `ref` window's work, whatever worker hosts them.
+METHOD_ROLES: dict[str, str] = {"compute_ref_log_prob": "ref"}
+
+
+def verl_call_role(worker_role: str, method: str) -> str:
+    """The role of one call: `compute_ref_log_prob` of `actor_rollout_ref` → `ref`;
+    otherwise the worker's (`verl_worker_role`)."""
+    return METHOD_ROLES.get(method) or verl_worker_role(worker_role)
+
+
 # The role a process hosting several of verl's workers (its colocated `WorkerDict`) is named
 # by: the first of these it hosts. Each call's span still carries its own role.
 MAIN_ROLES = ("actor", "rollout", "critic", "ref", "reward")

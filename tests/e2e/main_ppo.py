@@ -128,6 +128,7 @@ def ppo_overrides(assets: Path, work: Path) -> list[str]:
         "actor_rollout_ref.actor.use_kl_loss=True",
         f"{ref}.fsdp_config.param_offload=False",
         f"{ref}.fsdp_config.dtype=float32",
+        f"{ref}.log_prob_micro_batch_size_per_gpu=4",
         f"{critic}.model.path={assets}/model",
         f"{critic}.strategy=fsdp2",
         f"{critic}.fsdp.strategy=fsdp2",

