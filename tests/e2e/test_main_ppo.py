@@ -49,11 +49,18 @@ def main_ppo(assets: Path, *argv: str) -> Iterator[Path]:
 
 
 PROFILED_STEP = 2
+TOKEN_WINDOW = (1, 4)  # the rollout engine records decode iterations [1, 4): vLLM's delay/max
 PROFILE = (  # verl's torch profiler on the actor for step 2, written under its save_path
     "global_profiler.tool=torch",
     f"global_profiler.steps=[{PROFILED_STEP}]",
     "actor_rollout_ref.actor.profiler.enable=True",
     "actor_rollout_ref.actor.profiler.all_ranks=True",
+    # discrete: a trace per worker stage, the update's named by its mini-batch window, and
+    # the rollout engine's (vLLM's profiler, per replica) over `gen` in a token window
+    "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",
+    "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1",
+    f"actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start={TOKEN_WINDOW[0]}",
+    f"actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end={TOKEN_WINDOW[1]}",
 )
 
 
@@ -241,17 +248,86 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
     assert {"step", "gen", "update_actor", "compute_log_prob"} <= names
 
 
-def test_verl_profiler_capture_linked_from_its_step(plugin_on: Path) -> None:
-    trainer = spans_by_role(plugin_on)["trainer"]
+def links_of(span: dict) -> dict[tuple[str, str], dict]:
+    """A span's capture links: (trace, span) of the capture span → the link's attributes."""
+    return {(t, s): a for t, s, a in span["links"] if "rl.profile.path" in a}
+
+
+def test_verl_profiler_captures_linked_from_their_windows(plugin_on: Path, tmp_path) -> None:
+    """verl's discrete profile of step 2: the actor's log-prob and update traces and the
+    rollout engine's, each linked from the step, the trainer phase it explains, and the
+    span of the worker (or rollout replica) that wrote it, with its writer, window and step."""
+    roles = spans_by_role(plugin_on)
+    trainer = roles["trainer"]
+    captures = {
+        (s["trace"], s["id"]): s["attrs"] for s in trainer if s["name"] == "profile.capture"
+    }
+    for attrs in captures.values():
+        path = Path(attrs["rl.profile.path"])
+        assert (path if path.is_absolute() else plugin_on / path).is_file(), path
+    stages = sorted(a.get("rl.profile.stage", "engine") for a in captures.values())
+    assert stages == ["actor_compute_log_prob", "actor_update", "engine"], captures
     steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
-    links = [attrs for _, _, attrs in steps[PROFILED_STEP]["links"]]
-    paths = [Path(attrs["rl.profile.path"]) for attrs in links if "rl.profile.path" in attrs]
-    assert paths, links
-    for path in paths:
-        path = path if path.is_absolute() else plugin_on / path
-        assert path.is_file() and f"step{PROFILED_STEP}" in path.name, path
-    assert not any("rl.profile.path" in a for n, s in steps.items() if n != PROFILED_STEP
-                   for _, _, a in s["links"])  # fmt: skip
+    assert set(links_of(steps[PROFILED_STEP])) == set(captures)
+    assert not any(links_of(s) for n, s in steps.items() if n != PROFILED_STEP)
+
+    def linked_from(spans: list[dict], name: str) -> dict[tuple[str, str], dict]:
+        return {k: a for s in spans if s["name"] == name for k, a in links_of(s).items()}
+
+    in_step = [s for s in trainer if s["attrs"].get("rl.step") == PROFILED_STEP]
+    windows = {"old_log_prob": "actor_compute_log_prob", "update_actor": "actor_update"}
+    for phase, stage in (*windows.items(), ("gen", None)):
+        ((key, link),) = linked_from(in_step, phase).items()
+        assert key in captures and link.get("rl.profile.stage") == stage, (phase, link)
+        assert link["rl.profile.step_first"] == link["rl.profile.step_last"] == PROFILED_STEP
+    (log_prob,) = linked_from(in_step, "old_log_prob").values()
+    assert (log_prob["rl.profile.role"], log_prob["rl.profile.rank"]) == ("actor", 0)
+    (update,) = linked_from(in_step, "update_actor").values()
+    assert (update["rl.profile.mini_batch_first"], update["rl.profile.mini_batch_last"]) == (0, 0)
+    assert "_mb0." in update["rl.profile.path"]
+    (engine,) = linked_from(in_step, "gen").values()
+    assert (engine["rl.profile.role"], engine["rl.profile.replica"]) == ("rollout", 0)
+    assert (engine["rl.profile.token_start"], engine["rl.profile.token_end"]) == TOKEN_WINDOW
+    assert "agent_loop_rollout_replica_0/" in engine["rl.profile.path"]
+    # the writers' own spans link the same capture spans
+    actor = roles["actor"]
+    methods = {"compute_log_prob": windows["old_log_prob"], "update_actor": windows["update_actor"]}
+    for method, stage in methods.items():
+        ((key, link),) = linked_from(actor, method).items()
+        assert captures[key]["rl.profile.stage"] == link["rl.profile.stage"] == stage
+    replica = [s for s in roles["rollout"] if s["attrs"].get("rl.replica", 0) == 0]
+    ((key, link),) = linked_from(replica, "stop_profile").items()
+    assert key in captures and link["rl.profile.replica"] == 0
+    assert (link["rl.profile.token_start"], link["rl.profile.token_end"]) == TOKEN_WINDOW
+    seconds = {n: round(d["timing_s/step"], 2) for n, d in verl_log(plugin_on).items()}
+    wall = json.loads((plugin_on / "run.json").read_text())["wall_s"]
+    print("step seconds:", seconds, "run wall s:", round(wall, 1))
+    quoted = {"old_log_prob": log_prob, "update_actor": update, "gen": engine,
+              "rollout stop_profile": link}  # fmt: skip
+    for window, attributes in quoted.items():
+        print("link from", window, {k: v for k, v in attributes.items() if k not in
+                                     ("rl.profile.phases", "rl.profile.top_ops")})  # fmt: skip
+    # the report lists each capture with its windows; the timeline puts it over them
+    from tests.test_report import page_data
+
+    expected = {
+        Path(log_prob["rl.profile.path"]).name: ["compute_log_prob", "old_log_prob"],
+        Path(update["rl.profile.path"]).name: ["update_actor"],
+        Path(engine["rl.profile.path"]).name: ["gen", "stop_profile"],
+    }
+    report = tmp_path / "report.html"
+    assert cli.main(["report", str(plugin_on / "traces"), "-o", str(report)]) == 0
+    listed = {Path(c["path"]).name: c for c in page_data(report)["captures"]}
+    assert {name: c["windows"] for name, c in listed.items()} == expected
+    assert all(c["covers"] == [PROFILED_STEP] and c["exists"] for c in listed.values())
+    assert cli.main(["perfetto", str(plugin_on / "traces"), "-o", str(tmp_path / "t.json")]) == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    slices = [e for e in events if e.get("name") == "profile.capture" and e["ph"] == "X"]
+    shown = {Path(e["args"]["rl.profile.path"]).name: e["args"]["linked_from"] for e in slices}
+    windows = {n: sorted({w.split()[-1] for w in ws} - {"step"}) for n, ws in shown.items()}
+    assert windows == expected
+    arrows = [e for e in events if e.get("cat") == "rl.profile" and e["ph"] == "s"]
+    assert len(arrows) == sum(len(ws) for ws in shown.values())
 
 
 def test_verdicts_carry_mfu_and_token_evidence(plugin_on: Path) -> None:

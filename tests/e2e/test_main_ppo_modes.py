@@ -14,7 +14,8 @@ import pytest
 
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
-from tests.e2e.test_main_ppo import STEPS, main_ppo, spans_by_role, verl_log
+from tests.e2e.main_ppo import STAND_INS
+from tests.e2e.test_main_ppo import STEPS, links_of, main_ppo, spans_by_role, verl_log
 from tests.helpers import parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -23,15 +24,31 @@ pytestmark = pytest.mark.slow
 # rlotel records each as a root span of its own, outside the step ledger.
 OUTSIDE_STEP = {"start_profile", "stop_profile"}
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens there in the run's own network namespace
+ACTOR_PROFILER = (
+    "global_profiler.tool=torch",
+    "actor_rollout_ref.actor.profiler.enable=True",
+    "actor_rollout_ref.actor.profiler.all_ranks=True",
+)
+SECRET = "s3cret-token"  # an argument of the finish hook: never in a span
+SUMMARY = ("rl.profile.phases", "rl.profile.top_ops")  # what is read from the file: not printed
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
     # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
-    # trainer's documented /metrics port
+    # trainer's documented /metrics port; verl profiles steps 2 and 3 as one capture
     "v0": [
         "trainer.use_v1=false",
         *("--otlp-endpoint", UNREACHABLE, "--otlp-protocol", "http/json", "--hold-port"),
+        *ACTOR_PROFILER,
+        "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=True",
     ],
-    "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
+    # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2
+    "colocate_async": [
+        "trainer.v1.trainer_mode=colocate_async",
+        *ACTOR_PROFILER,
+        "global_profiler.steps=[2]",
+        f'global_profiler.finish_hook_cmd="{STAND_INS}/ship_captures --token={SECRET}"',
+    ],
 }
 
 
@@ -107,3 +124,44 @@ def test_a_taken_port_and_http_json_cost_one_warning_and_the_trainer_is_still_sc
     assert len(trainer) == 1, "the trainer's moved /metrics was not discovered and scraped"
     (series,) = trainer
     assert series[("rlotel_step", frozenset({("run", "e2e-grpo")}))] >= STEPS - 1
+
+
+def test_verl_captures_of_each_mode_linked_from_the_steps_they_cover(
+    mode_run: tuple[str, Path],
+) -> None:
+    """V0 profiles steps 2–3 as one continuous capture: both step spans link it, and the
+    actor's `stop_profile` that wrote it. colocate_async profiles step 2 and runs verl's
+    finish hook: an event on the actor's `stop_profile` span with the hook's program name,
+    exit status and duration, never its arguments; the hook itself saw the capture."""
+    mode, work = mode_run
+    roles = spans_by_role(work)
+    trainer, actor = roles["trainer"], roles["actor"]
+    (capture,) = [s for s in trainer if s["name"] == "profile.capture"]
+    attrs, key = capture["attrs"], (capture["trace"], capture["id"])
+    covered = (2, 3) if mode == "v0" else (2, 2)
+    assert (attrs["rl.profile.step_first"], attrs["rl.profile.step_last"]) == covered, attrs
+    assert (attrs["rl.profile.role"], attrs["rl.profile.stage"]) == ("actor", "train")
+    path = Path(attrs["rl.profile.path"])
+    assert (path if path.is_absolute() else work / path).is_file()
+    steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
+    for number, step in steps.items():
+        linked = covered[0] <= number <= covered[1]
+        assert set(links_of(step)) == ({key} if linked else set()), (mode, number)
+    (stop,) = [s for s in actor if s["name"] == "stop_profile" and key in links_of(s)]
+    said = {k: v for k, v in links_of(steps[2])[key].items() if k not in SUMMARY}
+    print(mode, "step link:", said)
+    seconds = {n: round(d["timing_s/step"], 2) for n, d in verl_log(work).items()}
+    print(mode, "step seconds:", seconds, "run.json:", (work / "run.json").read_text())
+    hooks = [(s, a) for s in actor for name, a in s["events"] if name == "rl.profile.finish_hook"]
+    if mode == "v0":
+        assert hooks == []
+        return
+    ((span, event),) = hooks
+    assert span is stop, span["name"]
+    print(mode, "finish hook:", event)
+    assert event["rl.profile.finish_hook.command"] == "ship_captures"
+    assert event["rl.profile.finish_hook.exit_status"] == 0
+    assert 0 < event["rl.profile.finish_hook.duration_s"] < (stop["end"] - stop["start"]) / 1e9
+    assert not any(SECRET in p.read_text() for p in (work / "traces").glob("*.jsonl"))
+    shipped = (work / "outputs" / "shipped-rank0.txt").read_text().split()
+    assert any(Path(line).name == path.name for line in shipped), shipped
