@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 import threading
 import time
 import warnings
@@ -499,3 +500,46 @@ def _wait_for(analyze, directory, name: str, count: int, timeout_s: float = 60) 
             assert len(found) == count, f"{len(found)} {name} spans in {directory}"
             return spans
         time.sleep(0.2)
+
+
+def test_a_rank_stuck_in_a_collective_names_it_in_its_stacks_and_rlotel_hangs(
+    groups, make_tel, tmp_path, monkeypatch, capsys
+):
+    """A worker call stuck in a collective its peer has not joined: the stall's stacks say
+    which collective, on which group, as which rank, and `rlotel hangs` which ranks entered
+    it; the peer joins, the call returns what it returns without rlotel."""
+    from rlotel.cli import commands as cli
+    from tests.test_hangs import wait_for
+
+    monkeypatch.setenv("RLOTEL_TRACES_DIR", str(tmp_path))
+    tel = make_tel(stall_after_s=0.3, resource_attributes={attr.ROLE: "actor", attr.RANK: 0})
+    caller = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}  # the driver's update_actor
+    tensor, joined = torch.ones(4), threading.Event()
+
+    def update() -> None:
+        with tel.phase("update_actor", context=caller):
+            tally = collectives.open_tally()
+            try:
+                dist.all_reduce(tensor, group=groups[0])
+            finally:
+                collectives.close_tally(tally)
+
+    def peer() -> None:  # rank 1 joins only once the stall was seen
+        joined.wait(8)
+        allreduce(groups[1]).get_future().wait()
+
+    threads = [threading.Thread(target=update, name="update"), threading.Thread(target=peer)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: tel.stalled)
+        capsys.readouterr()
+        assert cli.main(["hangs", str(tmp_path)]) == 1
+        out = capsys.readouterr().out
+        assert re.search(r"waiting in all_reduce on group of 2 as rank 0, entered \d", out), out
+        assert "COLLECTIVE: all_reduce on group of 2: entered by rank(s) [0]" in out
+    finally:
+        joined.set()
+        for thread in threads:
+            thread.join(20)
+    assert tensor.tolist() == [2.0] * 4

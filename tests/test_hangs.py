@@ -87,3 +87,42 @@ def test_a_worker_call_that_stops_progressing_writes_its_own_stack(
     finally:
         release.set()
         worker.join(10)
+
+
+def test_a_collective_some_ranks_entered_names_the_ranks_that_did_not(tmp_path, capsys):
+    """Two of a group's three ranks stuck in one all_reduce, the third elsewhere (each
+    process's stacks as the stall watch writes them): `rlotel hangs` names the collective,
+    the ranks in it and the rank that never entered (where to look)."""
+    import json
+
+    def stacks(rank: int, waiting: str | None) -> dict:
+        thread = {
+            "thread": "MainThread",
+            "frames": [{"where": "train.py:9 in step", "kind": "user"}],
+        }
+        if waiting:
+            thread["waiting"] = waiting
+        return {
+            "phase": "update_actor",
+            "since_unix_s": 1.0e9,
+            "last_progress_unix_s": 1.0e9,
+            "quiet_s": 30.0,
+            "evidence": {"role": "actor", "rank": rank, "step": 4},
+            "threads": [thread],
+            "trace_id": "ab" * 16,
+            "span_id": f"{rank + 1:016x}",
+        }
+
+    for rank, waiting in (
+        (0, "all_reduce on group [0, 1, 2] as rank 0, entered 31.0 s ago"),
+        (1, None),  # stuck in its own computation, never reached the collective
+        (2, "all_reduce on group [0, 1, 2] as rank 2, entered 30.5 s ago"),
+    ):
+        line = json.dumps(stacks(rank, waiting))
+        (tmp_path / f"actor-{rank}-{100 + rank}.stacks").write_text(line + "\n")
+    assert cli.main(["hangs", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "    waiting in all_reduce on group [0, 1, 2] as rank 2, entered 30.5 s ago" in out
+    assert (
+        "COLLECTIVE: all_reduce on group [0, 1, 2]: entered by rank(s) [0, 2]; not entered by [1]"
+    ) in out

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlotel.base import ids
+from rlotel.base import ids, waits
 from rlotel.derive.diagnose import Verdict
 from rlotel.record.ledger import Ledger, Phase, Trace
 from rlotel.schema import attributes as attr
@@ -466,12 +466,16 @@ class ThreadStack(NamedTuple):
 
     thread: str
     frames: tuple[Frame, ...]
+    waiting: str | None = None  # what a wrapper says it is blocked in (a collective)
 
     def innermost_user(self) -> str | None:
         return next((f.where for f in self.frames if f.kind == "user"), None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"thread": self.thread, "frames": [f._asdict() for f in self.frames]}
+        found = {"thread": self.thread, "frames": [f._asdict() for f in self.frames]}
+        if self.waiting:
+            found["waiting"] = self.waiting
+        return found
 
 
 MAX_FRAMES = 64  # innermost frames kept per thread: a stack's event stays bounded
@@ -492,7 +496,7 @@ def thread_stacks() -> tuple[ThreadStack, ...]:
             Frame(f"{f.filename}:{f.lineno} in {f.name}", _kind(f.filename))
             for f in reversed(traceback.extract_stack(top, limit=MAX_FRAMES))
         )
-        stacks.append(ThreadStack(names.get(ident, f"thread-{ident}"), frames))
+        stacks.append(ThreadStack(names.get(ident, f"thread-{ident}"), frames, waits.of(ident)))
     return tuple(sorted(stacks, key=lambda s: s.innermost_user() is None))
 
 

@@ -35,9 +35,11 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import time
 from time import perf_counter_ns
 from typing import Any
 
+from rlotel.base import waits
 from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
 
@@ -155,15 +157,19 @@ def close_tally(tally: Tally) -> Tally:
 
 
 def _timed(original: Any) -> Any:
+    name = getattr(original, "__name__", "collective")
+
     def collective(*args: Any, **kwargs: Any) -> Any:
         if not _open or getattr(_depth, "n", 0):
             return original(*args, **kwargs)
         began = _begin(args, kwargs)
+        waiting = waits.enter(functools.partial(_describe, name, args, kwargs, time.time()))
         _depth.n = 1
         try:
             return original(*args, **kwargs)
         finally:
             _depth.n = 0
+            waits.leave(waiting)
             _end(began)
 
     functools.update_wrapper(collective, original)
@@ -212,6 +218,24 @@ def _end(began: tuple[int, bool], calls: int = 1) -> None:
                     tally.ns += ns
     except Exception as error:
         _error("collective not counted", error)
+
+
+def _describe(name: str, args: tuple, kwargs: dict, entered_unix_s: float) -> str:
+    """`all_reduce on group [0, 1] as rank 0, entered 12.3 s ago`: built by the stall watch
+    when it captures stacks, from the group the call names (else the default one)."""
+    dist = sys.modules["torch.distributed"]
+    group = kwargs.get("group")
+    if group is None:
+        group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
+    try:
+        members, rank = (
+            str(dist.get_process_group_ranks(group or dist.group.WORLD)),
+            dist.get_rank(),
+        )
+    except Exception:  # a group torch.distributed did not register (built by hand)
+        members, rank = f"of {group.size()}", group.rank()
+    ago = time.time() - entered_unix_s
+    return f"{name} on group {members} as rank {rank}, entered {ago:.1f} s ago"
 
 
 def _on_device(args: tuple, kwargs: dict) -> bool:

@@ -10,6 +10,7 @@ a phase that got going again, not a hang; every other one is.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,25 +117,53 @@ def render(stalls: list[Stall]) -> Iterator[str]:
             frames = thread.get("frames", [])
             kinds = {f.get("kind") for f in frames}
             name = str(thread.get("thread"))
-            if "user" not in kinds and name != MAIN_THREAD:
+            waiting = str(thread.get("waiting") or "")
+            if "user" not in kinds and name != MAIN_THREAD and not waiting:
                 if "library" in kinds:
                     library.append(name)
                 else:
                     quiet += 1
                 continue
-            same = tuple(str(f.get("where")) for f in frames)  # a pool's threads: one stack
+            same = (waiting, *(str(f.get("where")) for f in frames))  # a pool's: one stack
             shown.setdefault(same, ([], frames))[0].append(name)
-        for names, frames in shown.values():
+        for (waiting, *_), (names, frames) in shown.items():
             user = next((f.get("where") for f in frames if f.get("kind") == "user"), None)
             stuck = f" stuck at {user}" if user else ""
             same = f" ({len(names)} threads, one stack)" if len(names) > 1 else ""
             yield f"  thread {', '.join(names)}{same}:{stuck}"
+            if waiting:
+                yield f"    waiting in {waiting}"
             for frame in frames[:FRAMES_SHOWN]:
                 yield f"    [{frame.get('kind')}] {frame.get('where')}"
         if library:
             yield f"  threads in library code only: {', '.join(library)}"
         if quiet:
             yield f"  ({quiet} more thread(s) in rlotel or the standard library only)"
+    yield from _collectives(stalls)
+
+
+COLLECTIVE = re.compile(  # `rlotel.integrations.collectives` describes a blocked call so
+    r"^(?P<op>\S+) on group (?P<group>\[[\d, ]*\]|of \d+) as rank (?P<rank>\d+)"
+)
+
+
+def _collectives(stalls: list[Stall]) -> Iterator[str]:
+    """Per collective the stuck processes wait in (op and group): the ranks that entered
+    it and, where the group's members are known, those that did not (where to look)."""
+    entered: dict[tuple[str, str], set[int]] = {}
+    for stall in stalls:
+        for thread in stall.threads:
+            found = COLLECTIVE.match(str(thread.get("waiting") or ""))
+            if found:
+                key = (found["op"], found["group"])
+                entered.setdefault(key, set()).add(int(found["rank"]))
+    for (op, group), ranks in sorted(entered.items()):
+        line = f"COLLECTIVE: {op} on group {group}: entered by rank(s) {sorted(ranks)}"
+        if group.startswith("["):
+            members = {int(r) for r in group.strip("[]").split(",") if r.strip()}
+            missing = sorted(members - ranks)
+            line += f"; not entered by {missing}" if missing else "; every member is in it"
+        yield line
 
 
 def _clock(unix_s: float) -> str:
