@@ -1,6 +1,7 @@
-"""verl's other trainers through the real `main_ppo`, plugin on: V0 (`trainer.use_v1=false`)
-and V1's `colocate_async` mode. Each trains ≥ 3 steps; verl's logged windows equal
-rlotel's, and the trace has the workers' spans under the trainer's phases."""
+"""verl's other trainers through the real `main_ppo`, plugin on: V0 (`trainer.use_v1=false`,
+as PPO is most often run: a critic, a reference policy, validation and checkpoints) and
+V1's `colocate_async` mode. Each trains ≥ 3 steps; verl's logged windows equal rlotel's,
+and the trace has the workers' spans under the trainer's phases."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from tests.helpers import parse_exposition
 
 pytestmark = pytest.mark.slow
 
-# V0 times `start_profile` and `stop_profile` into the step dict around its `step` timer:
-# rlotel records each as a root span of its own, outside the step ledger.
-OUTSIDE_STEP = {"start_profile", "stop_profile"}
+# V0 times `start_profile` and `stop_profile` into the step dict around its `step` timer, and
+# `testing` (validation) after it: rlotel records each as a root span of its own, outside
+# the step ledger.
+OUTSIDE_STEP = {"start_profile", "stop_profile", "testing"}
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens there in the run's own network namespace
 ACTOR_PROFILER = (
     "global_profiler.tool=torch",
@@ -34,9 +36,11 @@ SUMMARY = ("rl.profile.phases", "rl.profile.top_ops")  # what is read from the f
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
     # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
-    # trainer's documented /metrics port; verl profiles steps 2 and 3 as one capture
+    # trainer's documented /metrics port; verl profiles steps 2 and 3 as one capture; PPO
+    # with a critic (GAE), a KL-loss reference, validation and checkpoints (`--ppo`)
     "v0": [
         "trainer.use_v1=false",
+        "--ppo",
         *("--otlp-endpoint", UNREACHABLE, "--otlp-protocol", "http/json", "--hold-port"),
         *ACTOR_PROFILER,
         "global_profiler.steps=[2,3]",
@@ -60,22 +64,21 @@ def mode_run(request, e2e_assets: Path) -> Iterator[tuple[str, Path]]:
 
 def test_windows_equal_verl_and_workers_nest(mode_run: tuple[str, Path]) -> None:
     mode, work = mode_run
-    logged = verl_log(work)
+    logged = trained(work)
     assert len(logged) >= STEPS, mode
     ours = {step.number: step for step in analyze.load_steps(work / "traces")}
     assert sorted(ours) == sorted(logged), mode
     roles = spans_by_role(work)
-    before_step = sorted(
-        (s for s in roles["trainer"] if s["name"] in OUTSIDE_STEP and not s["parent"]),
-        key=lambda s: s["start"],
-    )
+    outside: dict[str, list[dict]] = {name: [] for name in OUTSIDE_STEP}
+    for span in sorted(roles["trainer"], key=lambda s: s["start"]):
+        if span["name"] in OUTSIDE_STEP and not span["parent"]:
+            outside[span["name"]].append(span)
     for number, data in logged.items():
         timing = voc.timing_from_metrics(data)
         assert {"step", "gen", "update_actor"} <= set(timing), (mode, sorted(timing))
         for name, seconds in timing.items():
-            if name in OUTSIDE_STEP:  # a root span of its own, just before the step's
-                span = before_step.pop(0)
-                assert span["name"] == name
+            if name in OUTSIDE_STEP:  # a root span of its own, next to the step's
+                span = outside[name].pop(0)  # each name's, in step order
                 assert math.isclose((span["end"] - span["start"]) / 1e9, seconds, abs_tol=2e-6)
                 continue
             assert math.isclose(ours[number].timing_raw[name], seconds, rel_tol=1e-6), name
@@ -86,6 +89,40 @@ def test_windows_equal_verl_and_workers_nest(mode_run: tuple[str, Path]) -> None
         if span["parent"] in trainer
     }
     assert ("update_actor", "update_actor") in under, (mode, under)
+
+
+def trained(work: Path) -> dict[int, dict]:
+    """verl's logged steps that trained (validation before training logs a step 0)."""
+    return {n: data for n, data in verl_log(work).items() if voc.TIMING_S + "step" in data}
+
+
+@pytest.mark.parametrize("mode_run", ["v0"], indirect=True)  # the PPO run
+def test_ppo_calls_carry_the_role_of_the_model_they_ran(mode_run: tuple[str, Path]) -> None:
+    """verl fuses actor, rollout and reference into one process and colocates the critic
+    with them: the process is named `actor` (never `critic`), and each worker call's span
+    carries the role of the model it ran, under the trainer window verl timed it in;
+    validation and checkpoints are windows too (their seconds compared above)."""
+    _, work = mode_run
+    roles = spans_by_role(work)
+    assert "critic" not in roles and "ref" not in roles, sorted(roles)  # one fused process
+    trainer = {span["id"]: span for span in roles["trainer"]}
+    calls = {
+        (trainer[span["parent"]]["name"], span["name"], span["attrs"].get("rl.role"))
+        for span in roles["actor"]
+        if span["parent"] in trainer
+    }
+    print("PPO worker calls (trainer window, call, role):", sorted(calls))
+    assert {
+        ("old_log_prob", "compute_log_prob", "actor"),
+        ("ref", "compute_ref_log_prob", "ref"),
+        ("values", "infer_batch", "critic"),
+        ("update_critic", "train_mini_batch", "critic"),
+        ("update_actor", "update_actor", "actor"),
+        ("save_checkpoint", "save_checkpoint", "actor"),
+        ("save_checkpoint", "save_checkpoint", "critic"),
+    } <= calls
+    timed = {n for data in trained(work).values() for n in voc.timing_from_metrics(data)}
+    assert {"values", "update_critic", "ref", "testing", "save_checkpoint"} <= timed
 
 
 @pytest.mark.parametrize("mode_run", ["v0"], indirect=True)  # the run pointed at it
@@ -150,7 +187,7 @@ def test_verl_captures_of_each_mode_linked_from_the_steps_they_cover(
     (stop,) = [s for s in actor if s["name"] == "stop_profile" and key in links_of(s)]
     said = {k: v for k, v in links_of(steps[2])[key].items() if k not in SUMMARY}
     print(mode, "step link:", said)
-    seconds = {n: round(d["timing_s/step"], 2) for n, d in verl_log(work).items()}
+    seconds = {n: round(d["timing_s/step"], 2) for n, d in trained(work).items()}
     print(mode, "step seconds:", seconds, "run.json:", (work / "run.json").read_text())
     hooks = [(s, a) for s in actor for name, a in s["events"] if name == "rl.profile.finish_hook"]
     if mode == "v0":
