@@ -90,6 +90,22 @@ def coroutine(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, tuple, R
         verl_workers._call_carrier.reset(token)
 
 
+def model_turn() -> tuple[Any, tuple, Recorder]:
+    """`LLMServerClient.generate` awaited inside a trajectory: the turn's times are taken."""
+    recorder = Recorder()
+
+    async def generate(*args: Any, **kwargs: Any) -> str:
+        return recorder(*args, **kwargs)
+
+    arguments = (Instance(), "request-id", *EXTRA)
+    token = verl_v1._trajectory_turns.set([])
+    try:
+        wrapped = verl_v1._server_generate(generate)
+        return asyncio.run(wrapped(*arguments, **EXTRA_KW)), arguments, recorder
+    finally:
+        verl_v1._trajectory_turns.reset(token)
+
+
 def actor_class(wrap: Callable) -> tuple[Any, tuple, Recorder]:
     class Worker:
         def update_actor(self) -> None:
@@ -195,6 +211,7 @@ WRAPPERS: dict[str, Callable[[pytest.MonkeyPatch], tuple[Any, tuple, Recorder]]]
     "V1 replay batch": lambda mp: method(verl_v1._materialize_batch, "train"),
     "V1 trajectory": lambda mp: coroutine("_run_agent_loop", mp),
     "V1 score": lambda mp: coroutine("_compute_score", mp),
+    "V1 model turn": lambda mp: model_turn(),
     "worker-group execute": lambda mp: function(
         lambda fn: verl_workers.traced_execute(fn, True), "update_actor"
     ),

@@ -296,3 +296,52 @@ def test_v1_worker_trajectories_reach_the_consuming_step_with_identity_times_and
         step.metrics["agent_loop/slowest/response_length"]
         == slowest["attrs"]["gen_ai.usage.output_tokens"]
     )
+
+
+def test_v1_stamps_give_sample_spans_their_model_turns_and_reward(make_tel, span_exporter):
+    """What the agent-loop worker stamps on a trajectory (its times, each model turn's
+    `LLMServerClient.generate`, verl's reward score) becomes the sample span's `chat`
+    children and its `gen_ai.evaluation.result` event, when the trainer's replay buffer
+    hands the batch to a step."""
+    from types import SimpleNamespace
+
+    from rlotel.integrations import verl_v1
+
+    tel = make_tel(max_sample_spans=4)
+    start = 1_700_000_000_000_000_000
+    stamps = [
+        [
+            start,
+            start + 900,
+            2,
+            None,
+            [[start + 100, start + 300], [start + 500, start + 800]],
+            0.5,
+        ],
+        [start, start + 700, 1, None, [[start + 200, start + 600]], 1.0],
+    ]
+    batch = SimpleNamespace(
+        keys=["q0_0_0", "q0_1_0"],
+        tags=[{"prompt_len": 3, "response_len": 4, "global_steps": 1}] * 2,
+        partition_id="train",
+    )
+
+    def fetch(keys, partition_id):
+        metrics = [{"generate_sequences": 0.5, "tool_calls": 0.0} for _ in keys]
+        return metrics, [{verl_v1.STAMP_KEY: stamp} for stamp in stamps]
+
+    with tel.step(1), tel.phase("gen"):
+        verl_v1.record_batch(batch, fetch)
+    assert tel.flush(10)
+    spans = span_exporter.get_finished_spans()
+    samples = {s.attributes["gen_ai.conversation.id"]: s for s in spans if s.name == "sample"}
+    assert sorted(samples) == ["q0_0_0", "q0_1_0"]
+    for (key, sample), stamp in zip(sorted(samples.items()), stamps, strict=True):
+        chats = sorted(
+            (s.start_time - start, s.end_time - start)
+            for s in spans
+            if s.name == "chat" and s.parent.span_id == sample.context.span_id
+        )
+        assert chats == [(a - start, b - start) for a, b in stamp[4]], key
+        (event,) = [e for e in sample.events if e.name == "gen_ai.evaluation.result"]
+        assert event.attributes["gen_ai.evaluation.score.value"] == stamp[5]

@@ -13,8 +13,11 @@ TransferQueue read fetches the per-sample `metrics` and `extra_fields`.
 
 Real start and end times exist only where the trajectory ran: in the agent-loop worker,
 rlotel stamps them (`STAMP_KEY` in the trajectory's `extra_fields`, Unix ns: entering
-`_run_agent_loop`, leaving `_compute_score`), so with rlotel in the workers too the sample
-spans sit at their real times; without it, they are placed by their stage seconds.
+`_run_agent_loop`, leaving `_compute_score`), with each model turn's times (every
+`LLMServerClient.generate` the trajectory awaited: the sample span's `chat` children) and
+the reward verl scored it with (the span's `gen_ai.evaluation.result` event, and the
+async-bias input); so with rlotel in the workers too the sample spans sit at their real
+times; without it, they are placed by their stage seconds.
 
 The trainer's mode (`sync`, `colocate_async`, `separate_async`) is read when `fit` starts and
 switches the goodput table (V1's `gen` is the trainer waiting in async modes).
@@ -25,7 +28,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlotel.base import clock
 from rlotel.integrations import guard
@@ -35,17 +38,23 @@ from rlotel.schema import vocabulary
 log = logging.getLogger("rlotel")
 
 TRAIN_PARTITION = "train"
-# extra_fields entry: [start ns, end ns, turns, traceparent of its worker span or None]
+# extra_fields entry: [start ns, end ns, turns, traceparent of its worker span or None,
+# [[start ns, end ns] of each model turn], reward or None]
 STAMP_KEY = "rlotel_trajectory"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
 REPLAY_HOOK = "verl_v1_replay_batch"
 TRAJECTORY_HOOK = "verl_v1_trajectory"
 SCORE_HOOK = "verl_v1_score"
+TURN_HOOK = "verl_v1_turn"
 FIT_HOOK = "verl_fit"
 _patches = Patches()
 _trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
 _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rlotel_trajectory_context"
+)
+# The model turns of the trajectory this asyncio task runs: (start ns, end ns) each.
+_trajectory_turns: contextvars.ContextVar[list[tuple[int, int]] | None] = contextvars.ContextVar(
+    "rlotel_trajectory_turns", default=None
 )
 
 
@@ -67,6 +76,9 @@ def patch_agent_loop_worker(agent_loop: Any) -> None:
     worker = agent_loop.AgentLoopWorker
     _patches.replace(worker, "_run_agent_loop", run_agent_loop)
     _patches.replace(worker, "_compute_score", compute_score)
+    from verl.workers.rollout import llm_server
+
+    _patch(llm_server.LLMServerClient, "generate", _server_generate)
 
 
 def patch_trainer(trainer_base: Any) -> None:
@@ -134,6 +146,8 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     metrics, extras = (fetch or _fetch)(keys, batch.partition_id)
     identity = [_identity(key) for key in keys]
     stamps = [_stamp(extra) for extra in extras]
+    rewards = [stamp.reward for stamp in stamps]
+    scored = {vocabulary.SAMPLE_REWARD: rewards} if all(r is not None for r in rewards) else {}
     return tel.record_samples(
         metrics,
         prompt_length=[tag.get("prompt_len") for tag in tags],
@@ -143,11 +157,13 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
         uid=[uid for uid, _, _ in identity],
         session=[session for _, session, _ in identity],
         output=[output for _, _, output in identity],
-        turns=[turns for _, _, turns, _ in stamps],
-        start_time_ns=[start for start, _, _, _ in stamps],
-        end_time_ns=[end for _, end, _, _ in stamps],
-        trajectory_context=[context for *_, context in stamps],
+        turns=[stamp.turns for stamp in stamps],
+        start_time_ns=[stamp.start_ns for stamp in stamps],
+        end_time_ns=[stamp.end_ns for stamp in stamps],
+        trajectory_context=[stamp.context for stamp in stamps],
+        turn_times_ns=[stamp.turn_times_ns for stamp in stamps],
         generated_step=[tag.get("global_steps") for tag in tags],
+        **scored,
     )
 
 
@@ -176,13 +192,31 @@ def _number(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _stamp(extra: dict) -> tuple[Any, Any, Any, Any]:
-    """(start ns, end ns, turns, worker-span carrier) the worker stamped, else Nones."""
+class Stamp(NamedTuple):
+    """What the agent-loop worker stamped on a trajectory (all None: no stamp)."""
+
+    start_ns: Any = None
+    end_ns: Any = None
+    turns: Any = None
+    context: dict[str, str] | None = None
+    turn_times_ns: Any = None
+    reward: Any = None
+
+
+def _stamp(extra: dict) -> Stamp:
     stamp = extra.get(STAMP_KEY)
-    if isinstance(stamp, (list, tuple)) and len(stamp) in (3, 4):
-        start, end, turns, *context = stamp
-        return start, end, turns, {"traceparent": context[0]} if context and context[0] else None
-    return None, None, None, None
+    if not isinstance(stamp, (list, tuple)) or not 3 <= len(stamp) <= 6:
+        return Stamp()
+    start, end, turns, *more = stamp
+    traceparent = more[0] if more else None
+    return Stamp(
+        start,
+        end,
+        turns,
+        {"traceparent": traceparent} if traceparent else None,
+        more[1] if len(more) > 1 else None,
+        more[2] if len(more) > 2 else None,
+    )
 
 
 def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
@@ -240,6 +274,7 @@ def _open_trajectory(worker: Any) -> Any:
     if not any(cls.__name__ == TQ_WORKER for cls in type(worker).__mro__):
         return None
     _trajectory_start.set(clock.unix_ns())  # this trajectory's own asyncio task
+    _trajectory_turns.set([])
     import rlotel
     from rlotel.integrations.verl_workers import call_carrier
 
@@ -268,14 +303,38 @@ async def compute_score(self, *args, **kwargs):
         if start is not None:
             outputs = args[0] if args else kwargs["outputs"]
             end = clock.unix_ns()
-            context = _trajectory_context.get(None)
+            context, turns = _trajectory_context.get(None), _trajectory_turns.get()
             for output in outputs:
-                output.extra_fields[STAMP_KEY] = [start, end, output.num_turns, context]
+                output.extra_fields[STAMP_KEY] = [
+                    *(start, end, output.num_turns, context),
+                    [list(turn) for turn in turns] if turns else None,
+                    output.reward_score,
+                ]
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
     except Exception as error:  # telemetry never stops a rollout
         guard.failed(SCORE_HOOK, error)
     return result
+
+
+def _server_generate(original: Any) -> Any:
+    """`LLMServerClient.generate` in an agent-loop worker: one model turn of the trajectory
+    this task runs (its times; what verl returns or raises is untouched)."""
+
+    async def generate(self, *args, **kwargs):
+        turns = _trajectory_turns.get()
+        if turns is None:
+            return await original(self, *args, **kwargs)
+        start = clock.unix_ns()
+        result = await original(self, *args, **kwargs)
+        try:
+            guard.fault(TURN_HOOK)
+            turns.append((start, clock.unix_ns()))
+        except Exception as error:  # telemetry never stops a rollout
+            guard.failed(TURN_HOOK, error)
+        return result
+
+    return generate
 
 
 def _fit(original: Any) -> Any:
