@@ -191,6 +191,12 @@ def test_samples_per_step_with_identity_and_worker_times(plugin_on: Path) -> Non
             assert attrs["rl.sample.turns"] >= 1  # stamped by the agent-loop worker
             assert attrs["rl.sample.generate_sequences_s"] > 0
             assert step["start"] - 60e9 < sample["start"] < sample["end"] <= step["end"]
+            # its model turns (the worker timed each generate call) and verl's reward
+            chats = [s for s in trainer if s["name"] == "chat" and s["parent"] == sample["id"]]
+            assert len(chats) == 1, sample  # single-turn GRPO: one model turn
+            assert sample["start"] <= chats[0]["start"] < chats[0]["end"] <= sample["end"]
+            (score,) = [e for n, e in sample["events"] if n == "gen_ai.evaluation.result"]
+            assert score["gen_ai.evaluation.score.value"] >= 0  # the toy reward's range
     number, last = last_scrape(plugin_on)
     count = [
         v
