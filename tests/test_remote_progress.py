@@ -132,6 +132,7 @@ with tel.phase("trajectory", context=carrier):  # under the trainer's step span
 """
 
 
+@pytest.mark.slow  # a second Python process
 def test_the_driver_hears_remote_progress_under_its_step_and_gen_stalls_when_it_stops(
     make_tel, kv, monkeypatch
 ):
