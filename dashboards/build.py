@@ -82,6 +82,17 @@ ALERTS = STACK / "collector" / "grafana" / "provisioning" / "alerting" / "rlotel
 # Grafana units for the catalogue's units.
 UNITS = {"seconds": "s", "ratio": "percentunit", "tokens": "short", "steps": "short", "": "short"}
 GEN = 'stage="generate_sequences"'
+# When a panel has no data by design, said in its description (`Panel.empty_when`). On verl's
+# real `main_ppo` (tests/e2e/test_main_ppo.py) every panel answers or says one of these that
+# is true of that run.
+EMPTY = {
+    "sync": "Empty on synchronous runs (verl's default trainer): async modes only.",
+    "no_replay_buffer": "Empty without a replay buffer that evicts (async modes).",
+    "no_tools": "Empty for tool_calls when the agent loop calls no tool.",
+    "one_rank": "Empty with one rank per role: a spread needs two.",
+    "no_engine_discovery": "Empty until the engines are scraped: one discovery file per "
+    "replica in collector/engines/, or verl's rollout.prometheus with the plugin on.",
+}
 
 
 # --- panels as data ----------------------------------------------------------------------
@@ -112,6 +123,12 @@ class Panel:
     trace_links: bool = False
     # A table of `rows` × `columns` from one instant query (Grafana's groupingToMatrix).
     matrix: tuple[str, str] | None = None
+    empty_when: tuple[str, ...] = ()  # keys of EMPTY: when it has no data by design
+
+    @property
+    def full_description(self) -> str:
+        """The description, then when the panel is empty by design."""
+        return " ".join([self.description, *(EMPTY[k] for k in self.empty_when)]).strip()
 
     @property
     def grafana_unit(self) -> str:
@@ -265,7 +282,8 @@ STEP_BREAKDOWN = Board(
                 Panel(
                     "Idle ratio by role",
                     (value(cat.ROLE_IDLE, "{{role}}"),),
-                    description="Share of the step's wall time each role waited (async modes).",
+                    description="Share of the step's wall time each role waited.",
+                    empty_when=("sync",),
                 ),
                 Panel(
                     "Sample staleness and weight span (steps)",
@@ -278,6 +296,7 @@ STEP_BREAKDOWN = Board(
                 Panel(
                     "Replay-buffer evictions by reason",
                     (increase(cat.REPLAY_EVICTED, "{{reason}}", by="reason"),),
+                    empty_when=("no_replay_buffer",),
                 ),
             ),
         ),
@@ -289,6 +308,7 @@ STEP_BREAKDOWN = Board(
                     (value(cat.PHASE_RANK_SPREAD, "{{phase}}"),),
                     unit="short",
                     description="1 = balanced; the alert RLStragglerRank watches this.",
+                    empty_when=("one_rank",),
                 ),
                 Panel(
                     "Phase seconds by rank (last step)",
@@ -417,6 +437,7 @@ ROLLOUT_TAIL = Board(
                         )
                         for stage in ("tool_calls", "compute_score")
                     ),
+                    empty_when=("no_tools",),
                 ),
                 Panel(
                     "Slowest sample's lengths",
@@ -444,6 +465,7 @@ ROLLOUT_TAIL = Board(
                         quantile(eng.VLLM_E2E_LATENCY, 0.99, "vLLM {{replica}}", by="replica"),
                         quantile(eng.SGLANG_E2E_LATENCY, 0.99, "SGLang {{replica}}", by="replica"),
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
                 Panel(
                     "vLLM time to first token p50 / p99",
@@ -456,6 +478,7 @@ ROLLOUT_TAIL = Board(
                         )
                         for q in (0.5, 0.99)
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
                 Panel(
                     "Engine queue time p99",
@@ -463,6 +486,7 @@ ROLLOUT_TAIL = Board(
                         quantile(eng.VLLM_QUEUE_TIME, 0.99, "vLLM {{replica}}", by="replica"),
                         quantile(eng.SGLANG_QUEUE_TIME, 0.99, "SGLang {{replica}}", by="replica"),
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
                 Panel(
                     "vLLM prefill / decode p99",
@@ -470,6 +494,7 @@ ROLLOUT_TAIL = Board(
                         quantile(eng.VLLM_PREFILL_TIME, 0.99, "prefill {{replica}}", by="replica"),
                         quantile(eng.VLLM_DECODE_TIME, 0.99, "decode {{replica}}", by="replica"),
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
                 Panel(
                     "Engine preemptions (SGLang: retractions)",
@@ -477,6 +502,7 @@ ROLLOUT_TAIL = Board(
                         increase(eng.VLLM_PREEMPTIONS, "vLLM {{replica}}", by="replica"),
                         increase(eng.SGLANG_RETRACTIONS, "SGLang {{replica}}", by="replica"),
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
                 Panel(
                     "KV cache usage",
@@ -492,6 +518,7 @@ ROLLOUT_TAIL = Board(
                             wrap="max by (replica) ({})",
                         ),
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
                 Panel(
                     "vLLM requests waiting",
@@ -500,6 +527,7 @@ ROLLOUT_TAIL = Board(
                             eng.VLLM_REQUESTS_WAITING, "{{replica}}", wrap="sum by (replica) ({})"
                         ),
                     ),
+                    empty_when=("no_engine_discovery",),
                 ),
             ),
         ),
@@ -556,8 +584,8 @@ def grafana_panel(panel: Panel | TraceTable):
     built = PANEL_BUILDERS[panel.kind]().title(panel.title).datasource(PROMETHEUS)
     if panel.kind != "heatmap":
         built = built.unit(panel.grafana_unit)
-    if panel.description:
-        built = built.description(panel.description)
+    if panel.full_description:
+        built = built.description(panel.full_description)
     for index, target in enumerate(panel.targets):
         built = built.with_target(dataquery(target, chr(ord("A") + index)))
     if panel.stacked:

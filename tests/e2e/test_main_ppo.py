@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlotel.cli import commands as cli
 from rlotel.offline import analyze
@@ -66,7 +67,7 @@ PROFILE = (  # verl's torch profiler on the actor for step 2, written under its 
 
 @pytest.fixture(scope="module")
 def plugin_on(e2e_assets: Path) -> Iterator[Path]:
-    yield from main_ppo(e2e_assets, *PROFILE)
+    yield from main_ppo(e2e_assets, "--prometheus", *PROFILE)  # scraped as shipped
 
 
 @pytest.fixture(scope="module")
@@ -573,3 +574,91 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
     assert dom["hidden"]["stalls"] == (data["stalls"] == [])
     colors, coverage = _pixels_are_not_blank(page)
     assert colors > 50 and coverage > 0.05, (colors, coverage)
+
+
+# What this run is, in the words the dashboards' descriptions use for when a panel is empty
+# (dashboards/build.py `EMPTY`): a panel that is empty on it must say one of these.
+THIS_RUN = (
+    *("sync", "no_replay_buffer", "no_tools", "one_rank"),
+    "no_engine_discovery",  # the shipped engine job is not pointed at this run's vLLM
+)
+
+
+def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[str]]]:
+    """Every panel query of every shipped dashboard over the run's window, on a Prometheus
+    that reads the TSDB the run's own Prometheus wrote: dashboard → (answering panels,
+    panels, the titles of those empty)."""
+    from dashboards import build
+    from tests.promserver import Prometheus
+    from tests.test_dashboards import VARIABLES
+
+    shutil.copytree(data, tmp_path / "data")
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": []}  # reads, scrapes none
+    prometheus = Prometheus(tmp_path, [], config=config)
+    variables = {**VARIABLES, "$run": EXPERIMENT, "${run}": EXPERIMENT}
+    try:
+        head = prometheus.api("status/tsdb")["headStats"]  # the run's first and last sample
+        window = {"start": str(head["minTime"] / 1000), "end": str(head["maxTime"] / 1000)}
+        found: dict[str, tuple[int, int, list[str]]] = {}
+        for text in (json.loads(path.read_text()) for path in build.OUTPUTS.values()):
+            panels = [p for p in text["panels"] if any("expr" in t for t in p.get("targets", []))]
+            empty, queries, answered = [], 0, 0  # a panel answers when all its queries do
+            for panel in panels:
+                for target in panel["targets"]:
+                    promql = target["expr"]
+                    for name, value in variables.items():
+                        promql = promql.replace(name, value)
+                    assert "$" not in promql, promql
+                    series = prometheus.api("query_range", query=promql, step="1", **window)
+                    queries, answered = queries + 1, answered + bool(series["result"])
+                    if not series["result"] and panel["title"] not in empty:
+                        empty.append(panel["title"])
+            found[text["title"]] = (len(panels) - len(empty), len(panels), empty)
+            found[f"{text['title']} (queries)"] = (answered, queries, [])
+            # a panel is empty on this run exactly when its description says so for a run
+            # of this kind
+            for panel in panels:
+                said = panel.get("description", "")
+                if panel["title"] not in empty:
+                    assert not any(build.EMPTY[kind] in said for kind in THIS_RUN), (
+                        f"{text['title']} / {panel['title']} answers on the real run though its "
+                        f"description says it is empty on a run like it: {said!r}"
+                    )
+                    continue
+                assert any(build.EMPTY[kind] in said for kind in THIS_RUN), (
+                    f"{text['title']} / {panel['title']} has no data on the real run and "
+                    f"its description does not say when it is empty: {said!r}"
+                )
+        # the shipped recording rules, evaluated by the run's Prometheus: each recorded
+        # series exists exactly where its expression has data on the run's series
+        rules = {
+            rule["record"]: rule["expr"]
+            for group in yaml.safe_load(build.RULES.read_text())["groups"]
+            for rule in group["rules"]
+            if "record" in rule
+        }
+
+        def answers(promql: str) -> bool:
+            return bool(prometheus.api("query_range", query=promql, step="1", **window)["result"])
+
+        recorded = {name for name in rules if answers(name)}
+        assert recorded == {name for name, expr in rules.items() if answers(expr)}
+        found["recording rules"] = (len(recorded), len(rules), sorted(set(rules) - recorded))
+        return found
+    finally:
+        prometheus.stop()
+
+
+def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path: Path) -> None:
+    """A real Prometheus scraped the run as shipped (the trainer at the documented address,
+    the workers by file discovery, the shipped rules, every second); every query of every
+    panel of both dashboards is evaluated over the run's window. A panel answers, or its
+    description says it is empty on a run like this one (CPU, synchronous, no engine
+    discovery)."""
+    found = dashboards_on(plugin_on / "prometheus" / "data", tmp_path)
+    for title, (answering, total, empty) in found.items():
+        print(f"\n{title}: {answering}/{total} answer on the real run; empty: {empty}")
+    assert found["RL step breakdown"][0] >= 18 and found["RL rollout tail"][0] >= 5
+    assert found["recording rules"][0] >= 14  # the thresholds at least
+    run = json.loads((plugin_on / "run.json").read_text())
+    print(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
