@@ -126,8 +126,8 @@ class SpanBuilder:
         append = spans.append
         phase_key, bucket_key, bucket_of = attr.PHASE, attr.BUCKET, self._phase_buckets().bucket
         named: dict[str, dict[str, Any]] = {}  # name → its attributes: a step repeats names
-        new_span, new_id, no_links = tuple.__new__, ids.span_id, ()
-        for record in trace.records:  # the NamedTuple's own __new__ is a Python call a span
+        new_id, no_links = ids.span_id, ()
+        for record in trace.records:
             end = record.end_ns
             if not end:
                 continue
