@@ -511,6 +511,7 @@ def test_a_rank_stuck_in_a_collective_names_it_in_its_stacks_and_rlotel_hangs(
     from rlotel.cli import commands as cli
     from tests.test_hangs import wait_for
 
+    assert collectives.install()  # again: a test above ends with the verl plugin uninstalled
     monkeypatch.setenv("RLOTEL_TRACES_DIR", str(tmp_path))
     tel = make_tel(stall_after_s=0.3, resource_attributes={attr.ROLE: "actor", attr.RANK: 0})
     caller = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}  # the driver's update_actor
