@@ -644,6 +644,12 @@ def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[
         recorded = {name for name in rules if answers(name)}
         assert recorded == {name for name, expr in rules.items() if answers(expr)}
         found["recording rules"] = (len(recorded), len(rules), sorted(set(rules) - recorded))
+        # the shipped alerts, evaluated by the run's Prometheus on this healthy run: none fired
+        fired = prometheus.api(
+            "query_range", query='ALERTS{alertstate="firing"}', step="1", **window
+        )
+        names = sorted({series["metric"]["alertname"] for series in fired["result"]})
+        found["alerts firing"] = (len(names), 0, names)
         return found
     finally:
         prometheus.stop()
@@ -660,5 +666,6 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
         print(f"\n{title}: {answering}/{total} answer on the real run; empty: {empty}")
     assert found["RL step breakdown"][0] >= 18 and found["RL rollout tail"][0] >= 5
     assert found["recording rules"][0] >= 14  # the thresholds at least
+    assert found["alerts firing"][2] == []  # on-call keeps them on: a healthy run fires none
     run = json.loads((plugin_on / "run.json").read_text())
     print(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
