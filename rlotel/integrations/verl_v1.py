@@ -14,10 +14,12 @@ TransferQueue read fetches the per-sample `metrics` and `extra_fields`.
 Real start and end times exist only where the trajectory ran: in the agent-loop worker,
 rlotel stamps them (`STAMP_KEY` in the trajectory's `extra_fields`, Unix ns: entering
 `_run_agent_loop`, leaving `_compute_score`), with each model turn's times (every
-`LLMServerClient.generate` the trajectory awaited: the sample span's `chat` children) and
-the reward verl scored it with (the span's `gen_ai.evaluation.result` event, and the
-async-bias input); so with rlotel in the workers too the sample spans sit at their real
-times; without it, they are placed by their stage seconds.
+`LLMServerClient.generate` the trajectory awaited: the sample span's `chat` children), each
+tool call's name and times (every `ToolAgentLoop._call_tool` of verl's tool agent loop: its
+`execute_tool {tool}` children) and the reward verl scored it with (the span's
+`gen_ai.evaluation.result` event, and the async-bias input); so with rlotel in the workers
+too the sample spans sit at their real times; without it, they are placed by their stage
+seconds.
 
 The trainer's mode (`sync`, `colocate_async`, `separate_async`) is read when `fit` starts and
 switches the goodput table (V1's `gen` is the trainer waiting in async modes).
@@ -39,13 +41,15 @@ log = logging.getLogger("rlotel")
 
 TRAIN_PARTITION = "train"
 # extra_fields entry: [start ns, end ns, turns, traceparent of its worker span or None,
-# [[start ns, end ns] of each model turn], reward or None]
+# [[start ns, end ns] of each model turn] or None, reward or None,
+# [[tool name, start ns, end ns] of each tool call] or None]
 STAMP_KEY = "rlotel_trajectory"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
 REPLAY_HOOK = "verl_v1_replay_batch"
 TRAJECTORY_HOOK = "verl_v1_trajectory"
 SCORE_HOOK = "verl_v1_score"
 TURN_HOOK = "verl_v1_turn"
+TOOL_HOOK = "verl_v1_tool"
 FIT_HOOK = "verl_fit"
 _patches = Patches()
 _trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
@@ -55,6 +59,10 @@ _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar
 # The model turns of the trajectory this asyncio task runs: (start ns, end ns) each.
 _trajectory_turns: contextvars.ContextVar[list[tuple[int, int]] | None] = contextvars.ContextVar(
     "rlotel_trajectory_turns", default=None
+)
+# Its tool calls (verl's tool agent loop): (tool name, start ns, end ns) each.
+_trajectory_tools: contextvars.ContextVar[list[tuple[str, int, int]] | None] = (
+    contextvars.ContextVar("rlotel_trajectory_tools", default=None)
 )
 
 
@@ -79,6 +87,10 @@ def patch_agent_loop_worker(agent_loop: Any) -> None:
     from verl.workers.rollout import llm_server
 
     _patch(llm_server.LLMServerClient, "generate", _server_generate)
+    # imported by the package's __init__ right after this module anyway
+    from verl.experimental.agent_loop import tool_agent_loop
+
+    _patch(tool_agent_loop.ToolAgentLoop, "_call_tool", _tool_call)
 
 
 def patch_trainer(trainer_base: Any) -> None:
@@ -162,6 +174,7 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
         end_time_ns=[stamp.end_ns for stamp in stamps],
         trajectory_context=[stamp.context for stamp in stamps],
         turn_times_ns=[stamp.turn_times_ns for stamp in stamps],
+        tool_times_ns=[stamp.tool_times_ns for stamp in stamps],
         generated_step=[tag.get("global_steps") for tag in tags],
         **scored,
     )
@@ -201,11 +214,12 @@ class Stamp(NamedTuple):
     context: dict[str, str] | None = None
     turn_times_ns: Any = None
     reward: Any = None
+    tool_times_ns: Any = None
 
 
 def _stamp(extra: dict) -> Stamp:
     stamp = extra.get(STAMP_KEY)
-    if not isinstance(stamp, (list, tuple)) or not 3 <= len(stamp) <= 6:
+    if not isinstance(stamp, (list, tuple)) or not 3 <= len(stamp) <= 7:
         return Stamp()
     start, end, turns, *more = stamp
     traceparent = more[0] if more else None
@@ -216,6 +230,7 @@ def _stamp(extra: dict) -> Stamp:
         {"traceparent": traceparent} if traceparent else None,
         more[1] if len(more) > 1 else None,
         more[2] if len(more) > 2 else None,
+        more[3] if len(more) > 3 else None,
     )
 
 
@@ -275,6 +290,7 @@ def _open_trajectory(worker: Any) -> Any:
         return None
     _trajectory_start.set(clock.unix_ns())  # this trajectory's own asyncio task
     _trajectory_turns.set([])
+    _trajectory_tools.set([])
     import rlotel
     from rlotel.integrations.verl_workers import call_carrier
 
@@ -294,8 +310,8 @@ def _open_trajectory(worker: Any) -> Any:
 
 
 async def compute_score(self, *args, **kwargs):
-    """`AgentLoopWorker._compute_score(outputs, ...)`: stamps the trajectory's times, turns
-    and span."""
+    """`AgentLoopWorker._compute_score(outputs, ...)`: stamps the trajectory's times, turns,
+    tool calls and span."""
     result = await _agent_loop_original("_compute_score")(self, *args, **kwargs)
     try:
         guard.fault(SCORE_HOOK)
@@ -304,11 +320,13 @@ async def compute_score(self, *args, **kwargs):
             outputs = args[0] if args else kwargs["outputs"]
             end = clock.unix_ns()
             context, turns = _trajectory_context.get(None), _trajectory_turns.get()
+            tools = _trajectory_tools.get()
             for output in outputs:
                 output.extra_fields[STAMP_KEY] = [
                     *(start, end, output.num_turns, context),
                     [list(turn) for turn in turns] if turns else None,
                     output.reward_score,
+                    [list(call) for call in tools] if tools else None,
                 ]
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
@@ -335,6 +353,28 @@ def _server_generate(original: Any) -> Any:
         return result
 
     return generate
+
+
+def _tool_call(original: Any) -> Any:
+    """`ToolAgentLoop._call_tool(tool_call, ...)` in an agent-loop worker: one tool call of
+    the trajectory this task runs (the name the model called and its times; verl's
+    response, its errors and what it raises are untouched)."""
+
+    async def call_tool(self, *args, **kwargs):
+        tools = _trajectory_tools.get()
+        if tools is None:
+            return await original(self, *args, **kwargs)
+        start = clock.unix_ns()
+        result = await original(self, *args, **kwargs)
+        try:
+            guard.fault(TOOL_HOOK)
+            call = args[0] if args else kwargs["tool_call"]
+            tools.append((str(call.name), start, clock.unix_ns()))
+        except Exception as error:  # telemetry never stops a rollout
+            guard.failed(TOOL_HOOK, error)
+        return result
+
+    return call_tool
 
 
 def _fit(original: Any) -> Any:
