@@ -448,15 +448,19 @@ class Diagnoser:
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
-        self._history: deque[StepFacts] = deque(maxlen=self.thresholds.window)
+        # each step with its trend windows, computed once: the next `window` steps read them
+        self._history: deque[tuple[StepFacts, dict[str, float]]] = deque(
+            maxlen=self.thresholds.window
+        )
         self._lock = threading.Lock()
 
     def observe(self, facts: StepFacts) -> Verdict:
         verdict = diagnose(facts, self.thresholds)
+        seconds = _trend_windows(facts)
         with self._lock:
-            history = [f for f in self._history if f.number < facts.number]
-            self._history.append(facts)
-        trends = _trends(facts, history, self.thresholds)
+            history = [seen for seen in self._history if seen[0].number < facts.number]
+            self._history.append((facts, seconds))
+        trends = _trends(facts, seconds, history, self.thresholds)
         if not trends:
             return verdict
         return Verdict(
@@ -470,18 +474,26 @@ class Diagnoser:
         )
 
 
+def _trend_windows(facts: StepFacts) -> dict[str, float]:
+    """What trends compare: the verdict windows and the step (throughput)."""
+    return {**windows(facts), "step": facts.timing_raw.get("step", 0.0)}
+
+
 def _trends(
-    facts: StepFacts, history: list[StepFacts], limits: Thresholds
+    facts: StepFacts,
+    now: dict[str, float],
+    history: list[tuple[StepFacts, dict[str, float]]],
+    limits: Thresholds,
 ) -> dict[str, dict[str, float | str]]:
     """Windows (and the step: throughput) that grew vs their trailing median; gen and step
-    growth is attributed to tokens or to time per token."""
+    growth is attributed to tokens or to time per token. `now` and each past step's
+    windows are `_trend_windows`."""
     if len(history) < 3:
         return {}
     trends: dict[str, dict[str, float | str]] = {}
-    now = {**windows(facts), "step": facts.timing_raw.get("step", 0.0)}
-    past = [{**windows(f), "step": f.timing_raw.get("step", 0.0)} for f in history]
+    past = [seconds for _, seconds in history]
     tokens_now = facts.response_tokens
-    tokens_past = [f.response_tokens for f in history if f.response_tokens]
+    tokens_past = [f.response_tokens for f, _ in history if f.response_tokens]
     token_ratio = (
         tokens_now / statistics.median(tokens_past) if tokens_now and tokens_past else None
     )

@@ -16,6 +16,7 @@ steps (the slowest, the profiled, the first and last, the rest evenly spaced).
 
 from __future__ import annotations
 
+import heapq
 import html
 import itertools
 import json
@@ -34,7 +35,7 @@ import numpy as np
 from rlotel.derive import occupancy
 from rlotel.derive.diagnose import TOP_LEVEL, Diagnoser, Verdict, windows
 from rlotel.offline import otlp_json
-from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path
+from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path, without_gc
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -80,14 +81,15 @@ def write_report(source: Path, out: Path, title: str | None = None) -> ReportRes
     source, out = Path(source), Path(out)
     if source.is_file() and source.stat().st_size == 0:
         raise ReportError(f"{source} is empty")
-    run = load_run(source)
-    if not run.steps:
-        raise ReportError(
-            f"no steps found in {source} (read {len(run.files)} file(s), "
-            f"{len(run.spans)} span(s), {run.skipped_lines} unreadable line(s)); expected "
-            "rlotel traces (OTLP/JSON lines), a run directory or verl FileLogger JSONL"
-        )
-    data = report_data(run, out.parent, title or _default_title(run))
+    with without_gc():  # the indexes below are as many small objects as the read made
+        run = load_run(source)
+        if not run.steps:
+            raise ReportError(
+                f"no steps found in {source} (read {len(run.files)} file(s), "
+                f"{len(run.spans)} span(s), {run.skipped_lines} unreadable line(s)); expected "
+                "rlotel traces (OTLP/JSON lines), a run directory or verl FileLogger JSONL"
+            )
+        data = report_data(run, out.parent, title or _default_title(run))
     page = render_html(data)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -127,9 +129,12 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
     verdicts = [diagnoser.observe(step.facts) for step in steps]
     trees = _SpanIndex(run.spans)
     samples = trees.samples_by_step(steps)
+    sample_seconds = {n: [_sample_total(span) for span in spans] for n, spans in samples.items()}
     captures = _captures(run, trees, out_dir)
     buckets = _buckets(len(steps), MAX_POINTS)
     stacked = _stacked_phases(steps, trees)
+    unaccounted = [windows(s.facts)["overhead-bound"] for s in steps]
+    metric_keys = sorted({key for s in steps for key in s.metrics})  # once, not once a prefix
     tree_steps = _tree_steps(steps, captures)
     slowest = max(steps, key=lambda s: s.timing_raw.get("step", 0.0))
     return {
@@ -144,34 +149,26 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
         "step_seconds": _series(buckets, [s.timing_raw.get("step") for s in steps]),
         "phases": list(stacked),
         "seconds": {name: _series(buckets, values) for name, values in stacked.items()},
-        "unaccounted": _series(buckets, [windows(s.facts)["overhead-bound"] for s in steps]),
-        "share": _mean_shares(steps, stacked),
+        "unaccounted": _series(buckets, unaccounted),
+        "share": _mean_shares(steps, stacked, unaccounted),
         "throughput": _optional(buckets, steps, voc.THROUGHPUT),
-        **_mfu(buckets, steps),
-        "tail": _tail(buckets, steps, samples, trees.trajectories_by_step(steps)),
-        "slowest_samples": _slowest_samples(samples),
+        **_mfu(buckets, steps, metric_keys),
+        "tail": _tail(buckets, steps, sample_seconds, trees.trajectories_by_step(steps)),
+        "slowest_samples": _slowest_samples(samples, sample_seconds, trees),
         "weight_sync": _weight_sync(buckets, steps, trees),
         "replica_occupancy": _replica_occupancy(buckets, steps, trees),
         "occasional": _occasional(trees.occasional, steps),
         "stalls": _stalls(trees.flagged, steps),
         "verdicts": _verdicts(buckets, steps, verdicts),
-        "efficiency": {
-            key: series
-            for prefix in EFFICIENCY_PREFIXES
-            for key, series in _prefixed(buckets, steps, prefix, keep_prefix=True).items()
-        },
-        "staleness": _prefixed(buckets, steps, STALENESS_PREFIX, keep_prefix=True),
-        "bias": {
-            key: series
-            for prefix in BIAS_PREFIXES
-            for key, series in _prefixed(buckets, steps, prefix, keep_prefix=True).items()
-        },
+        "efficiency": _prefixed(buckets, steps, metric_keys, EFFICIENCY_PREFIXES),
+        "staleness": _prefixed(buckets, steps, metric_keys, (STALENESS_PREFIX,)),
+        "bias": _prefixed(buckets, steps, metric_keys, BIAS_PREFIXES),
         "occupancy": {
             key: series
             for key in OCCUPANCY_KEYS
             if (series := _optional(buckets, steps, key)) is not None
         },
-        "async_summary": _async_summary(steps),
+        "async_summary": _async_summary(steps, metric_keys),
         "captures": captures,
         "trees": {
             str(steps[i].number): trees.waterfall(steps[i], verdicts[i], samples, captures)
@@ -184,10 +181,12 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
     }
 
 
-def _async_summary(steps: Sequence[StepRecord]) -> list[dict[str, Any]]:
+def _async_summary(steps: Sequence[StepRecord], metric_keys: list[str]) -> list[dict[str, Any]]:
     """Mean, min and max over steps of each async-bias and occupancy number the run has."""
     rows = []
     for label, key in ASYNC_SUMMARY:
+        if key not in metric_keys:
+            continue
         values = [v for v in (_finite(s.metrics.get(key)) for s in steps) if v is not None]
         if values:
             rows.append(
@@ -243,24 +242,26 @@ def _optional(
 def _prefixed(
     buckets: Sequence[tuple[int, int]],
     steps: Sequence[StepRecord],
-    prefix: str,
-    keep_prefix: bool = False,
+    metric_keys: list[str],
+    prefixes: tuple[str, ...],
 ) -> dict[str, list[float | None]]:
-    keys = sorted({k for s in steps for k in s.metrics if k.startswith(prefix)})
+    """A series per metric key that starts with one of `prefixes`, by prefix, then key."""
     return {
-        (key if keep_prefix else key[len(prefix) :]): _series(
-            buckets, [s.metrics.get(key) for s in steps]
-        )
-        for key in keys
+        key: _series(buckets, [s.metrics.get(key) for s in steps])
+        for prefix in prefixes
+        for key in metric_keys
+        if key.startswith(prefix)
     }
 
 
-def _mfu(buckets: Sequence[tuple[int, int]], steps: Sequence[StepRecord]) -> dict[str, Any]:
+def _mfu(
+    buckets: Sequence[tuple[int, int]], steps: Sequence[StepRecord], metric_keys: list[str]
+) -> dict[str, Any]:
     """MFU per role, with verl's 0.0 (no peak FLOPs known for the device, e.g. CPU) as
     unknown: a role with no known step is named in `mfu_unknown`, not drawn as a zero line."""
     known: dict[str, list[float | None]] = {}
     unknown = []
-    for key in sorted({k for s in steps for k in s.metrics if k.startswith(voc.MFU)}):
+    for key in (k for k in metric_keys if k.startswith(voc.MFU)):
         values = [_finite(s.metrics.get(key)) for s in steps]
         values = [v if v is not None and v > 0 else None for v in values]
         if any(v is not None for v in values):
@@ -287,12 +288,14 @@ def _stacked_phases(steps: Sequence[StepRecord], trees: _SpanIndex) -> dict[str,
     return {name: [s.get(name, 0.0) for s in per_step] for name in order if name in present}
 
 
-def _mean_shares(steps: Sequence[StepRecord], stacked: dict[str, list[float]]) -> dict[str, float]:
+def _mean_shares(
+    steps: Sequence[StepRecord], stacked: dict[str, list[float]], unaccounted: list[float]
+) -> dict[str, float]:
     total = sum(s.timing_raw.get("step", 0.0) for s in steps)
     if total <= 0:
         return {}
     shares = {name: sum(values) / total for name, values in stacked.items()}
-    shares["unaccounted"] = sum(windows(s.facts)["overhead-bound"] for s in steps) / total
+    shares["unaccounted"] = sum(unaccounted) / total
     return {name: round(share, 6) for name, share in shares.items()}
 
 
@@ -427,14 +430,21 @@ def _stalls(spans: Sequence[SpanRecord], steps: Sequence[StepRecord]) -> list[di
 # --- samples and the generation tail ----------------------------------------------------
 
 
+_STAGE_KEYS = {stage: attr.sample_attribute(stage, True) for stage in STAGES}
+
+
+def _sample_total(span: SpanRecord) -> float:
+    """A sample's seconds: its stages' durations summed (the table's `total_s`)."""
+    stages = (_finite(span.attributes.get(key)) for key in _STAGE_KEYS.values())
+    return round(sum(v for v in stages if v is not None), 6)
+
+
 def _sample_row(step: int, span: SpanRecord, process: str) -> dict[str, Any]:
     attributes = span.attributes
-    stages = {
-        stage: _finite(attributes.get(attr.sample_attribute(stage, True))) for stage in STAGES
-    }
+    stages = {stage: _finite(attributes.get(key)) for stage, key in _STAGE_KEYS.items()}
     return {
         "step": step,
-        "total_s": round(sum(v for v in stages.values() if v is not None), 6),
+        "total_s": _sample_total(span),
         **{f"{stage}_s": stages[stage] for stage in STAGES},
         voc.NUM_PREEMPTED: _count_or_unknown(
             attributes.get(attr.sample_attribute(voc.NUM_PREEMPTED, False))
@@ -457,7 +467,7 @@ def _count_or_unknown(value: Any) -> int | None:
 def _tail(
     buckets: Sequence[tuple[int, int]],
     steps: Sequence[StepRecord],
-    samples: dict[int, list[dict[str, Any]]],
+    sample_seconds: dict[int, list[float]],
     trajectories: dict[int, list[float]],
 ) -> dict[str, Any]:
     """Per step: p50/p90/p99 over every sample of the step, never over the slowest few.
@@ -469,7 +479,7 @@ def _tail(
     quantiles: dict[str, list[float | None]] = {"p50": [], "p90": [], "p99": []}
     counts, slowest, bases = [], [], []
     for step in steps:
-        spans = sorted(row["total_s"] for row in samples.get(step.number, ()))
+        spans = sorted(sample_seconds.get(step.number, ()))
         every = sorted(trajectories.get(step.number, ()))
         sequences = step.span.attributes.get(attr.SEQUENCES) if step.span is not None else None
         basis = None
@@ -515,9 +525,20 @@ def _optional_max(
     return _series(buckets, values, "max")
 
 
-def _slowest_samples(samples: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    rows = [row for step_rows in samples.values() for row in step_rows]
-    return sorted(rows, key=lambda r: r["total_s"], reverse=True)[:MAX_SLOWEST_SAMPLES]
+def _slowest_samples(
+    samples: dict[int, list[SpanRecord]], sample_seconds: dict[int, list[float]], trees: _SpanIndex
+) -> list[dict[str, Any]]:
+    """The table's rows: the slowest samples of the run (a row each, not one a sample)."""
+    ranked = heapq.nlargest(
+        MAX_SLOWEST_SAMPLES,
+        (
+            (seconds, number, span)
+            for number, spans in samples.items()
+            for seconds, span in zip(sample_seconds[number], spans, strict=True)
+        ),
+        key=lambda ranked: ranked[0],
+    )
+    return [_sample_row(number, span, trees.process_key(span)[0]) for _, number, span in ranked]
 
 
 # --- verdicts --------------------------------------------------------------------------
@@ -696,25 +717,21 @@ class _SpanIndex:
                     result[step.number] = seconds
         return result
 
-    def samples_by_step(self, steps: Sequence[StepRecord]) -> dict[int, list[dict[str, Any]]]:
+    def samples_by_step(self, steps: Sequence[StepRecord]) -> dict[int, list[SpanRecord]]:
         """Sample spans by step: by their trace (worker samples carry no rl.step)."""
-        result: dict[int, list[dict[str, Any]]] = {}
+        result: dict[int, list[SpanRecord]] = {}
         for step in steps:
-            if step.span is None:
-                continue
-            rows = [
-                _sample_row(step.number, span, self.process_key(span)[0])
-                for span in self.named.get((step.span.trace_id, attr.SAMPLE_SPAN), ())
-            ]
-            if rows:
-                result[step.number] = rows
+            if step.span is not None:
+                spans = self.named.get((step.span.trace_id, attr.SAMPLE_SPAN))
+                if spans:
+                    result[step.number] = spans
         return result
 
     def waterfall(
         self,
         step: StepRecord,
         verdict: Verdict,
-        samples: dict[int, list[dict[str, Any]]],
+        samples: dict[int, list[SpanRecord]],
         captures: Sequence[dict[str, Any]],
     ) -> dict[str, Any]:
         """One step's span tree as rows (depth-first), offsets in ms from the step start."""
