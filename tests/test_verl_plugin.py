@@ -333,3 +333,53 @@ def test_warnings_stay_visible_when_the_host_silences_the_root_logger(capfd, mon
     err = capfd.readouterr().err
     assert err.count("rlotel: shown by the root handler") == 1
     assert err.count("rlotel: shown by rlotel's own") == 1
+
+
+def test_v0_trajectories_count_for_their_replicas_and_leave_verls_batch_as_verls(make_tel):
+    """V0 copies every `extra_fields` entry of a trajectory into `non_tensor_batch`: verl's
+    `_performance_metrics`, patched in place, takes rlotel's stamps out (the batch the
+    trainer gets is verl's own) and measures each replica's occupancy from the
+    trajectories its server served."""
+    import torch
+    from verl import DataProto
+    from verl.experimental.agent_loop import agent_loop
+
+    from rlotel.integrations import verl as plugin
+    from rlotel.integrations import verl_engines, verl_v1
+
+    class Replica:  # what rlotel reads of verl's RolloutReplica
+        def __init__(self, rank: int, address: str) -> None:
+            self.replica_rank, self._server_address = rank, address
+
+    replicas = [Replica(0, "10.0.0.1:80"), Replica(1, "10.0.0.2:80")]
+    for replica in replicas:
+        verl_engines.note_replica(replica)
+    tel = make_tel(run="v0rep")
+    plugin.install()
+    t0, s = 1_700_000_000_000_000_000, 1_000_000_000
+    stamps = np.empty(4, dtype=object)  # as verl's `_postprocess` builds the column
+    stamps[:] = [[t0, t0 + s, 1], [t0, t0 + s, 1], [t0, t0 + s, 1], [t0, t0 + 2 * s, 1]]
+    servers = np.array(["10.0.0.2:80", "10.0.0.1:80", "10.0.0.1:80", "10.0.0.2:80"], dtype=object)
+    output = DataProto.from_dict(
+        tensors={
+            "prompts": torch.zeros(4, 2, dtype=torch.int64),
+            "attention_mask": torch.ones(4, 5, dtype=torch.int64),
+        },
+        non_tensors={"uid": np.array(list("abcd"), dtype=object)},
+    )
+    output.non_tensor_batch[verl_v1.STAMP_KEY] = stamps
+    output.non_tensor_batch[verl_v1.SERVER_KEY] = servers
+    chunks = [[{"generate_sequences": 1.0, "tool_calls": 0.0, "compute_score": 0.0,
+                "num_preempted": 0} for _ in range(4)]]  # fmt: skip
+    try:
+        with tel.step(1) as step, tel.phase("gen"):
+            agent_loop.AgentLoopManager._performance_metrics(None, chunks, output)
+    finally:
+        plugin.uninstall()
+        for replica in replicas:
+            verl_engines._replicas.discard(replica)
+    assert sorted(output.non_tensor_batch) == ["uid"]
+    assert {name: o.ratio for name, o in step.summary.occupancy.items()} == {
+        "0": 1.0,
+        "1": pytest.approx(0.75),
+    }

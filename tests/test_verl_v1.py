@@ -345,3 +345,64 @@ def test_v1_stamps_give_sample_spans_their_model_turns_and_reward(make_tel, span
         assert chats == [(a - start, b - start) for a, b in stamp[4]], key
         (event,) = [e for e in sample.events if e.name == "gen_ai.evaluation.result"]
         assert event.attributes["gen_ai.evaluation.score.value"] == stamp[5]
+
+
+class _Replica:  # what rlotel reads of verl's RolloutReplica: its rank and its address
+    def __init__(self, rank: int, address: str) -> None:
+        self.replica_rank, self._server_address = rank, address
+
+
+def test_each_trajectory_counts_for_the_replica_verl_routed_it_to(make_tel, span_exporter):
+    """The server a trajectory's worker stamped (verl's load balancer keys servers by
+    address) becomes verl's `replica_rank` of the replica serving there: the sample span's
+    `rl.replica` and one occupancy series per replica, each from its own trajectories."""
+    from types import SimpleNamespace
+
+    from rlotel.integrations import verl_engines, verl_v1
+
+    replicas = [_Replica(0, "127.0.0.1:4000"), _Replica(1, "127.0.0.1:3000")]  # not sorted
+    for replica in replicas:
+        verl_engines.note_replica(replica)
+    tel = make_tel(run="rep", max_sample_spans=4)
+    t0, s = 1_700_000_000_000_000_000, 1_000_000_000
+    # replica 0: two side by side for 1 s (1.0); replica 1: two for 1 s, one more for 1 s
+    routed = [
+        ("127.0.0.1:4000", 0, s),
+        ("127.0.0.1:3000", 0, s),
+        ("127.0.0.1:4000", 0, s),
+        ("127.0.0.1:3000", 0, 2 * s),
+    ]
+    batch = SimpleNamespace(
+        keys=[f"q0_{i}_0" for i in range(4)],
+        tags=[{"prompt_len": 3, "response_len": 4, "global_steps": 1}] * 4,
+        partition_id="train",
+    )
+
+    def fetch(keys, partition_id):
+        extras = [
+            {verl_v1.STAMP_KEY: [t0 + a, t0 + b, 1], verl_v1.SERVER_KEY: server}
+            for server, a, b in routed
+        ]
+        return [{"generate_sequences": 0.5} for _ in keys], extras
+
+    try:
+        with tel.step(1) as step, tel.phase("gen"):
+            verl_v1.record_batch(batch, fetch)
+    finally:
+        for replica in replicas:
+            verl_engines._replicas.discard(replica)
+    assert {name: o.ratio for name, o in step.summary.occupancy.items()} == {
+        "0": 1.0,
+        "1": pytest.approx(0.75),
+    }
+    assert tel.flush(10)
+    labelled = {
+        s.attributes["gen_ai.conversation.id"]: s.attributes["rl.replica"]
+        for s in span_exporter.get_finished_spans()
+        if s.name == "sample"
+    }
+    assert labelled == {"q0_0_0": "0", "q0_1_0": "1", "q0_2_0": "0", "q0_3_0": "1"}
+    series = parse_exposition(scrape(tel.metrics_url))
+    for replica, ratio in (("0", 1.0), ("1", 0.75)):
+        key = ("rlotel_rollout_occupancy_ratio", frozenset({("run", "rep"), ("replica", replica)}))
+        assert series[key] == pytest.approx(ratio)

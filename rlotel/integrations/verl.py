@@ -281,10 +281,11 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
             metrics = _argument(args, kwargs, 0, "metrics")
             output = _argument(args, kwargs, 1, "output")
             tel.drops.fired(AGENT_LOOP_HOOK)
+            stamped = _trajectories(output)
             if _is_validation(tel, output):  # `testing`: never in the training histograms
                 tel.drops.fired("verl_agent_loop_validation")
             else:
-                tel.record_samples(metrics, **_sample_lengths(output))
+                tel.record_samples(metrics, **_sample_lengths(output), **stamped)
         except Exception as error:
             guard.failed(AGENT_LOOP_HOOK, error)
         return original(self, *args, **kwargs)
@@ -297,6 +298,29 @@ def _is_validation(tel: Any, output: Any) -> bool:
     `meta_info["validate"]`) goes through the same agent-loop manager as training."""
     meta_info = getattr(output, "meta_info", None) or {}
     return bool(meta_info.get("validate")) or tel.current_step is None
+
+
+def _trajectories(output: Any) -> dict[str, Any]:
+    """What rlotel's agent-loop workers stamped on each trajectory (`verl_v1.compute_score`):
+    its real times, model turns and the replica that served it; taken out of verl's batch
+    (verl copies every `extra_fields` entry into `non_tensor_batch`), so the trainer's data
+    is verl's own."""
+    from rlotel.integrations import verl_v1
+
+    columns = getattr(output, "non_tensor_batch", None)
+    if not isinstance(columns, dict):
+        return {}
+    stamps = columns.pop(verl_v1.STAMP_KEY, None)
+    servers = columns.pop(verl_v1.SERVER_KEY, None)
+    if stamps is None:
+        return {}
+    parsed = [verl_v1._stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
+    return {
+        "start_time_ns": [stamp.start_ns for stamp in parsed],
+        "end_time_ns": [stamp.end_ns for stamp in parsed],
+        "turn_times_ns": [stamp.turn_times_ns for stamp in parsed],
+        "replica": verl_v1.replicas(list(servers)) if servers is not None else None,
+    }
 
 
 def _sample_lengths(output: Any) -> dict[str, Any]:

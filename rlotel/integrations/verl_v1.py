@@ -44,6 +44,9 @@ TRAIN_PARTITION = "train"
 # [[start ns, end ns] of each model turn] or None, reward or None,
 # [[tool name, start ns, end ns] of each tool call] or None]
 STAMP_KEY = "rlotel_trajectory"
+# extra_fields entry: the server id (verl's load balancer keys its servers by address) of the
+# rollout replica that served the trajectory's last model turn, or None
+SERVER_KEY = "rlotel_server"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
 REPLAY_HOOK = "verl_v1_replay_batch"
 TRAJECTORY_HOOK = "verl_v1_trajectory"
@@ -59,6 +62,10 @@ _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar
 # The model turns of the trajectory this asyncio task runs: (start ns, end ns) each.
 _trajectory_turns: contextvars.ContextVar[list[tuple[int, int]] | None] = contextvars.ContextVar(
     "rlotel_trajectory_turns", default=None
+)
+# The servers its model turns were routed to, in order (verl's sticky sessions: one).
+_trajectory_servers: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "rlotel_trajectory_servers", default=None
 )
 # Its tool calls (verl's tool agent loop): (tool name, start ns, end ns) each.
 _trajectory_tools: contextvars.ContextVar[list[tuple[str, int, int]] | None] = (
@@ -87,6 +94,7 @@ def patch_agent_loop_worker(agent_loop: Any) -> None:
     from verl.workers.rollout import llm_server
 
     _patch(llm_server.LLMServerClient, "generate", _server_generate)
+    _patch(llm_server.LLMServerClient, "_release_server", _server_release)
     # imported by the package's __init__ right after this module anyway
     from verl.experimental.agent_loop import tool_agent_loop
 
@@ -158,6 +166,7 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
     metrics, extras = (fetch or _fetch)(keys, batch.partition_id)
     identity = [_identity(key) for key in keys]
     stamps = [_stamp(extra) for extra in extras]
+    replica = replicas([extra.get(SERVER_KEY) for extra in extras])
     rewards = [stamp.reward for stamp in stamps]
     scored = {vocabulary.SAMPLE_REWARD: rewards} if all(r is not None for r in rewards) else {}
     return tel.record_samples(
@@ -176,8 +185,21 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
         turn_times_ns=[stamp.turn_times_ns for stamp in stamps],
         tool_times_ns=[stamp.tool_times_ns for stamp in stamps],
         generated_step=[tag.get("global_steps") for tag in tags],
+        replica=replica,
         **scored,
     )
+
+
+def replicas(servers: list[Any]) -> list[str] | None:
+    """Each trajectory's rollout replica: verl's `replica_rank` of the server (address) its
+    worker stamped; None unless every trajectory has one (occupancy then has one pool)."""
+    if not servers or not all(isinstance(server, str) for server in servers):
+        return None
+    from rlotel.integrations import verl_engines
+
+    distinct = sorted(set(servers))
+    ranks = dict(zip(distinct, verl_engines.replica_ranks(distinct), strict=True))
+    return [ranks[server] for server in servers]
 
 
 def _set_tokens(tel: Any, tags: list[dict]) -> None:
@@ -285,12 +307,14 @@ async def run_agent_loop(self, *args, **kwargs):
 def _open_trajectory(worker: Any) -> Any:
     """The trajectory's phase, entered: a child of the caller's (the trainer's `gen`; V1
     dispatches fire-and-forget), its engine calls nest in it. None outside V1's TQ worker
-    or a traced call."""
-    if not any(cls.__name__ == TQ_WORKER for cls in type(worker).__mro__):
-        return None
+    or a traced call. Every worker (V0's too) keeps the trajectory's start, turns and
+    servers for its stamp."""
     _trajectory_start.set(clock.unix_ns())  # this trajectory's own asyncio task
     _trajectory_turns.set([])
     _trajectory_tools.set([])
+    _trajectory_servers.set([])
+    if not any(cls.__name__ == TQ_WORKER for cls in type(worker).__mro__):
+        return None
     import rlotel
     from rlotel.integrations.verl_workers import call_carrier
 
@@ -328,6 +352,8 @@ async def compute_score(self, *args, **kwargs):
                     output.reward_score,
                     [list(call) for call in tools] if tools else None,
                 ]
+                servers = _trajectory_servers.get()
+                output.extra_fields[SERVER_KEY] = servers[-1] if servers else None
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
     except Exception as error:  # telemetry never stops a rollout
@@ -375,6 +401,23 @@ def _tool_call(original: Any) -> Any:
         return result
 
     return call_tool
+
+
+def _server_release(original: Any) -> Any:
+    """`LLMServerClient._release_server(server_id, ...)`, at the end of each model turn (in
+    `generate`'s `finally`): the server the trajectory this task runs was routed to."""
+
+    def release(self, *args, **kwargs):
+        servers = _trajectory_servers.get()
+        if servers is not None:
+            try:
+                server = args[0] if args else kwargs["server_id"]
+                servers.append(str(server))
+            except Exception as error:  # telemetry never stops a rollout
+                guard.failed(TURN_HOOK, error)
+        return original(self, *args, **kwargs)
+
+    return release
 
 
 def _fit(original: Any) -> Any:

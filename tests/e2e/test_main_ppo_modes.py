@@ -5,19 +5,22 @@ and the trace has the workers' spans under the trainer's phases."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
-from tests.e2e.main_ppo import STAND_INS
+from tests.e2e.main_ppo import EXPERIMENT, STAND_INS
 from tests.e2e.test_main_ppo import STEPS, links_of, main_ppo, spans_by_role, verl_log
-from tests.helpers import parse_exposition
+from tests.helpers import file_spans, parse_exposition
 
 pytestmark = pytest.mark.slow
 
@@ -33,22 +36,35 @@ ACTOR_PROFILER = (
 )
 SECRET = "s3cret-token"  # an argument of the finish hook: never in a span
 SUMMARY = ("rl.profile.phases", "rl.profile.top_ops")  # what is read from the file: not printed
+TOOL_CONFIG = STAND_INS / "rlotel_test_tool.yaml"  # one toy tool, its latency
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
+TOOL_RUN = (
+    "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",  # every prompt
+    f"{MULTI_TURN}.enable=True",
+    f"{MULTI_TURN}.tool_config_path={TOOL_CONFIG}",
+    f"{MULTI_TURN}.format=rlotel_test_toy",  # registered by the tool's module
+    f"{MULTI_TURN}.max_assistant_turns=3",
+)
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
     # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
     # trainer's documented /metrics port; verl profiles steps 2 and 3 as one capture; PPO
-    # with a critic (GAE), a KL-loss reference, validation and checkpoints (`--ppo`)
+    # with a critic (GAE), a KL-loss reference, validation and checkpoints (`--ppo`), on 2
+    # actor ranks (FSDP over gloo) and 2 rollout replicas (`--ranks 2`)
     "v0": [
         "trainer.use_v1=false",
         "--ppo",
+        *("--ranks", "2"),
         *("--otlp-endpoint", UNREACHABLE, "--otlp-protocol", "http/json", "--hold-port"),
         *ACTOR_PROFILER,
         "global_profiler.steps=[2,3]",
         "global_profiler.profile_continuous_steps=True",
     ],
-    # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2
+    # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2;
+    # every trajectory runs verl's tool agent loop with a toy tool and format (stand-ins)
     "colocate_async": [
         "trainer.v1.trainer_mode=colocate_async",
+        *TOOL_RUN,
         *ACTOR_PROFILER,
         "global_profiler.steps=[2]",
         f'global_profiler.finish_hook_cmd="{STAND_INS}/ship_captures --token={SECRET}"',
@@ -106,23 +122,98 @@ def test_ppo_calls_carry_the_role_of_the_model_they_ran(mode_run: tuple[str, Pat
     roles = spans_by_role(work)
     assert "critic" not in roles and "ref" not in roles, sorted(roles)  # one fused process
     trainer = {span["id"]: span for span in roles["trainer"]}
-    calls = {
-        (trainer[span["parent"]]["name"], span["name"], span["attrs"].get("rl.role"))
-        for span in roles["actor"]
-        if span["parent"] in trainer
-    }
-    print("PPO worker calls (trainer window, call, role):", sorted(calls))
-    assert {
-        ("old_log_prob", "compute_log_prob", "actor"),
-        ("ref", "compute_ref_log_prob", "ref"),
-        ("values", "infer_batch", "critic"),
-        ("update_critic", "train_mini_batch", "critic"),
-        ("update_actor", "update_actor", "actor"),
-        ("save_checkpoint", "save_checkpoint", "actor"),
-        ("save_checkpoint", "save_checkpoint", "critic"),
-    } <= calls
+    ranks = spans_by_rank(work, "actor")
+    assert sorted(ranks) == [0, 1], sorted(ranks)  # FSDP world size 2: a process a rank
+    for rank, spans in sorted(ranks.items()):
+        calls = {
+            (trainer[span["parent"]]["name"], span["name"], span["attrs"].get("rl.role"))
+            for span in spans
+            if span["parent"] in trainer
+        }
+        print(f"PPO worker calls of rank {rank} (trainer window, call, role):", sorted(calls))
+        assert {
+            ("old_log_prob", "compute_log_prob", "actor"),
+            ("ref", "compute_ref_log_prob", "ref"),
+            ("values", "infer_batch", "critic"),
+            ("update_critic", "train_mini_batch", "critic"),
+            ("update_actor", "update_actor", "actor"),
+            ("save_checkpoint", "save_checkpoint", "actor"),
+            ("save_checkpoint", "save_checkpoint", "critic"),
+        } <= calls, rank
     timed = {n for data in trained(work).values() for n in voc.timing_from_metrics(data)}
     assert {"values", "update_critic", "ref", "testing", "save_checkpoint"} <= timed
+
+
+def resource(path: Path) -> dict[str, str]:
+    """The resource attributes of a process's trace file (OTLP/JSON: values as text)."""
+    first = json.loads(path.read_text().splitlines()[0])
+    return {
+        a["key"]: str(next(iter(a["value"].values())))
+        for spans in first["resourceSpans"]
+        for a in spans["resource"]["attributes"]
+    }
+
+
+def spans_by_rank(work: Path, role: str) -> dict[int, list[dict]]:
+    """The spans of each `role` process by its `rl.rank` (one file a process)."""
+    ranks: dict[int, list[dict]] = {}
+    for path in sorted((work / "traces").glob(f"{role}-*.jsonl")):
+        rank = int(resource(path)["rl.rank"])
+        ranks.setdefault(rank, []).extend(file_spans(path, EXPERIMENT))
+    return ranks
+
+
+@pytest.mark.parametrize("mode_run", ["v0"], indirect=True)  # the 2-replica run
+def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path]) -> None:
+    """verl makes a rollout replica a GPU (TP 1) and its load balancer routes each
+    trajectory to one: every step's model calls reach both replicas' servers; each sample
+    span names the replica that served it (the server's `generate` span that ends last
+    inside the sample's `chat` turn is that replica's); the trainer's /metrics has each
+    replica's occupancy of the last step, each in (0, 1]."""
+    _, work = mode_run
+    trainer = spans_by_role(work)["trainer"]
+    steps = {span["trace"]: span["attrs"]["rl.step"] for span in trainer if span["name"] == "step"}
+    generates: list[tuple[str, dict]] = []  # (replica, the server's span)
+    for path in sorted((work / "traces").glob("rollout-*.jsonl")):
+        replica = resource(path)["rl.replica"]
+        spans = file_spans(path, EXPERIMENT)
+        generates += [(replica, span) for span in spans if span["name"] == "generate"]
+    served: dict[int, Counter] = {}
+    for replica, span in generates:
+        if span["trace"] in steps:
+            served.setdefault(steps[span["trace"]], Counter())[replica] += 1
+    print("model calls by step and replica:", {n: dict(c) for n, c in sorted(served.items())})
+    assert sorted(served) == sorted(trained(work)), served
+    assert all(set(counts) == {"0", "1"} for counts in served.values()), served
+    samples = {span["id"]: span for span in trainer if span["name"] == "sample"}
+    named = Counter(span["attrs"]["rl.replica"] for span in samples.values())
+    checked: Counter = Counter()
+    for chat in trainer:
+        if chat["name"] != "chat" or chat["parent"] not in samples:
+            continue
+        inside = [
+            (span["end"], replica)
+            for replica, span in generates
+            if chat["start"] <= span["start"] and span["end"] <= chat["end"]
+        ]
+        replica = samples[chat["parent"]]["attrs"]["rl.replica"]
+        assert max(inside)[1] == replica, (chat, sorted(inside)[-3:])
+        checked[replica] += 1
+    print("sample spans by replica:", dict(named), "turns matched to their server:", dict(checked))
+    assert named and set(named) <= {"0", "1"} and sum(checked.values()) >= len(samples)
+    (series,) = [
+        series
+        for series in map(parse_exposition, (p.read_text() for p in (work / "targets").glob("*")))
+        if any(name == "rlotel_step_time_seconds" for name, _ in series)
+    ]  # the trainer's (its /metrics moved off the taken port: found by file discovery)
+    occupancy = {
+        dict(labels)["replica"]: value
+        for (name, labels), value in series.items()
+        if name == "rlotel_rollout_occupancy_ratio"
+    }
+    print("rollout occupancy of the last step by replica:", occupancy)
+    assert sorted(occupancy) == ["0", "1"], occupancy
+    assert all(0 < value <= 1 for value in occupancy.values()), occupancy
 
 
 @pytest.mark.parametrize("mode_run", ["v0"], indirect=True)  # the run pointed at it
@@ -166,25 +257,37 @@ def test_a_taken_port_and_http_json_cost_one_warning_and_the_trainer_is_still_sc
 def test_verl_captures_of_each_mode_linked_from_the_steps_they_cover(
     mode_run: tuple[str, Path],
 ) -> None:
-    """V0 profiles steps 2–3 as one continuous capture: both step spans link it, and the
-    actor's `stop_profile` that wrote it. colocate_async profiles step 2 and runs verl's
-    finish hook: an event on the actor's `stop_profile` span with the hook's program name,
-    exit status and duration, never its arguments; the hook itself saw the capture."""
+    """V0 profiles steps 2–3 as one continuous capture on each of its 2 actor ranks: both
+    step spans link them, and the `stop_profile` of the rank that wrote each.
+    colocate_async profiles step 2 and runs verl's finish hook: an event on the actor's
+    `stop_profile` span with the hook's program name, exit status and duration, never its
+    arguments; the hook itself saw the capture."""
     mode, work = mode_run
     roles = spans_by_role(work)
     trainer, actor = roles["trainer"], roles["actor"]
-    (capture,) = [s for s in trainer if s["name"] == "profile.capture"]
-    attrs, key = capture["attrs"], (capture["trace"], capture["id"])
+    captures = sorted(
+        (s for s in trainer if s["name"] == "profile.capture"),
+        key=lambda s: s["attrs"]["rl.profile.rank"],
+    )
+    ranks = [capture["attrs"]["rl.profile.rank"] for capture in captures]
+    assert ranks == ([0, 1] if mode == "v0" else [0]), ranks
+    keys = {(capture["trace"], capture["id"]) for capture in captures}
     covered = (2, 3) if mode == "v0" else (2, 2)
-    assert (attrs["rl.profile.step_first"], attrs["rl.profile.step_last"]) == covered, attrs
-    assert (attrs["rl.profile.role"], attrs["rl.profile.stage"]) == ("actor", "train")
-    path = Path(attrs["rl.profile.path"])
-    assert (path if path.is_absolute() else work / path).is_file()
+    for capture in captures:
+        attrs = capture["attrs"]
+        assert (attrs["rl.profile.step_first"], attrs["rl.profile.step_last"]) == covered
+        assert (attrs["rl.profile.role"], attrs["rl.profile.stage"]) == ("actor", "train")
+        path = Path(attrs["rl.profile.path"])
+        assert (path if path.is_absolute() else work / path).is_file()
     steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
     for number, step in steps.items():
         linked = covered[0] <= number <= covered[1]
-        assert set(links_of(step)) == ({key} if linked else set()), (mode, number)
-    (stop,) = [s for s in actor if s["name"] == "stop_profile" and key in links_of(s)]
+        assert set(links_of(step)) == (keys if linked else set()), (mode, number)
+    by_rank = spans_by_rank(work, "actor")
+    for capture, rank in zip(captures, ranks, strict=True):  # the last: what follows reads
+        key, path = (capture["trace"], capture["id"]), Path(capture["attrs"]["rl.profile.path"])
+        (stop,) = [s for s in actor if s["name"] == "stop_profile" and key in links_of(s)]
+        assert stop["id"] in {s["id"] for s in by_rank[rank]}, rank  # the rank that wrote it
     said = {k: v for k, v in links_of(steps[2])[key].items() if k not in SUMMARY}
     print(mode, "step link:", said)
     seconds = {n: round(d["timing_s/step"], 2) for n, d in trained(work).items()}
@@ -202,3 +305,51 @@ def test_verl_captures_of_each_mode_linked_from_the_steps_they_cover(
     assert not any(SECRET in p.read_text() for p in (work / "traces").glob("*.jsonl"))
     shipped = (work / "outputs" / "shipped-rank0.txt").read_text().split()
     assert any(Path(line).name == path.name for line in shipped), shipped
+
+
+@pytest.mark.parametrize("mode_run", ["colocate_async"], indirect=True)  # the tool run
+def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
+    mode_run: tuple[str, Path],
+) -> None:
+    """verl's tool agent loop ran every trajectory (a toy tool and the toy model's call
+    format are stand-ins; the turns, calls and their order are verl's loop's): each sample
+    span has one `chat` child per model turn and one `execute_tool {tool}` child per tool
+    call, alternating as verl ran them, inside the span; each call lasts at least the
+    tool's own latency; their counts agree with verl's `num_turns`; the reward is its
+    `gen_ai.evaluation.result` event."""
+    _, work = mode_run
+    (tool,) = yaml.safe_load(TOOL_CONFIG.read_text())["tools"]
+    name, latency = tool["tool_schema"]["function"]["name"], tool["config"]["seconds"]
+    trainer = spans_by_role(work)["trainer"]
+    logged = trained(work)
+    steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
+    shapes: Counter[tuple[int, int]] = Counter()  # (model turns, tool calls) per sample
+    for number, step in steps.items():
+        samples = [s for s in trainer if s["name"] == "sample" and s["trace"] == step["trace"]]
+        assert samples, number
+        for sample in samples:
+            turns = sample["attrs"]["rl.sample.turns"]  # verl's num_turns of the trajectory
+            low, high = (logged[number][f"training/num_turns/{s}"] for s in ("min", "max"))
+            assert low <= turns <= high, (number, turns)
+            parts = sorted(
+                (s for s in trainer if s["parent"] == sample["id"]), key=lambda s: s["start"]
+            )
+            chats = [p for p in parts if p["name"] == "chat"]
+            calls = [p for p in parts if p["name"] != "chat"]
+            # model turn, tool call, model turn ...: in verl's order, one after the other
+            alternating = [("chat", f"execute_tool {name}")[i % 2] for i in range(len(parts))]
+            assert [p["name"] for p in parts] == alternating, number
+            assert sample["start"] <= parts[0]["start"] and parts[-1]["end"] <= sample["end"]
+            assert all(a["end"] <= b["start"] for a, b in pairwise(parts))
+            for call in calls:
+                assert call["attrs"]["gen_ai.operation.name"] == "execute_tool"
+                assert call["attrs"]["gen_ai.tool.name"] == name
+                assert call["end"] - call["start"] >= latency * 1e9
+            # num_turns = tool responses + model turns + 1; a call whose response overflows
+            # the response length ends the trajectory with no tool response
+            assert len(calls) - (turns - 1 - len(chats)) in (0, 1), (turns, len(chats))
+            (score,) = [e for n, e in sample["events"] if n == "gen_ai.evaluation.result"]
+            assert score["gen_ai.evaluation.score.value"] >= 0  # the toy reward's range
+            shapes[len(chats), len(calls)] += 1
+    print("tool run: samples by (model turns, tool calls):", sorted(shapes.items()))
+    assert any(calls for _, calls in shapes), shapes  # the toy model called its tool
