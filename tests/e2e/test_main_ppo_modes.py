@@ -173,7 +173,7 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
     assert sorted(served) == sorted(trained(work)), served
     assert all(set(counts) == {"0", "1"} for counts in served.values()), served
     samples = {span["id"]: span for span in trainer if span["name"] == "sample"}
-    named = Counter(span["attrs"]["rl.replica"] for span in samples.values())
+    named = Counter(span["attrs"].get("rl.replica") for span in samples.values())
     checked: Counter = Counter()
     for chat in trainer:
         if chat["name"] != "chat" or chat["parent"] not in samples:
@@ -183,7 +183,7 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
             for replica, span in generates
             if chat["start"] <= span["start"] and span["end"] <= chat["end"]
         ]
-        replica = samples[chat["parent"]]["attrs"]["rl.replica"]
+        replica = samples[chat["parent"]]["attrs"].get("rl.replica")
         assert max(inside)[1] == replica, (chat, sorted(inside)[-3:])
         checked[replica] += 1
     print("sample spans by replica:", dict(named), "turns matched to their server:", dict(checked))
