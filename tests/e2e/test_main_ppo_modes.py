@@ -10,9 +10,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
@@ -34,6 +36,15 @@ ACTOR_PROFILER = (
 )
 SECRET = "s3cret-token"  # an argument of the finish hook: never in a span
 SUMMARY = ("rl.profile.phases", "rl.profile.top_ops")  # what is read from the file: not printed
+TOOL_CONFIG = STAND_INS / "rlotel_test_tool.yaml"  # one toy tool, its latency
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
+TOOL_RUN = (
+    "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",  # every prompt
+    f"{MULTI_TURN}.enable=True",
+    f"{MULTI_TURN}.tool_config_path={TOOL_CONFIG}",
+    f"{MULTI_TURN}.format=rlotel_test_toy",  # registered by the tool's module
+    f"{MULTI_TURN}.max_assistant_turns=3",
+)
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
     # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
@@ -49,9 +60,11 @@ MODES = {
         "global_profiler.steps=[2,3]",
         "global_profiler.profile_continuous_steps=True",
     ],
-    # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2
+    # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2;
+    # every trajectory runs verl's tool agent loop with a toy tool and format (stand-ins)
     "colocate_async": [
         "trainer.v1.trainer_mode=colocate_async",
+        *TOOL_RUN,
         *ACTOR_PROFILER,
         "global_profiler.steps=[2]",
         f'global_profiler.finish_hook_cmd="{STAND_INS}/ship_captures --token={SECRET}"',
@@ -292,3 +305,51 @@ def test_verl_captures_of_each_mode_linked_from_the_steps_they_cover(
     assert not any(SECRET in p.read_text() for p in (work / "traces").glob("*.jsonl"))
     shipped = (work / "outputs" / "shipped-rank0.txt").read_text().split()
     assert any(Path(line).name == path.name for line in shipped), shipped
+
+
+@pytest.mark.parametrize("mode_run", ["colocate_async"], indirect=True)  # the tool run
+def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
+    mode_run: tuple[str, Path],
+) -> None:
+    """verl's tool agent loop ran every trajectory (a toy tool and the toy model's call
+    format are stand-ins; the turns, calls and their order are verl's loop's): each sample
+    span has one `chat` child per model turn and one `execute_tool {tool}` child per tool
+    call, alternating as verl ran them, inside the span; each call lasts at least the
+    tool's own latency; their counts agree with verl's `num_turns`; the reward is its
+    `gen_ai.evaluation.result` event."""
+    _, work = mode_run
+    (tool,) = yaml.safe_load(TOOL_CONFIG.read_text())["tools"]
+    name, latency = tool["tool_schema"]["function"]["name"], tool["config"]["seconds"]
+    trainer = spans_by_role(work)["trainer"]
+    logged = trained(work)
+    steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
+    shapes: Counter[tuple[int, int]] = Counter()  # (model turns, tool calls) per sample
+    for number, step in steps.items():
+        samples = [s for s in trainer if s["name"] == "sample" and s["trace"] == step["trace"]]
+        assert samples, number
+        for sample in samples:
+            turns = sample["attrs"]["rl.sample.turns"]  # verl's num_turns of the trajectory
+            low, high = (logged[number][f"training/num_turns/{s}"] for s in ("min", "max"))
+            assert low <= turns <= high, (number, turns)
+            parts = sorted(
+                (s for s in trainer if s["parent"] == sample["id"]), key=lambda s: s["start"]
+            )
+            chats = [p for p in parts if p["name"] == "chat"]
+            calls = [p for p in parts if p["name"] != "chat"]
+            # model turn, tool call, model turn ...: in verl's order, one after the other
+            alternating = [("chat", f"execute_tool {name}")[i % 2] for i in range(len(parts))]
+            assert [p["name"] for p in parts] == alternating, number
+            assert sample["start"] <= parts[0]["start"] and parts[-1]["end"] <= sample["end"]
+            assert all(a["end"] <= b["start"] for a, b in pairwise(parts))
+            for call in calls:
+                assert call["attrs"]["gen_ai.operation.name"] == "execute_tool"
+                assert call["attrs"]["gen_ai.tool.name"] == name
+                assert call["end"] - call["start"] >= latency * 1e9
+            # num_turns = tool responses + model turns + 1; a call whose response overflows
+            # the response length ends the trajectory with no tool response
+            assert len(calls) - (turns - 1 - len(chats)) in (0, 1), (turns, len(chats))
+            (score,) = [e for n, e in sample["events"] if n == "gen_ai.evaluation.result"]
+            assert score["gen_ai.evaluation.score.value"] >= 0  # the toy reward's range
+            shapes[len(chats), len(calls)] += 1
+    print("tool run: samples by (model turns, tool calls):", sorted(shapes.items()))
+    assert any(calls for _, calls in shapes), shapes  # the toy model called its tool
