@@ -3,6 +3,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
+# The two venvs and the Debian packages are set up side by side (each waits on its downloads).
+MAKEFLAGS += --jobs=3
 
 .PHONY: demo test test-fast lint bench system-deps engine-venv docs
 

@@ -1,27 +1,32 @@
-"""One set of e2e inputs (tokenizer, model, data) for every `main_ppo` run of a session."""
+"""The real runs start ahead (`tests.e2e.ahead`): the tests that read them go last, and their
+runs start, in the order those tests need them, as soon as collection ends."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from tests.e2e.main_ppo import ENGINE_PYTHON, ROOT
+from tests.e2e import ahead
 
 
-@pytest.fixture(scope="session")
-def e2e_assets() -> Iterator[Path]:
-    if not ENGINE_PYTHON.exists():
-        pytest.fail(f"{ENGINE_PYTHON} is missing: `make engine-venv` builds it")
-    assets = Path(tempfile.mkdtemp(prefix="rl-assets-", dir="/tmp"))
-    try:
-        subprocess.run(
-            [str(ENGINE_PYTHON), "-m", "tests.e2e.assets", str(assets)], cwd=ROOT, check=True
-        )
-        yield assets
-    finally:
-        shutil.rmtree(assets, ignore_errors=True)
+def run_keys(item: pytest.Item) -> list[str]:
+    """The declared runs an item reads, through its fixtures (`name[param]` where the
+    fixture is parametrized)."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    keys = (f"{name}[{params[name]}]" if name in params else name for name in item.fixturenames)
+    return [key for key in keys if key in ahead.RUNS]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest grouped the items by their fixtures
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reading = [item for item in items if run_keys(item)]
+    items[:] = [item for item in items if not run_keys(item)] + reading
+    if config.option.collectonly:
+        return
+    keys = dict.fromkeys(key for item in reading for key in run_keys(item))
+    if keys:
+        ahead.start(list(keys))
+
+
+def pytest_sessionfinish() -> None:
+    ahead.stop()

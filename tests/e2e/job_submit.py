@@ -40,7 +40,6 @@ from pathlib import Path
 
 from tests.e2e.main_ppo import (
     ENGINE_PYTHON,
-    ROOT,
     TIMEOUT_S,
     environment,
     overrides,
@@ -193,10 +192,6 @@ def isolated(argv: list[str]) -> list[str]:
         "unshare", "-n", "-m", "-p", "--fork", "--mount-proc", "--propagation", "private",
         "sh", "-c", inner,
     ]  # fmt: skip
-
-
-def run_isolated(argv: list[str], timeout: float = TIMEOUT_S + 180) -> subprocess.CompletedProcess:
-    return subprocess.run(isolated(argv), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
 
 
 def main() -> int:

@@ -6,28 +6,29 @@ judge): in the trainer `gen` stays open while the trajectories and their reward 
 in the agent-loop and reward worker processes, so the trainer's stall flag depends on
 their progress reaching it.
 
-- slow: each reward call takes 5 s, one at a time (8 a step): `gen` runs twice the stall
-  limit and more, and no scrape of the trainer's /metrics ever shows a stall flag, nor
-  does any process judge one.
-- hung: from step 2 on the reward blocks forever: within 60 s of the block a scrape shows
-  `gen` stalled, and `rlotel hangs` on the traces directory names it and prints the reward
-  process's stack with the reward's `compute_score` frame; then the harness kills the run.
+One run holds both (a run is minutes of the suite): each reward call takes 5 s, one at a
+time (8 a step), and from step 2 on the reward blocks forever.
+
+- slow, step 1: `gen` runs twice the stall limit and more, and no scrape of the trainer's
+  /metrics shows a stall flag before the block, nor does any process judge one.
+- hung, step 2: within 60 s of the block a scrape shows `gen` stalled, and `rlotel hangs`
+  on the traces directory names it — step 2 only — and prints the reward process's stack
+  with the reward's `compute_score` frame; then the harness kills the run.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.main_ppo import ROOT, STALL_FLAG, STAND_INS, run_isolated
+from tests.e2e import ahead
+from tests.e2e.main_ppo import ROOT, STALL_FLAG, STAND_INS, TIMEOUT_S, isolated
 from tests.helpers import parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -40,22 +41,22 @@ REWARD = "reward.custom_reward_function"
 KWARGS = f"+{REWARD}.reward_kwargs"
 
 
-def real_run(assets: Path, steps: int, *argv: str) -> Iterator[Path]:
-    """main_ppo with the stand-in reward and a 20 s stall limit in every process."""
-    work = Path(tempfile.mkdtemp(prefix="rl-hang-", dir="/tmp"))  # short: Ray's socket paths
-    try:
-        result = run_isolated(
+def declare_real_run(key: str, steps: int, *argv: str) -> None:
+    """main_ppo with the stand-in reward and a 20 s stall limit in every process; `WORK` in
+    `argv` is the run's directory."""
+    ahead.declare(
+        key,
+        "rl-hang-",
+        lambda work, assets: isolated(
             [
                 *(str(work), "--steps", str(steps), "--assets", str(assets)),
                 *("--env", f"RLOTEL_STALL_AFTER_S={STALL_AFTER_S}"),
                 f"{REWARD}.path={STAND_INS / 'rlotel_test_slow_reward.py'}",
                 *(arg.replace("WORK", str(work)) for arg in argv),
             ]
-        )
-        assert (work / "run.json").exists(), result.stderr[-3000:]
-        yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        ),
+        TIMEOUT_S + 60,
+    )
 
 
 def outcome(work: Path) -> dict:
@@ -66,20 +67,21 @@ def outcome(work: Path) -> dict:
     return result
 
 
-@pytest.fixture(scope="module")
-def slow(e2e_assets: Path) -> Iterator[Path]:
-    yield from real_run(e2e_assets, 2, f"{KWARGS}.sleep_s={SLEEP_S}")
+declare_real_run(
+    "slow_then_hung",
+    2,
+    *("--until-stalled", str(GRACE_S)),
+    f"{KWARGS}.sleep_s={SLEEP_S}",
+    f"{KWARGS}.block_after={CALLS_PER_STEP}",  # step 1's calls answer, step 2's block
+    f"{KWARGS}.mark=WORK/blocked.json",
+)
 
 
 @pytest.fixture(scope="module")
-def hung(e2e_assets: Path) -> Iterator[Path]:
-    yield from real_run(
-        e2e_assets,
-        2,
-        *("--until-stalled", str(GRACE_S)),
-        f"{KWARGS}.block_after={CALLS_PER_STEP}",  # step 1's calls answer, step 2's block
-        f"{KWARGS}.mark=WORK/blocked.json",
-    )
+def slow_then_hung() -> Iterator[Path]:
+    for work in ahead.work_of("slow_then_hung"):
+        assert (work / "run.json").exists(), ahead.finished("slow_then_hung").result.stderr[-3000:]
+        yield work
 
 
 def scrapes(work: Path) -> list[tuple[float, str]]:
@@ -101,28 +103,30 @@ def hangs(work: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
-def test_a_slow_reward_that_keeps_progressing_is_never_stalled(slow: Path) -> None:
-    result = outcome(slow)
-    assert result["returncode"] == 0, result["console"]
-    steps = [json.loads(line) for line in (slow / "verl.jsonl").read_text().splitlines()]
+def test_a_slow_reward_that_keeps_progressing_is_never_stalled(slow_then_hung: Path) -> None:
+    result = outcome(slow_then_hung)
+    steps = [json.loads(line) for line in (slow_then_hung / "verl.jsonl").read_text().splitlines()]
     gens = [record["data"]["timing_s/gen"] for record in steps]
-    print(f"slow run: gen seconds {gens}, wall {result['wall_s']:.0f} s")
-    assert len(gens) == 2 and min(gens) > 1.5 * STALL_AFTER_S, gens  # well past the limit
-    seen = scrapes(slow)
+    print(f"slow step: gen seconds {gens}")
+    assert len(gens) == 1 and gens[0] > 1.5 * STALL_AFTER_S, gens  # step 1, well past the limit
+    blocked_at = json.loads((slow_then_hung / "blocked.json").read_text())["blocked_unix_s"]
+    before = [text for when, text in scrapes(slow_then_hung) if when < blocked_at]
     open_gen = [
         value
-        for _, text in seen
+        for text in before
         for (name, labels), value in parse_exposition(text).items()
         if name == "rlotel_phase_open_seconds" and dict(labels)["phase"] == "gen"
     ]
-    assert max(open_gen) > STALL_AFTER_S  # the watch saw gen open past the limit, and
-    assert not [text for _, text in seen if STALL_FLAG.search(text)]  # never flagged it
-    assert not list((slow / "traces").glob("*.stacks"))  # nor did any other process
-    report = hangs(slow)
-    assert report.returncode == 0 and "no hang" in report.stdout.lower(), report.stdout
+    assert max(open_gen) > STALL_AFTER_S, result["console"]  # gen seen open past the limit,
+    assert not [text for text in before if STALL_FLAG.search(text)]  # never flagged before
+    stacks = (slow_then_hung / "traces").glob("*.stacks")  # nor judged by any other process
+    assert not [path for path in stacks if path.stat().st_mtime < blocked_at]
 
 
-def test_a_blocked_reward_is_flagged_within_a_minute_and_its_frame_printed(hung: Path) -> None:
+def test_a_blocked_reward_is_flagged_within_a_minute_and_its_frame_printed(
+    slow_then_hung: Path,
+) -> None:
+    hung = slow_then_hung
     result = outcome(hung)
     assert result["returncode"] == -9 and "stalled_scrape" in result, result["console"]
     block = json.loads((hung / "blocked.json").read_text())
@@ -139,7 +143,8 @@ def test_a_blocked_reward_is_flagged_within_a_minute_and_its_frame_printed(hung:
     report = hangs(hung)
     print(report.stdout)
     assert report.returncode == 1, report.stdout + report.stderr
-    assert re.search(r"^HANG: phase 'gen' in step 2 ", report.stdout, re.MULTILINE)
+    named = re.findall(r"^HANG: phase '(\w+)' in step (\d+) ", report.stdout, re.MULTILINE)
+    assert ("gen", "2") in named and ("gen", "1") not in named  # the slow step 1 is no hang
     reward = next(
         (block for block in report.stdout.split("HANG: ") if "process role=reward" in block),
         "",

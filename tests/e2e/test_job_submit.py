@@ -10,16 +10,15 @@ the traces, and the trainer's `/metrics` answered at the port an OTEL_* variable
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rlotel.offline import analyze
-from tests.e2e.job_submit import run_isolated
-from tests.e2e.main_ppo import EXPERIMENT
+from tests.e2e import ahead
+from tests.e2e.job_submit import isolated
+from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S
 from tests.helpers import parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -28,16 +27,20 @@ STEPS = 2
 WORKER_ROLES = {"actor", "rollout", "agent_loop"}  # Ray actors the job's raylet started
 
 
+ahead.declare(
+    "submitted",
+    "rl-js-",
+    lambda work, assets: isolated([str(work), "--steps", str(STEPS), "--assets", str(assets)]),
+    TIMEOUT_S + 180,
+)
+
+
 @pytest.fixture(scope="module")
-def submitted(e2e_assets: Path) -> Iterator[Path]:
-    # short: Ray's socket paths under its temp dir must stay below 108 bytes
-    work = Path(tempfile.mkdtemp(prefix="rl-js-", dir="/tmp"))
-    try:
-        result = run_isolated([str(work), "--steps", str(STEPS), "--assets", str(e2e_assets)])
+def submitted() -> Iterator[Path]:
+    for work in ahead.work_of("submitted"):
+        result = ahead.finished("submitted").result
         (work / "harness.log").write_text(result.stdout + result.stderr)
         yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def outcome(work: Path) -> str:

@@ -10,7 +10,6 @@ import json
 import math
 import re
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,8 @@ import yaml
 from rlotel.cli import commands as cli
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
-from tests.e2e.main_ppo import EXPERIMENT, run_isolated
+from tests.e2e import ahead
+from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, isolated
 from tests.helpers import file_spans, parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -36,17 +36,28 @@ COMPARED = (voc.TIMING_S, voc.TIMING_PER_TOKEN_MS, voc.OFF_POLICY)
 COMPARED_KEYS = (voc.THROUGHPUT, voc.TIME_PER_STEP, voc.TOTAL_NUM_TOKENS)
 
 
-def main_ppo(assets: Path, *argv: str) -> Iterator[Path]:
-    # short: Ray's socket paths under its temp dir must stay below 108 bytes
-    work = Path(tempfile.mkdtemp(prefix="rl-e2e-", dir="/tmp"))
-    try:
-        result = run_isolated([str(work), "--steps", str(STEPS), "--assets", str(assets), *argv])
+def declare_main_ppo(key: str, *argv: str) -> None:
+    """A real run of `main_ppo` (STEPS steps, the shared inputs, `argv`) read by fixture `key`."""
+    ahead.declare(
+        key,
+        "rl-e2e-",
+        lambda work, assets: isolated(
+            [str(work), "--steps", str(STEPS), "--assets", str(assets), *argv]
+        ),
+        TIMEOUT_S + 60,
+    )
+
+
+def main_ppo(key: str) -> Iterator[Path]:
+    """The directory of the run of `key`, once it trained to the end."""
+    for work in ahead.work_of(key):
+        result = ahead.finished(key).result
         log = work / "console.log"
         console = log.read_text(errors="replace") if log.exists() else ""
-        assert result.returncode == 0, result.stderr[-3000:] + console[-6000:]
+        assert result is not None and result.returncode == 0, (
+            result.stderr[-3000:] + console[-6000:]
+        )
         yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 PROFILED_STEP = 2
@@ -65,20 +76,25 @@ PROFILE = (  # verl's torch profiler on the actor for step 2, written under its 
 )
 
 
-@pytest.fixture(scope="module")
-def plugin_on(e2e_assets: Path) -> Iterator[Path]:
-    yield from main_ppo(e2e_assets, "--prometheus", *PROFILE)  # scraped as shipped
+declare_main_ppo("plugin_on", "--prometheus", *PROFILE)  # scraped as shipped
+declare_main_ppo("plugin_off", "--off", *PROFILE)
+declare_main_ppo("every_hook_failing", "--faults", "all", *PROFILE)
 
 
 @pytest.fixture(scope="module")
-def plugin_off(e2e_assets: Path) -> Iterator[Path]:
-    yield from main_ppo(e2e_assets, "--off", *PROFILE)
+def plugin_on() -> Iterator[Path]:
+    yield from main_ppo("plugin_on")
 
 
 @pytest.fixture(scope="module")
-def every_hook_failing(e2e_assets: Path) -> Iterator[Path]:
+def plugin_off() -> Iterator[Path]:
+    yield from main_ppo("plugin_off")
+
+
+@pytest.fixture(scope="module")
+def every_hook_failing() -> Iterator[Path]:
     """The plugin on, each hook's rlotel part made to raise where it starts its work."""
-    yield from main_ppo(e2e_assets, "--faults", "all", *PROFILE)
+    yield from main_ppo("every_hook_failing")
 
 
 def verl_log(work: Path) -> dict[int, dict]:

@@ -19,7 +19,14 @@ import yaml
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
 from tests.e2e.main_ppo import EXPERIMENT, STAND_INS
-from tests.e2e.test_main_ppo import STEPS, links_of, main_ppo, spans_by_role, verl_log
+from tests.e2e.test_main_ppo import (
+    STEPS,
+    declare_main_ppo,
+    links_of,
+    main_ppo,
+    spans_by_role,
+    verl_log,
+)
 from tests.helpers import file_spans, parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -72,9 +79,13 @@ MODES = {
 }
 
 
+for _mode, _argv in MODES.items():
+    declare_main_ppo(f"mode_run[{_mode}]", *_argv)
+
+
 @pytest.fixture(scope="module", params=sorted(MODES))
-def mode_run(request, e2e_assets: Path) -> Iterator[tuple[str, Path]]:
-    for work in main_ppo(e2e_assets, *MODES[request.param]):
+def mode_run(request) -> Iterator[tuple[str, Path]]:
+    for work in main_ppo(f"mode_run[{request.param}]"):
         yield request.param, work
 
 

@@ -1,0 +1,141 @@
+"""The suite's real runs, started ahead: a run is minutes of mostly waiting (Ray, vLLM and
+model start-up, one core of two busy), so the runs go one at a time in a thread of their
+own from the end of collection on, while the rest of the suite runs; the tests that read
+them run last (`tests/conftest.py` orders them) and wait for their run.
+
+A test module declares each run it reads at import (`declare`), its fixture waits for it
+(`finished`) and removes its directory when the module is done. Only the runs of selected
+tests start, in the order their tests will need them; the inputs every run shares (the
+tokenizer, model and data of `tests.e2e.assets`) are built first, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.e2e.main_ppo import ENGINE_PYTHON, ROOT
+
+Command = Callable[[Path, Path], list[str]]  # (its directory, the shared inputs) → argv
+STOP_S = 30  # a run still going when the session ends is killed; its thread gets this long
+
+
+@dataclass(eq=False)
+class RealRun:
+    key: str  # the fixture that reads it (`name[param]` for a parametrized one)
+    prefix: str  # of its directory in /tmp: short, Ray's socket paths stay below 108 bytes
+    command: Command
+    timeout_s: float
+    work: Path | None = None
+    result: subprocess.CompletedProcess | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+RUNS: dict[str, RealRun] = {}
+
+
+def declare(key: str, prefix: str, command: Command, timeout_s: float) -> RealRun:
+    RUNS[key] = RealRun(key, prefix, command, timeout_s)
+    return RUNS[key]
+
+
+class Runner:
+    """Builds the shared inputs, then runs `runs` one after the other in a daemon thread."""
+
+    def __init__(self, runs: Sequence[RealRun]) -> None:
+        self.runs = list(runs)
+        self.assets = Path(tempfile.mkdtemp(prefix="rl-assets-", dir="/tmp"))
+        self._process: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run_all, name="e2e-runs-ahead", daemon=True)
+        self._thread.start()
+
+    def _run_all(self) -> None:
+        inputs = [str(ENGINE_PYTHON), "-m", "tests.e2e.assets", str(self.assets)]
+        made = self._run(inputs, 600)
+        for run in self.runs:
+            if made.returncode != 0:
+                run.error = RuntimeError(f"the e2e inputs failed: {made.stderr[-3000:]}")
+            elif not self._stopping.is_set():
+                run.work = Path(tempfile.mkdtemp(prefix=run.prefix, dir="/tmp"))
+                try:
+                    run.result = self._run(run.command(run.work, self.assets), run.timeout_s)
+                except BaseException as error:  # handed to the test that reads the run
+                    run.error = error
+            run.done.set()
+
+    def _run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+        if not ENGINE_PYTHON.exists():
+            raise RuntimeError(f"{ENGINE_PYTHON} is missing: `make engine-venv` builds it")
+        process = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self._process = process
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill(process)
+            out, err = process.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout_s, out, err) from None
+        return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+    @staticmethod
+    def _kill(process: subprocess.Popen) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the namespace's processes with it
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """At the session's end: kill what still runs, remove what the runs left."""
+        self._stopping.set()
+        if self._process is not None and self._process.poll() is None:
+            self._kill(self._process)
+        self._thread.join(STOP_S)
+        for run in self.runs:
+            if run.work is not None:
+                shutil.rmtree(run.work, ignore_errors=True)
+        shutil.rmtree(self.assets, ignore_errors=True)
+
+
+_runner: Runner | None = None
+
+
+def start(keys: Sequence[str]) -> None:
+    """Start the runs of `keys`, in that order (the order their tests run in)."""
+    global _runner
+    _runner = Runner([RUNS[key] for key in keys])
+
+
+def stop() -> None:
+    if _runner is not None:
+        _runner.stop()
+
+
+def finished(key: str) -> RealRun:
+    """The run of `key`, once it has ended (its tests run after the rest of the suite)."""
+    run = RUNS[key]
+    if _runner is None or run not in _runner.runs:
+        raise RuntimeError(f"the real run {key!r} was not started at collection")
+    run.done.wait()
+    if run.error is not None:
+        raise run.error
+    return run
+
+
+def work_of(key: str) -> Iterator[Path]:
+    """A module fixture's body: the run's directory, removed when the module is done."""
+    run = finished(key)
+    assert run.work is not None
+    try:
+        yield run.work
+    finally:
+        shutil.rmtree(run.work, ignore_errors=True)
