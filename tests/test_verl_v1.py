@@ -298,11 +298,14 @@ def test_v1_worker_trajectories_reach_the_consuming_step_with_identity_times_and
     )
 
 
-def test_v1_stamps_give_sample_spans_their_model_turns_and_reward(make_tel, span_exporter):
+def test_v1_stamps_give_sample_spans_their_model_turns_tool_calls_and_reward(
+    make_tel, span_exporter
+):
     """What the agent-loop worker stamps on a trajectory (its times, each model turn's
-    `LLMServerClient.generate`, verl's reward score) becomes the sample span's `chat`
-    children and its `gen_ai.evaluation.result` event, when the trainer's replay buffer
-    hands the batch to a step."""
+    `LLMServerClient.generate`, verl's reward score, each `ToolAgentLoop._call_tool`)
+    becomes the sample span's `chat` and `execute_tool {tool}` children and its
+    `gen_ai.evaluation.result` event, when the trainer's replay buffer hands the batch to a
+    step; a stamp without tool calls (single-turn, or a worker's older rlotel) has none."""
     from types import SimpleNamespace
 
     from rlotel.integrations import verl_v1
@@ -317,6 +320,7 @@ def test_v1_stamps_give_sample_spans_their_model_turns_and_reward(make_tel, span
             None,
             [[start + 100, start + 300], [start + 500, start + 800]],
             0.5,
+            [["toy_calculator", start + 320, start + 480]],
         ],
         [start, start + 700, 1, None, [[start + 200, start + 600]], 1.0],
     ]
@@ -343,6 +347,19 @@ def test_v1_stamps_give_sample_spans_their_model_turns_and_reward(make_tel, span
             if s.name == "chat" and s.parent.span_id == sample.context.span_id
         )
         assert chats == [(a - start, b - start) for a, b in stamp[4]], key
+        calls = [
+            (s.name, s.attributes["gen_ai.operation.name"], s.attributes["gen_ai.tool.name"])
+            for s in spans
+            if s.name.startswith("execute_tool") and s.parent.span_id == sample.context.span_id
+        ]
+        times = sorted(
+            (s.start_time - start, s.end_time - start)
+            for s in spans
+            if s.name.startswith("execute_tool") and s.parent.span_id == sample.context.span_id
+        )
+        tools = stamp[6] if len(stamp) > 6 else []
+        assert calls == [(f"execute_tool {tool}", "execute_tool", tool) for tool, _, _ in tools]
+        assert times == [(a - start, b - start) for _, a, b in tools], key
         (event,) = [e for e in sample.events if e.name == "gen_ai.evaluation.result"]
         assert event.attributes["gen_ai.evaluation.score.value"] == stamp[5]
 
