@@ -10,15 +10,17 @@
   const escape = (s) =>
     String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   const margin = { l: 60, r: 20, t: 30, b: 40 };
+  // Every axis says its type: plotly otherwise guesses it by scanning each trace's values
+  // (dates? categories?), which cost more than drawing a 10,000-step report's charts.
   // Steps are integers: one tick per step on a short run, plotly's integer ticks otherwise.
   const first = data.x.length ? data.x[0] : 0;
   const span = data.x.length ? data.x[data.x.length - 1] - first : 0;
   const stepAxis = span <= 12
-    ? { title: { text: "step" }, tickmode: "linear", tick0: first, dtick: 1, tickformat: "d", hoverformat: "d" }
-    : { title: { text: "step" }, tickformat: "d", hoverformat: "d" };
+    ? { type: "linear", title: { text: "step" }, tickmode: "linear", tick0: first, dtick: 1, tickformat: "d", hoverformat: "d" }
+    : { type: "linear", title: { text: "step" }, tickformat: "d", hoverformat: "d" };
   // A ratio never goes below 0; shares and MFU never above 1.
-  const seconds = (text) => ({ title: { text }, rangemode: "tozero" });
-  const share = (text, top = 1) => ({ title: { text }, range: [0, top], tickformat: ".0%" });
+  const seconds = (text) => ({ type: "linear", title: { text }, rangemode: "tozero" });
+  const share = (text, top = 1) => ({ type: "linear", title: { text }, range: [0, top], tickformat: ".0%" });
   const known = (values) => values.filter((v) => v !== null && v !== undefined);
   const peak = (series) => Math.max(0, ...series.flatMap(known));
 
@@ -60,7 +62,7 @@
     type: "bar", orientation: "h", y: shareNames, x: shareNames.map((n) => data.share[n] * 100),
     text: shareNames.map((n) => (data.share[n] * 100).toFixed(1) + "%"), textposition: "auto",
     hovertemplate: "%{y}: %{x:.1f}% of step time<extra></extra>",
-  }], { xaxis: { title: { text: "% of step time (run)" }, range: [0, 100] }, yaxis: { autorange: "reversed", automargin: true } });
+  }], { xaxis: { type: "linear", title: { text: "% of step time (run)" }, range: [0, 100] }, yaxis: { type: "category", autorange: "reversed", automargin: true } });
 
   // --- throughput and MFU ----------------------------------------------------------------
   const perf = [];
@@ -237,8 +239,8 @@
     }));
     const layout = {
       barmode: "overlay", height: Math.max(260, 60 + 20 * rows.length), showlegend: byRole.size > 1, legend: { title: { text: "role" } },
-      xaxis: { title: { text: "ms since step start" }, rangemode: "tozero" },
-      yaxis: { tickvals: rows.map((_, i) => i), ticktext: rows.map((r) => "\u00a0".repeat(2 * r[1]) + r[0]), autorange: "reversed", automargin: true },
+      xaxis: { type: "linear", title: { text: "ms since step start" }, rangemode: "tozero" },
+      yaxis: { type: "linear", tickvals: rows.map((_, i) => i), ticktext: rows.map((r) => "\u00a0".repeat(2 * r[1]) + r[0]), autorange: "reversed", automargin: true },
       margin: { ...margin, l: 140 },
     };
     const d = tree.verdict;
