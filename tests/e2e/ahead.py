@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class RealRun:
     work: Path | None = None
     result: subprocess.CompletedProcess | None = None
     error: BaseException | None = None
+    wall_s: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -67,10 +69,12 @@ class Runner:
                 run.error = RuntimeError(f"the e2e inputs failed: {made.stderr[-3000:]}")
             elif not self._stopping.is_set():
                 run.work = Path(tempfile.mkdtemp(prefix=run.prefix, dir="/tmp"))
+                started = time.monotonic()
                 try:
                     run.result = self._run(run.command(run.work, self.assets), run.timeout_s)
                 except BaseException as error:  # handed to the test that reads the run
                     run.error = error
+                run.wall_s = time.monotonic() - started
             run.done.set()
 
     def _run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
@@ -118,6 +122,11 @@ def start(keys: Sequence[str]) -> None:
 def stop() -> None:
     if _runner is not None:
         _runner.stop()
+
+
+def walls() -> list[tuple[str, float | None]]:
+    """Each started run's wall seconds (None: it did not run to an end)."""
+    return [(run.key, run.wall_s) for run in _runner.runs] if _runner is not None else []
 
 
 def finished(key: str) -> RealRun:

@@ -28,5 +28,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ahead.start(list(keys))
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The real runs' own times (their tests' set-up times in `--durations` are waits)."""
+    walls = ahead.walls()
+    if walls:
+        terminalreporter.section("real runs, started ahead")
+        for key, wall_s in walls:
+            terminalreporter.write_line(
+                f"{wall_s or 0:8.1f} s  {key}" + ("" if wall_s else " (did not run)")
+            )
+
+
 def pytest_sessionfinish() -> None:
     ahead.stop()
