@@ -339,6 +339,7 @@ def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
         samples = [s for s in trainer if s["name"] == "sample" and s["trace"] == step["trace"]]
         assert samples, number
         for sample in samples:
+            assert sample["attrs"]["gen_ai.operation.name"] == "invoke_agent"
             turns = sample["attrs"]["rl.sample.turns"]  # verl's num_turns of the trajectory
             low, high = (logged[number][f"training/num_turns/{s}"] for s in ("min", "max"))
             assert low <= turns <= high, (number, turns)
@@ -352,6 +353,7 @@ def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
             assert [p["name"] for p in parts] == alternating, number
             assert sample["start"] <= parts[0]["start"] and parts[-1]["end"] <= sample["end"]
             assert all(a["end"] <= b["start"] for a, b in pairwise(parts))
+            assert all(chat["attrs"]["gen_ai.operation.name"] == "chat" for chat in chats)
             for call in calls:
                 assert call["attrs"]["gen_ai.operation.name"] == "execute_tool"
                 assert call["attrs"]["gen_ai.tool.name"] == name
