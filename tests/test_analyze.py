@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 import rlotel
@@ -65,6 +68,21 @@ def test_verl_file_logger_output(tmp_path, monkeypatch, capsys):
     ]
     assert cli.main(["analyze", str(target)]) == 0
     assert "4.0000" in capsys.readouterr().out  # mean gen seconds: (3 + 4 + 5) / 3
+
+
+def test_log_line_with_a_bare_nan_is_read(tmp_path):
+    """Python's json.dumps writes a NaN metric as a bare `NaN`, which orjson refuses: such a
+    line (verl's log shape, written by json) is still read, not skipped."""
+    target = tmp_path / "exp.jsonl"
+    lines = [
+        json.dumps({"step": n, "data": {"timing_s/step": 1.0 + n, "actor/grad_norm": math.nan}})
+        for n in (1, 2)
+    ]
+    target.write_text("\n".join(lines) + "\n")
+    assert "NaN" in target.read_text()
+    steps = load_steps(target)
+    assert [s.timing_raw for s in steps] == [{"step": 2.0}, {"step": 3.0}]
+    assert all(math.isnan(s.metrics["actor/grad_norm"]) for s in steps)
 
 
 def test_analyze_reports_missing_and_empty(tmp_path, capsys):
