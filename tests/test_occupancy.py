@@ -1,4 +1,5 @@
-"""Rollout occupancy measured from trajectories' real start/end times: per replica, the
+"""Rollout occupancy measured from what held each replica's engine (model turns, else whole
+trajectories): per replica, the
 tail seconds moved from productive to idle, the rollout-tail verdict."""
 
 from __future__ import annotations
@@ -69,6 +70,33 @@ def test_step_metrics_per_replica_series_and_goodput_moves_the_tail():
         series = parse_exposition(scrape(tel.metrics_url))
         key = ("rlotel_rollout_occupancy_ratio", frozenset({("run", "occ"), ("replica", "b")}))
         assert series[key] == pytest.approx(0.75)
+    finally:
+        tel.shutdown()
+
+
+def test_model_turns_measure_the_engine_not_the_whole_trajectory():
+    """Both trajectories on replica a last 10 s (tool calls, reward), but the engine served
+    sample 0 for its first 4 s and sample 1 twice for 1 s: 2 in flight, then 1, then 2 again
+    over the 4 s the engine was busy → 0.75. On b one sample of the batch has no turns, so
+    that batch is measured from its trajectories (1.0), as when no turns are given at all."""
+    tel = rlotel.init(run="occ", prometheus_port=None)
+    try:
+        with tel.step(1) as step:
+            with tel.phase("gen"):
+                for replica, turns in (
+                    ("a", [[(T0, T0 + 4 * S)], [(T0, T0 + S), (T0 + 3 * S, T0 + 4 * S)]]),
+                    ("b", [[(T0, T0 + S)], []]),
+                ):
+                    tel.record_samples(
+                        generate_sequences=[4.0, 2.0],
+                        start_time_ns=[T0] * 2,
+                        end_time_ns=[T0 + 10 * S] * 2,
+                        turn_times_ns=turns,
+                        replica=replica,
+                    )
+        a, b = step.summary.occupancy["a"], step.summary.occupancy["b"]
+        assert (a.ratio, a.busy_seconds, a.peak) == (pytest.approx(0.75), 4.0, 2)
+        assert (b.ratio, b.busy_seconds) == (1.0, 10.0)
     finally:
         tel.shutdown()
 

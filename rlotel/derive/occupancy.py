@@ -1,9 +1,12 @@
-"""Rollout occupancy measured from trajectories' real start and end times.
+"""Rollout occupancy measured from what held each replica's engine, and when.
 
-Per replica, over the time it has at least one trajectory in flight: occupancy = mean
-in-flight trajectories ÷ peak in flight (1: everything ran side by side to the end), and
-the tail seconds, while fewer than half the peak are in flight (the rollout mostly waits
-for its last long samples). Computed when the step closes, off the training thread.
+In flight on a replica: each model turn of a trajectory (a request its engine served),
+where the integration measured every sample's turns (verl's agent loop does); otherwise each
+trajectory from its start to its end (tool calls, reward and queueing included). Per
+replica, over the time it has at least one in flight: occupancy = mean in flight ÷ peak in
+flight (1: everything ran side by side to the end), and the tail seconds, while fewer than
+half the peak are in flight (the rollout mostly waits for its last long samples).
+Computed when the step closes, off the training thread.
 """
 
 from __future__ import annotations
@@ -45,20 +48,38 @@ def occupancy(starts: np.ndarray, ends: np.ndarray) -> Occupancy | None:
     return Occupancy(mean / peak, tail, busy_seconds, int(peak))
 
 
+def in_flight(batch: SampleBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start ns, end ns, sample index) of what held the engine: every model turn when each
+    sample has well-formed turns, else each sample's trajectory."""
+    start, end = batch.times  # type: ignore[misc]  # by_replica reads timed batches only
+    whole = start, end, np.arange(start.size)
+    if batch.turns is None or len(batch.turns) != start.size:
+        return whole
+    try:
+        rows = [(s, e, i) for i, turns in enumerate(batch.turns) for s, e in turns]
+        table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    except (TypeError, ValueError, OverflowError):  # malformed: the trajectories instead
+        return whole
+    if np.unique(table[:, 2]).size != start.size:  # a sample without turns
+        return whole
+    return table[:, 0], table[:, 1], table[:, 2]
+
+
 def by_replica(batches: Iterable[SampleBatch]) -> dict[str, Occupancy]:
-    """Each replica's occupancy over the trajectories of these batches that have times."""
+    """Each replica's occupancy over what these batches' timed samples held it with."""
     starts: dict[str, list[np.ndarray]] = {}
     ends: dict[str, list[np.ndarray]] = {}
     for batch in batches:
         if batch.times is None:
             continue
-        start, end = batch.times
+        start, end, sample = in_flight(batch)
         replica = batch.replica if batch.replica is not None else DEFAULT_REPLICA
         if isinstance(replica, str):
             starts.setdefault(replica, []).append(start)
             ends.setdefault(replica, []).append(end)
             continue
         names, which = np.unique(replica, return_inverse=True)
+        which = which[sample]
         for index, name in enumerate(names.tolist()):
             rows = which == index
             starts.setdefault(name, []).append(start[rows])

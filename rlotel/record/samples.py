@@ -96,6 +96,7 @@ class SampleBatch:
         "times",
         "token_versions",
         "trace_id",
+        "turns",
         "versions",
     )
 
@@ -113,6 +114,7 @@ class SampleBatch:
         self._totals: np.ndarray | None = None
         self.discarded: str | None = None  # generated, never trained: why (async bias)
         self.times: tuple[np.ndarray, np.ndarray] | None = None  # every sample's Unix ns
+        self.turns: list | None = None  # every sample's model turns, with `times` (occupancy)
         self.replica: str | np.ndarray | None = None  # the rollout replica(s) it ran on
         self.token_versions: tuple[float, float] | None = None  # Σ tokens, Σ tokens × oldest
 
@@ -125,17 +127,22 @@ class SampleBatch:
 
     def settle(self) -> None:
         """End of the `record_samples` call: keep what the samples with spans need from
-        the caller's per-sample arrays (identity, times, versions) and let go of them."""
+        the caller's per-sample arrays (identity, times, versions), and every sample's model
+        turns for occupancy, and let go of them."""
         pending, self._pending = self._pending, None
-        if pending is not None and self.spans:
-            per_sample, drops = pending
-            for span in self.spans:
-                extras = _extras(per_sample, span.index, drops)
-                if self.replica is not None:  # as given: one label, or one a sample
-                    replica = self.replica
-                    label = replica if isinstance(replica, str) else str(replica[span.index])
-                    extras.attributes[attr.REPLICA] = label
-                self.span_extras[span.index] = extras
+        if pending is None:
+            return
+        per_sample, drops = pending
+        turns = per_sample.get(TURN_TIMES)
+        if turns is not None and self.times is not None:
+            self.turns = list(turns)  # read at the step's end, off the training thread
+        for span in self.spans:
+            extras = _extras(per_sample, span.index, drops)
+            if self.replica is not None:  # as given: one label, or one a sample
+                replica = self.replica
+                label = replica if isinstance(replica, str) else str(replica[span.index])
+                extras.attributes[attr.REPLICA] = label
+            self.span_extras[span.index] = extras
 
     def valid(self, field: str) -> np.ndarray:
         column = self.columns[field]

@@ -348,8 +348,9 @@ ROLLOUT_OCCUPANCY = MetricSpec(
     "rlotel_rollout_occupancy_ratio",
     "gauge",
     "ratio",
-    "Last step's rollout occupancy per replica, from trajectories' real start/end times: mean "
-    "in-flight trajectories divided by the peak in flight (1 = all ran to the end together).",
+    "Last step's rollout occupancy per replica, from what held its engine (each model turn, "
+    "where measured, else each trajectory from start to end): mean in flight divided by the "
+    "peak in flight (1 = all ran to the end together).",
     ("replica",),
 )
 ROLLOUT_TAIL = MetricSpec(
@@ -357,7 +358,7 @@ ROLLOUT_TAIL = MetricSpec(
     "gauge",
     "seconds",
     "Seconds of the last step during which a rollout replica had fewer than half its peak "
-    "trajectories in flight (waiting for the last long samples).",
+    "in flight (waiting for the last long samples; in flight as for the occupancy).",
     ("replica",),
 )
 
