@@ -22,15 +22,13 @@ A change is significant when its interval excludes 0, unless the window is negli
 
 from __future__ import annotations
 
-import gc
 import html
 import json
 import math
 import re
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from rlotel.derive.diagnose import diagnose, windows
-from rlotel.offline.analyze import Run, StepRecord, load_run
+from rlotel.offline.analyze import Run, StepRecord, load_run, without_gc
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -191,27 +189,13 @@ class Comparison:
 # --- reading ------------------------------------------------------------------------------
 
 
-@contextmanager
-def _without_gc() -> Iterator[None]:
-    """Reading a run makes millions of small dicts and frees few: the cyclic collector's
-    passes over the growing heap cost ~40 % of a 10,000-step read and find nothing."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def load(path: Path) -> Run:
     """A run from any input `rlotel.offline.analyze` reads; CompareError when there is none."""
     path = Path(path)
     if not path.exists():
         raise CompareError(f"{path} does not exist")
     try:
-        with _without_gc():
-            run = load_run(path)
+        run = load_run(path)
     except OSError as error:
         raise CompareError(f"cannot read {path}: {error.strerror or error}") from None
     if not run.steps:
@@ -350,7 +334,7 @@ def compare_runs(
     seed: int = SEED,
 ) -> Comparison:
     """Every window of both runs, the bottleneck of each, and the verdict line."""
-    with _without_gc():
+    with without_gc():
         return _compare_runs(base, new, skip, resamples, seed)
 
 
