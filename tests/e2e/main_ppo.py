@@ -27,8 +27,10 @@ A run expected to hang: `--until-stalled S` kills it S seconds after a scrape of
 trainer's /metrics first shows a stall flag (`run.json`: `stalled_scrape`); `--env` sets
 more variables for every process (`RLOTEL_STALL_AFTER_S`). `--prometheus` runs a real
 Prometheus next to it (loopback, inside the namespace) with the shipped jobs: the trainer at
-the documented address, the workers by file discovery of `sd/`, the shipped rule files; its
-TSDB is left in `prometheus/data` for the dashboards' queries. An override
+the documented address, the workers by file discovery of `sd/`, the vLLM engines by file
+discovery of `engines/` (bridged from the config verl's own `rollout.prometheus` writer
+writes), the shipped rule files; its TSDB is left in `prometheus/data` for the dashboards'
+queries. An override
 in HYDRA_OVERRIDES replaces the default of the same key (another reward).
 """
 
@@ -236,7 +238,38 @@ def hold(port: int) -> socket.socket:
 
 
 PROMETHEUS_CONFIG = ROOT / "rlotel" / "offline" / "stack" / "collector" / "prometheus.yml"
-SHIPPED_JOBS = ("rlotel", "rlotel-workers")  # the trainer and the Ray workers
+SHIPPED_JOBS = ("rlotel", "rlotel-workers", "rollout-engines")  # trainer, workers, vLLM
+VERL_PROMETHEUS = "verl-prometheus.yml"  # where verl's rollout.prometheus writer writes
+
+
+def engine_overrides(work: Path) -> list[str]:
+    """verl's own `rollout.prometheus` writer, on (`--prometheus`): it writes the engines'
+    addresses (with the plugin on, labelled with their replica and the run) to a config file
+    for Ray's Prometheus and asks that one to reload; here there is none to reload."""
+    rollout = "actor_rollout_ref.rollout"
+    return [
+        f"{rollout}.disable_log_stats=False",  # verl requires the engines' stats for it
+        f"{rollout}.prometheus.enable=True",
+        f"{rollout}.prometheus.file={work / VERL_PROMETHEUS}",
+    ]
+
+
+def engines_from_verl(work: Path) -> bool:
+    """The harness's bridge from verl's written config to the shipped `rollout-engines`
+    job: its `rollout` job's target groups, as they are, become `engines/verl.json`."""
+    import yaml  # the engine venv has it (verl's Hydra needs it)
+
+    written, discovery = work / VERL_PROMETHEUS, work / "engines" / "verl.json"
+    if discovery.exists() or not written.exists():
+        return discovery.exists()
+    config = yaml.safe_load(written.read_text()) or {}
+    jobs = [job for job in config.get("scrape_configs", []) if job.get("job_name") == "rollout"]
+    if not jobs:
+        return False
+    temporary = discovery.with_suffix(".tmp")  # Prometheus reads whole files only
+    temporary.write_text(json.dumps(jobs[0].get("static_configs", [])))
+    temporary.rename(discovery)
+    return True
 
 
 def start_prometheus(work: Path) -> subprocess.Popen:
@@ -251,10 +284,13 @@ def start_prometheus(work: Path) -> subprocess.Popen:
             jobs.append({**job, "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]})
         elif job["job_name"] == "rlotel-workers":
             jobs.append({**job, "file_sd_configs": [{"files": [f"{work}/sd/*.json"]}]})
+        elif job["job_name"] == "rollout-engines":
+            jobs.append({**job, "file_sd_configs": [{"files": [f"{work}/engines/*.json"]}]})
     assert [job["job_name"] for job in jobs] == list(SHIPPED_JOBS), jobs
     home = work / "prometheus"
     home.mkdir(parents=True, exist_ok=True)
-    (work / "sd").mkdir(exist_ok=True)  # watched from the start: else re-read every 5 min
+    for watched in ("sd", "engines"):  # watched from the start: else re-read every 5 min
+        (work / watched).mkdir(exist_ok=True)
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(PROMETHEUS_CONFIG.parent / rule) for rule in shipped["rule_files"]],
@@ -373,6 +409,8 @@ def run(
                     stalled = (count, now)
             if plugin:
                 scrape_discovered(work / "sd", work / "targets")
+            if scraper is not None:
+                engines_from_verl(work)
             time.sleep(0.5)
         returncode = process.wait()
     if held is not None:
@@ -442,6 +480,8 @@ def main() -> int:
         extra = [*ppo_overrides(assets or work / "assets", work), *extra]
     if options.ranks != 1:
         extra = [*ranks_overrides(options.ranks), *extra]
+    if options.prometheus:
+        extra = [*engine_overrides(work), *extra]
     return run(
         work,
         options.steps,

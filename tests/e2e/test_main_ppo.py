@@ -594,10 +594,8 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
 
 # What this run is, in the words the dashboards' descriptions use for when a panel is empty
 # (dashboards/build.py `EMPTY`): a panel that is empty on it must say one of these.
-THIS_RUN = (
-    *("sync", "no_replay_buffer", "no_tools", "one_rank"),
-    "no_engine_discovery",  # the shipped engine job is not pointed at this run's vLLM
-)
+THIS_RUN = ("sync", "no_replay_buffer", "no_tools", "one_rank")
+OTHER_ENGINE = "sglang:"  # the engine row's panels query vLLM and SGLang side by side
 
 
 def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[str]]]:
@@ -622,6 +620,8 @@ def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[
             for panel in panels:
                 for target in panel["targets"]:
                     promql = target["expr"]
+                    if OTHER_ENGINE in promql:
+                        continue  # the engine this run does not use: no series by design
                     for name, value in variables.items():
                         promql = promql.replace(name, value)
                     assert "$" not in promql, promql
@@ -674,14 +674,15 @@ def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[
 def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path: Path) -> None:
     """A real Prometheus scraped the run as shipped (the trainer at the documented address,
     the workers by file discovery, the shipped rules, every second); every query of every
-    panel of both dashboards is evaluated over the run's window. A panel answers, or its
-    description says it is empty on a run like this one (CPU, synchronous, no engine
-    discovery)."""
+    panel of both dashboards is evaluated over the run's window (SGLang's queries aside: the
+    run's engine is vLLM, found through verl's own `rollout.prometheus` writer). A panel
+    answers, or its description says it is empty on a run like this one (CPU, synchronous,
+    one rank)."""
     found = dashboards_on(plugin_on / "prometheus" / "data", tmp_path)
     for title, (answering, total, empty) in found.items():
         print(f"\n{title}: {answering}/{total} answer on the real run; empty: {empty}")
-    assert found["RL step breakdown"][0] >= 18 and found["RL rollout tail"][0] >= 5
-    assert found["recording rules"][0] >= 14  # the thresholds at least
+    assert found["RL step breakdown"][0] >= 18 and found["RL rollout tail"][0] >= 12
+    assert found["recording rules"][0] >= 22  # the engines' included
     assert found["alerts firing"][2] == []  # on-call keeps them on: a healthy run fires none
     run = json.loads((plugin_on / "run.json").read_text())
     print(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
