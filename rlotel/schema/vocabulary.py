@@ -58,6 +58,35 @@ VERL_ASYNC_STAGES: tuple[str, ...] = (
     PARAM_SYNC,
     WAIT_FOR_ENOUGH_SAMPLES,
 )
+# verl's `CheckpointEngineManager.update_weights` stages (every backend but the colocated
+# `naive`), each a window nested in the caller's (rlotel.integrations.verl_weights): verl's
+# method names for the manager's own stages, in order; the process group's two worker calls
+# nest in `build_process_group`; then the transfer and `finalize`.
+CKPT_ABORT = "abort_replicas"
+CKPT_RELEASE_KV_CACHE = "release_kv_cache_replicas"
+CKPT_BUILD_PROCESS_GROUP = "build_process_group"
+CKPT_PREPARE = "prepare"  # each worker's engine: buffers, its address for the topology
+CKPT_INIT_PROCESS_GROUP = "init_process_group"
+CKPT_TRANSFER = "transfer_weights"  # actor ranks send, rollout workers receive
+CKPT_FINALIZE = "finalize"
+CKPT_RESUME_KV_CACHE = "resume_kv_cache_replicas"
+CKPT_RESUME_GENERATION = "resume_generation_replicas"
+CKPT_MANAGER_STAGES: tuple[str, ...] = (
+    CKPT_ABORT,
+    CKPT_RELEASE_KV_CACHE,
+    CKPT_BUILD_PROCESS_GROUP,
+    CKPT_RESUME_KV_CACHE,
+    CKPT_RESUME_GENERATION,
+)
+CKPT_STAGES: tuple[str, ...] = (
+    CKPT_ABORT,
+    CKPT_RELEASE_KV_CACHE,
+    CKPT_BUILD_PROCESS_GROUP,
+    CKPT_TRANSFER,
+    CKPT_FINALIZE,
+    CKPT_RESUME_KV_CACHE,
+    CKPT_RESUME_GENERATION,
+)
 # Windows a concurrent rollout (thread, task) opens next to the trainer: rlotel's names,
 # role `rollout` (rlotel.derive.goodput), e.g. the `rlotel demo --async` rollout thread.
 ROLLOUT_GENERATE = "rollout_generate"

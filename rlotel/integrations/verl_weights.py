@@ -1,0 +1,208 @@
+"""verl's weight sync, stage by stage: `update_weights` as the checkpoint engine runs it.
+
+A high `update_weights` is read in the stages of verl's
+`CheckpointEngineManager.update_weights` (`verl/checkpoint_engine/base.py`), which every
+backend but the colocated `naive` one runs, in order: abort the replicas' requests,
+release their KV cache, build the process group (each worker's `prepare`, then its
+`init_process_group` with the topology the backend computed in between), transfer the
+weights (the actor ranks send, the rollout workers receive), `finalize`, resume the KV
+cache, resume generation. Each becomes a window of its own, nested in whatever is open in
+the caller's context (the trainer's `update_weights` timer; fully async's `param_sync`),
+the process-group ones under `build_process_group`.
+
+Three stages are manager methods, wrapped on the class; the others are worker-group calls
+made inside `update_weights` (`execute_checkpoint_engine("prepare" | "init_process_group" |
+"finalize")`, the actor's `update_weights`), seen where every worker-group call is
+dispatched (`RayWorkerGroup.execute_all`) while an update is running in the same context;
+a stage lasts until the next one starts. The wrappers keep verl's calling convention
+(`auto_await`: awaitable from async code, blocking from sync code). A manager update that
+`auto_await` runs in a thread of its own (sync code called while an event loop runs) has
+the caller's windows out of reach: its stages become windows of their own trace.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from rlotel.integrations import guard
+from rlotel.integrations.patches import Patches
+from rlotel.integrations.process import telemetry
+from rlotel.schema import vocabulary as voc
+
+HOOK = "verl_checkpoint_engine"
+COLOCATED_BACKEND = "naive"  # one actor call, no stages
+# worker-group calls inside an update: (verl's method, the engine method) → (window, nested)
+ENGINE_METHOD = "execute_checkpoint_engine"
+DISPATCHED = {
+    (ENGINE_METHOD, voc.CKPT_PREPARE): (voc.CKPT_PREPARE, True),
+    (ENGINE_METHOD, voc.CKPT_INIT_PROCESS_GROUP): (voc.CKPT_INIT_PROCESS_GROUP, True),
+    (voc.UPDATE_WEIGHTS, None): (voc.CKPT_TRANSFER, False),
+    (ENGINE_METHOD, voc.CKPT_FINALIZE): (voc.CKPT_FINALIZE, False),
+}
+
+
+class _Stages:
+    """One update's windows: a stage at a time, and a stage within it (the process group's)."""
+
+    def __init__(self) -> None:
+        self.tel = telemetry()
+        self.stage: Any = None
+        self.inner: Any = None
+
+    def enter(self, name: str, nested: bool = False) -> None:
+        current = self.inner if nested else self.stage
+        if current is not None and current.name == name:
+            return  # the rollout group's half of the call the actor group's opened
+        self.close(nested)
+        if nested and self.stage is None:
+            return
+        phase = self.tel.phase(name)
+        phase.__enter__()
+        if nested:
+            self.inner = phase
+        else:
+            self.stage = phase
+
+    def close(self, inner_only: bool = False, raised: BaseException | None = None) -> None:
+        inner, self.inner = self.inner, None
+        if inner is not None:
+            guard.exit_context(HOOK, inner, raised)
+        if not inner_only:
+            stage, self.stage = self.stage, None
+            if stage is not None:
+                guard.exit_context(HOOK, stage, raised)
+
+    def dispatched(self, method_name: str, args: tuple, kwargs: dict) -> None:
+        guard.fault(HOOK)
+        for (method, engine_method), (name, nested) in DISPATCHED.items():
+            if method_name.endswith(method) and (
+                engine_method is None or _engine_method(args, kwargs) == engine_method
+            ):
+                self.enter(name, nested)
+                return
+
+
+def _engine_method(args: tuple, kwargs: dict) -> Any:
+    """The engine method of a dispatched `execute_checkpoint_engine` (one per rank)."""
+    methods = args[0] if args else kwargs.get("method")
+    return methods[0] if isinstance(methods, list) and methods else methods
+
+
+_current: contextvars.ContextVar[_Stages | None] = contextvars.ContextVar(
+    "rlotel_weight_sync", default=None
+)
+
+
+def _begin() -> _Stages | None:
+    try:
+        guard.fault(HOOK)
+        return _Stages()
+    except Exception as error:
+        guard.failed(HOOK, error)
+        return None
+
+
+def traced_update(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`update_weights`' coroutine function, its stages timed (not for `naive`)."""
+
+    @functools.wraps(original)
+    async def update_weights(self, *args, **kwargs):
+        stages = None if getattr(self, "backend", None) == COLOCATED_BACKEND else _begin()
+        if stages is None:
+            return await original(self, *args, **kwargs)
+        token = _current.set(stages)
+        raised = None
+        try:
+            return await original(self, *args, **kwargs)
+        except BaseException as error:
+            raised = error
+            raise
+        finally:
+            _current.reset(token)
+            guard.attempt(HOOK, stages.close, False, raised)
+
+    return update_weights
+
+
+def _stage_call(stages: _Stages, name: str) -> bool:
+    try:
+        guard.fault(HOOK)
+        stages.enter(name)
+        return True
+    except Exception as error:
+        guard.failed(HOOK, error)
+        return False
+
+
+def traced_stage(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A manager stage method (a coroutine function, or sync `build_process_group`), a
+    window while it runs inside an update."""
+    if not inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        def stage(self, *args, **kwargs):
+            stages = _current.get()
+            if stages is None or not _stage_call(stages, name):
+                return original(self, *args, **kwargs)
+            try:
+                result = original(self, *args, **kwargs)
+            except BaseException as error:
+                guard.attempt(HOOK, stages.close, False, error)
+                raise
+            guard.attempt(HOOK, stages.close)
+            return result
+
+        return stage
+
+    @functools.wraps(original)
+    async def async_stage(self, *args, **kwargs):
+        stages = _current.get()
+        if stages is None or not _stage_call(stages, name):
+            return await original(self, *args, **kwargs)
+        try:
+            result = await original(self, *args, **kwargs)
+        except BaseException as error:
+            guard.attempt(HOOK, stages.close, False, error)
+            raise
+        guard.attempt(HOOK, stages.close)
+        return result
+
+    return async_stage
+
+
+def traced_execute_all(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`RayWorkerGroup.execute_all`: a dispatch inside an update may start its next stage."""
+
+    @functools.wraps(original)
+    def execute_all(self, method_name, *args, **kwargs):
+        stages = _current.get()
+        if stages is not None:
+            guard.attempt(HOOK, stages.dispatched, method_name, args, kwargs)
+        return original(self, method_name, *args, **kwargs)
+
+    return execute_all
+
+
+def patch_manager(base: ModuleType, patches: Patches) -> None:
+    """Patch `verl.checkpoint_engine.base` (and the worker group's dispatch it uses)."""
+    from verl.single_controller.ray.base import RayWorkerGroup
+    from verl.utils.ray_utils import auto_await
+
+    manager = base.CheckpointEngineManager
+    update = manager.update_weights
+    patches.replace(manager, voc.UPDATE_WEIGHTS, auto_await(traced_update(update.__wrapped__)))
+    for name in voc.CKPT_MANAGER_STAGES:  # verl's method names
+        stage = getattr(manager, name)
+        awaited = getattr(stage, "__wrapped__", None)  # `auto_await`'s coroutine function
+        replacement = (
+            auto_await(traced_stage(awaited, name))
+            if awaited is not None
+            else traced_stage(stage, name)
+        )
+        patches.replace(manager, name, replacement)
+    patches.replace(RayWorkerGroup, "execute_all", traced_execute_all(RayWorkerGroup.execute_all))
