@@ -171,9 +171,10 @@ def assert_received(rollout: RayWorkerGroup) -> None:
 
 
 def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_tel, span_exporter):
-    """Called from sync code (a trainer's `update_weights` timer) and awaited from async code
-    (fully async's trainer): the same stages, in order, back to back inside the caller's
-    window; the process group's two calls inside `build_process_group`; the weights arrive."""
+    """Called from sync code (a trainer's `update_weights` timer), awaited from async code
+    (fully async's trainer) and with no window open (verl's first sync, which gets one of its
+    own): the same stages, in order, back to back inside the `update_weights` window; the
+    process group's two calls inside `build_process_group`; the weights arrive."""
     sync_weights, replica = manager(groups)
     tel = make_tel()
 
@@ -188,8 +189,10 @@ def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_te
     with tel.step(2):
         asyncio.run(awaited())
     assert_received(groups[1])
+    sync_weights.update_weights(3)  # as verl's first sync: no window open around it
+    assert_received(groups[1])
     tel.flush()
-    assert replica.calls == 2 * [
+    assert replica.calls == 3 * [
         "abort_all_requests",
         "release_kv_cache",
         "resume_kv_cache",
@@ -197,7 +200,8 @@ def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_te
     ]
     spans = span_exporter.get_finished_spans()
     updates = sorted((s for s in spans if s.name == voc.UPDATE_WEIGHTS), key=lambda s: s.start_time)
-    assert len(updates) == 2
+    assert len(updates) == 3
+    assert updates[-1].parent is None  # its own window, a root span
     for update in updates:
         stages = children(spans, update)
         assert [s.name for s in stages] == list(voc.CKPT_STAGES)

@@ -17,7 +17,8 @@ dispatched (`RayWorkerGroup.execute_all`) while an update is running in the same
 a stage lasts until the next one starts. The wrappers keep verl's calling convention
 (`auto_await`: awaitable from async code, blocking from sync code). A manager update that
 `auto_await` runs in a thread of its own (sync code called while an event loop runs) has
-the caller's windows out of reach: its stages become windows of their own trace.
+the caller's windows out of reach. An update with no window open around it (verl's first
+sync, before training) gets an `update_weights` window of its own, a root span.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ class _Stages:
     """One update's windows: a stage at a time, and a stage within it (the process group's)."""
 
     def __init__(self) -> None:
-        self.tel = telemetry()
+        self.tel = tel = telemetry()
         self.stage: Any = None
         self.inner: Any = None
+        self.own: Any = None  # an update outside any window (before training): its own
+        if tel.ledger.current_step is None and not tel.ledger.in_open_phase():
+            self.own = tel.phase(voc.UPDATE_WEIGHTS)
+            self.own.__enter__()
 
     def enter(self, name: str, nested: bool = False) -> None:
         current = self.inner if nested else self.stage
@@ -76,6 +81,12 @@ class _Stages:
             stage, self.stage = self.stage, None
             if stage is not None:
                 guard.exit_context(HOOK, stage, raised)
+
+    def end(self, raised: BaseException | None) -> None:
+        self.close(False, raised)
+        own, self.own = self.own, None
+        if own is not None:
+            guard.exit_context(HOOK, own, raised)
 
     def dispatched(self, method_name: str, args: tuple, kwargs: dict) -> None:
         guard.fault(HOOK)
@@ -124,7 +135,7 @@ def traced_update(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         finally:
             _current.reset(token)
-            guard.attempt(HOOK, stages.close, False, raised)
+            guard.attempt(HOOK, stages.end, raised)
 
     return update_weights
 
