@@ -172,9 +172,9 @@ def assert_received(rollout: RayWorkerGroup) -> None:
 
 def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_tel, span_exporter):
     """Called from sync code (a trainer's `update_weights` timer), awaited from async code
-    (fully async's trainer) and with no window open (verl's first sync, which gets one of its
-    own): the same stages, in order, back to back inside the `update_weights` window; the
-    process group's two calls inside `build_process_group`; the weights arrive."""
+    (fully async's trainer) and with no window open (it gets one of its own): the same
+    stages, in order, back to back inside the `update_weights` window; the process group's
+    two calls inside `build_process_group`; the weights arrive."""
     sync_weights, replica = manager(groups)
     tel = make_tel()
 
@@ -189,7 +189,7 @@ def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_te
     with tel.step(2):
         asyncio.run(awaited())
     assert_received(groups[1])
-    sync_weights.update_weights(3)  # as verl's first sync: no window open around it
+    sync_weights.update_weights(3)  # between steps: no window open around it
     assert_received(groups[1])
     tel.flush()
     assert replica.calls == 3 * [
@@ -235,3 +235,17 @@ def test_a_failing_hook_leaves_the_update_to_verl(groups, make_tel, span_exporte
     assert replica.calls[-1] == "resume_generation"
     names = {s.name for s in span_exporter.get_finished_spans()}
     assert voc.UPDATE_WEIGHTS in names and not names & set(voc.CKPT_STAGES), names
+
+
+def test_a_sync_before_telemetry_starts_leaves_it_unstarted(groups):
+    """verl's first sync runs before `fit` declares the trainer the driver: timing it would
+    start a worker's telemetry in the trainer's process (another run name, no /metrics at
+    the documented address). The weights arrive; rlotel stays unstarted."""
+    import rlotel
+
+    assert rlotel.current() is None
+    sync_weights, replica = manager(groups)
+    sync_weights.update_weights(0)
+    assert_received(groups[1])
+    assert replica.calls[-1] == "resume_generation"
+    assert rlotel.current() is None

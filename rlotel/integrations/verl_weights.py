@@ -17,8 +17,9 @@ dispatched (`RayWorkerGroup.execute_all`) while an update is running in the same
 a stage lasts until the next one starts. The wrappers keep verl's calling convention
 (`auto_await`: awaitable from async code, blocking from sync code). A manager update that
 `auto_await` runs in a thread of its own (sync code called while an event loop runs) has
-the caller's windows out of reach. An update with no window open around it (verl's first
-sync, before training) gets an `update_weights` window of its own, a root span.
+the caller's windows out of reach. An update with no window open around it gets an
+`update_weights` window of its own, a root span; one before this process's telemetry started
+(verl's first sync, before `fit`) is not timed.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import rlotel
 from rlotel.integrations import guard
 from rlotel.integrations.patches import Patches
-from rlotel.integrations.process import telemetry
 from rlotel.schema import vocabulary as voc
 
 HOOK = "verl_checkpoint_engine"
@@ -50,8 +51,8 @@ DISPATCHED = {
 class _Stages:
     """One update's windows: a stage at a time, and a stage within it (the process group's)."""
 
-    def __init__(self) -> None:
-        self.tel = tel = telemetry()
+    def __init__(self, tel: Any) -> None:
+        self.tel = tel
         self.stage: Any = None
         self.inner: Any = None
         self.own: Any = None  # an update outside any window (before training): its own
@@ -110,9 +111,14 @@ _current: contextvars.ContextVar[_Stages | None] = contextvars.ContextVar(
 
 
 def _begin() -> _Stages | None:
+    """The update's stages, where this process's telemetry runs: an update before it started
+    (verl's first sync, before `fit` declares the driver) must not start a worker's."""
     try:
+        tel = rlotel.current()
+        if tel is None:
+            return None
         guard.fault(HOOK)
-        return _Stages()
+        return _Stages(tel)
     except Exception as error:
         guard.failed(HOOK, error)
         return None
