@@ -40,13 +40,15 @@ def transfer_queue(monkeypatch):
             ray.shutdown()
 
 
-def _write_trajectories(tq) -> None:
-    """What AgentLoopWorkerTQ does: prompt status tags, then each trajectory's as_dict()."""
+def _write_trajectories(tq, steps: dict[str, int] | None = None) -> None:
+    """What AgentLoopWorkerTQ does: prompt status tags, then each trajectory's as_dict().
+    `steps`: the step each prompt was generated for (default STEP - 1)."""
+    steps = steps or {}
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     for uid in ("p0", "p1"):
-        tag = {"is_prompt": True, "status": "finished", "global_steps": STEP - 1}
+        tag = {"is_prompt": True, "status": "finished", "global_steps": steps.get(uid, STEP - 1)}
         tq.kv_put(key=uid, partition_id="train", tag=tag)
     keys, fields, tags = [], [], []
     for uid, session, low, high, gen, tools, score, preempted, response in TRAJECTORIES:
@@ -70,7 +72,7 @@ def _write_trajectories(tq) -> None:
                 "prompt_len": 2,
                 "response_len": response,
                 "seq_len": 2 + response,
-                "global_steps": STEP - 1,
+                "global_steps": steps.get(uid, STEP - 1),
                 "min_global_steps": field["extra_fields"]["min_global_steps"],
                 "max_global_steps": field["extra_fields"]["max_global_steps"],
             }
@@ -141,6 +143,77 @@ def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tm
         assert series[(stale, frozenset({run, ("le", "1.0")}))] == 4
         assert series[("rlotel_sample_weight_span_steps_sum", frozenset({run}))] == 1 + 3 + 3 + 1
     finally:
+        verl_v1.uninstall()
+        tel.shutdown()
+
+
+@pytest.mark.slow
+def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
+    transfer_queue, tmp_path
+):
+    """verl's async buffer with `max_off_policy_threshold=1`, strategy drop: p1, generated
+    two steps back, is evicted (its 2 trajectories deleted from TransferQueue); rlotel has
+    recorded them as discarded first, so the step's KS compares the trained p0 with both."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    from rlotel.integrations import guard, verl_v1
+
+    _write_trajectories(transfer_queue, steps={"p0": STEP, "p1": STEP - 2})
+    buffer = ReplayBufferAsync(
+        trainer_mode="colocate_async",
+        trainer_config={},
+        max_off_policy_threshold=1,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        poll_interval=0.05,
+        train_batch_size=1,
+        gen_batch_size=1,
+    )
+    tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
+    verl_v1.install()
+    try:
+        with tel.step(STEP) as step:
+            with tel.phase("gen"):
+                batch, evicted = buffer.sample(
+                    global_steps=STEP, partition_id="train", batch_size=1
+                )
+        assert evicted["training/off_policy/evicted_samples"] == 1  # verl counts groups
+        assert sorted(batch.keys) == ["p0_0_0", "p0_1_0"]
+        assert not transfer_queue.kv_list(partition_id="train").get("train", {}).keys() & {
+            "p1_0_0",
+            "p1_1_0",
+        }
+        metrics = step.metrics
+        assert metrics["rlotel/samples_discarded/stale"] == 0.5  # 2 of 4 generated
+        # response lengths: trained {3, 5}, generated {2, 3, 4, 5}: the CDFs differ by 1/4
+        assert metrics["rlotel/async_bias/ks/response_length"] == pytest.approx(0.25)
+        tel.flush()
+        series = parse_exposition(scrape(tel.metrics_url))
+        discarded = (
+            "rlotel_samples_discarded_total",
+            frozenset({("run", "v1"), ("reason", "stale")}),
+        )
+        assert series[discarded] == 2
+        # rlotel's part failing leaves verl's eviction as it was: counted, never raised
+        _write_trajectories(transfer_queue, steps={"p0": STEP + 1, "p1": STEP - 2})
+        guard.inject([verl_v1.EVICT_HOOK])
+        with tel.step(STEP + 1):
+            batch, evicted = buffer.sample(
+                global_steps=STEP + 1, partition_id="train", batch_size=1
+            )
+        assert evicted["training/off_policy/evicted_samples"] == 1
+        assert sorted(batch.keys) == ["p0_0_0", "p0_1_0"]
+        tel.flush()
+        series = parse_exposition(scrape(tel.metrics_url))
+        assert series[discarded] == 2
+        failed = {
+            dict(labels).get("hook"): value
+            for (name, labels), value in series.items()
+            if name == "rlotel_integration_failures_total"
+        }
+        assert failed[verl_v1.EVICT_HOOK] >= 1  # each poll of the wait: its own call
+    finally:
+        guard.inject([])
         verl_v1.uninstall()
         tel.shutdown()
 

@@ -49,6 +49,10 @@ STAMP_KEY = "rlotel_trajectory"
 SERVER_KEY = "rlotel_server"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
 REPLAY_HOOK = "verl_v1_replay_batch"
+EVICT_HOOK = "verl_v1_evict"
+# `_terminal_eviction_reasons`' uid sets, in order → rlotel's discard reason (a group in
+# several sets takes the first)
+EVICTION_REASONS = ("stale", "filtered", "other")  # stale, DAPO-filtered, failed
 TRAJECTORY_HOOK = "verl_v1_trajectory"
 SCORE_HOOK = "verl_v1_score"
 TURN_HOOK = "verl_v1_turn"
@@ -107,8 +111,10 @@ def patch_trainer(trainer_base: Any) -> None:
 
 
 def patch_replay_buffer(replay_buffer: Any) -> None:
-    """V1's replay buffer: each training batch's per-sample metrics → record_samples."""
+    """V1's replay buffer: each training batch's per-sample metrics → record_samples; the
+    groups it evicts (stale, DAPO-filtered, failed) → record_samples(discarded=...)."""
     _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
+    _patch(replay_buffer.ReplayBuffer, "_evict_terminal_groups", _evict_terminal_groups)
 
 
 def uninstall() -> None:
@@ -136,6 +142,51 @@ def _materialize_batch(original: Any) -> Any:
     return _materialize_batch
 
 
+def _evict_terminal_groups(original: Any) -> Any:
+    """Record the groups verl is about to evict while TransferQueue still holds them
+    (verl's `_clear_groups` deletes them): the step's async-bias reference."""
+
+    def _evict_terminal_groups(self, global_steps, partition_id, eviction_reasons, *args, **kw):
+        started = time.perf_counter()
+        try:
+            guard.fault(EVICT_HOOK)
+            if partition_id == TRAIN_PARTITION and any(eviction_reasons[:3]):
+                record_evicted(self.partitions[partition_id], eviction_reasons[:3])
+                _spent(EVICT_HOOK, time.perf_counter() - started)
+        except Exception as error:  # telemetry never stops training
+            guard.failed(EVICT_HOOK, error)
+        return original(self, global_steps, partition_id, eviction_reasons, *args, **kw)
+
+    return _evict_terminal_groups
+
+
+class _Group(NamedTuple):
+    """The trajectories of evicted groups, shaped as the `KVBatchMeta` record_batch reads."""
+
+    keys: list[str]
+    tags: list[dict]
+    partition_id: str
+
+
+def record_evicted(
+    partition: dict[str, dict],
+    uid_sets: Any,
+    fetch: Any = None,
+    partition_id: str = TRAIN_PARTITION,
+) -> None:
+    """verl's evicted uid sets (stale, DAPO-filtered, failed) → one discarded record_samples
+    per reason, from the trajectories the buffer's partition (key → tag) still lists (a
+    failed group may have none)."""
+    seen: set[str] = set()
+    for reason, uids in zip(EVICTION_REASONS, uid_sets, strict=False):
+        uids = set(uids) - seen
+        seen |= uids
+        keys = [key for key in partition if key.split("_")[0] in uids]  # as verl clears them
+        if keys:
+            group = _Group(keys, [partition[key] for key in keys], partition_id)
+            record_batch(group, fetch, discarded=reason)
+
+
 def _spent(hook: str, seconds: float) -> None:
     """The hook ran, on verl's thread, for this long (inside verl's `gen` window here)."""
     import rlotel
@@ -145,16 +196,17 @@ def _spent(hook: str, seconds: float) -> None:
         tel.drops.fired(hook, seconds)
 
 
-def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
+def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) -> dict[int, str]:
     """Per-sample metrics, identity, lengths, times and weight versions of a V1
-    `KVBatchMeta` → record_samples.
+    `KVBatchMeta` → record_samples (`discarded`: never trained, and why).
 
     `fetch(keys, partition_id)` returns the stored per-sample `metrics` and `extra_fields`
     dicts in key order (default: one `transfer_queue.kv_batch_get`)."""
     from rlotel.integrations.process import telemetry
 
     tel = telemetry()
-    _set_tokens(tel, batch.tags)
+    if discarded is None:  # the step's token counts are those of the batch it trains
+        _set_tokens(tel, batch.tags)
     real = [
         (key, tag)
         for key, tag in zip(batch.keys, batch.tags, strict=True)
@@ -186,6 +238,7 @@ def record_batch(batch: Any, fetch: Any = None) -> dict[int, str]:
         tool_times_ns=[stamp.tool_times_ns for stamp in stamps],
         generated_step=[tag.get("global_steps") for tag in tags],
         replica=replica,
+        discarded=discarded,
         **scored,
     )
 
