@@ -18,7 +18,7 @@ import yaml
 
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
-from tests.e2e.main_ppo import EXPERIMENT, STAND_INS
+from tests.e2e.main_ppo import EXPERIMENT, STAND_INS, overrides
 from tests.e2e.test_main_ppo import (
     STEPS,
     declare_main_ppo,
@@ -35,6 +35,7 @@ pytestmark = pytest.mark.slow
 # `testing` (validation) after it: rlotel records each as a root span of its own, outside
 # the step ledger.
 OUTSIDE_STEP = {"start_profile", "stop_profile", "testing"}
+ROLLOUT_N = "actor_rollout_ref.rollout.n="
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens there in the run's own network namespace
 ACTOR_PROFILER = (
     "global_profiler.tool=torch",
@@ -52,6 +53,9 @@ TOOL_RUN = (
     f"{MULTI_TURN}.format=rlotel_test_toy",  # registered by the tool's module
     f"{MULTI_TURN}.max_assistant_turns=3",
 )
+# verl's async buffer evicts a finished group generated more than 1 step back
+SAMPLER = "trainer.v1.sampler"
+STALE_DROP = (f"{SAMPLER}.max_off_policy_threshold=1", f"{SAMPLER}.max_off_policy_strategy=drop")
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
     # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
@@ -68,9 +72,11 @@ MODES = {
         "global_profiler.profile_continuous_steps=True",
     ],
     # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2;
-    # every trajectory runs verl's tool agent loop with a toy tool and format (stand-ins)
+    # every trajectory runs verl's tool agent loop with a toy tool and format (stand-ins);
+    # its buffer drops groups generated for an earlier step (the one-batch warm-up ahead)
     "colocate_async": [
         "trainer.v1.trainer_mode=colocate_async",
+        *STALE_DROP,
         *TOOL_RUN,
         *ACTOR_PROFILER,
         "global_profiler.steps=[2]",
@@ -366,3 +372,34 @@ def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
             shapes[len(chats), len(calls)] += 1
     print("tool run: samples by (model turns, tool calls):", sorted(shapes.items()))
     assert any(calls for _, calls in shapes), shapes  # the toy model called its tool
+
+
+@pytest.mark.parametrize("mode_run", ["colocate_async"], indirect=True)
+def test_groups_verl_evicts_are_the_async_bias_reference(mode_run: tuple[str, Path]) -> None:
+    """verl's buffer evicts stale groups (`training/off_policy/evicted_samples`, in groups);
+    rlotel counted each of their trajectories as discarded, and the steps that evicted
+    compare what they trained with what was generated: a KS above 0."""
+    _, work = mode_run
+    evicted = {n: d.get("training/off_policy/evicted_samples", 0) for n, d in trained(work).items()}
+    assert any(evicted.values()), evicted
+    group = next(
+        int(o.split("=")[1]) for o in overrides(Path(), work, STEPS) if o.startswith(ROLLOUT_N)
+    )
+    run = ("run", EXPERIMENT)
+    scraped: dict[int, dict] = {}  # step → the last scrape of the trainer showing it
+    for path in sorted((work / "scrapes").glob("*.txt")):
+        series = parse_exposition(path.read_text())
+        number = series.get(("rlotel_step", frozenset({run})))
+        if number:
+            scraped[int(number)] = series
+    last = max(scraped)
+    stale = ("rlotel_samples_discarded_total", frozenset({run, ("reason", "stale")}))
+    expected = group * sum(count for n, count in evicted.items() if n <= last)
+    assert scraped[last].get(stale, 0) == expected > 0, (last, evicted)
+    ks = {
+        n: {dict(k[1])["quantity"]: v for k, v in s.items() if k[0] == "rlotel_async_bias_ks"}
+        for n, s in scraped.items()
+        if evicted.get(n)
+    }
+    assert ks and all(max(figures.values()) > 0 for figures in ks.values()), ks
+    print(f"evicted groups by step {evicted}; discarded {scraped[last][stale]:.0f}; KS {ks}")
