@@ -36,13 +36,13 @@ COMPARED = (voc.TIMING_S, voc.TIMING_PER_TOKEN_MS, voc.OFF_POLICY)
 COMPARED_KEYS = (voc.THROUGHPUT, voc.TIME_PER_STEP, voc.TOTAL_NUM_TOKENS)
 
 
-def declare_main_ppo(key: str, *argv: str) -> None:
-    """A real run of `main_ppo` (STEPS steps, the shared inputs, `argv`) read by fixture `key`."""
+def declare_main_ppo(key: str, *argv: str, steps: int = STEPS) -> None:
+    """A real run of `main_ppo` (`steps`, the shared inputs, `argv`) read by fixture `key`."""
     ahead.declare(
         key,
         "rl-e2e-",
         lambda work, assets: isolated(
-            [str(work), "--steps", str(STEPS), "--assets", str(assets), *argv]
+            [str(work), "--steps", str(steps), "--assets", str(assets), *argv]
         ),
         TIMEOUT_S + 60,
     )
