@@ -40,10 +40,13 @@ def transfer_queue(monkeypatch):
             ray.shutdown()
 
 
-def _write_trajectories(tq, steps: dict[str, int] | None = None) -> None:
+def _write_trajectories(
+    tq, steps: dict[str, int] | None = None, extra: dict[str, dict] | None = None
+) -> None:
     """What AgentLoopWorkerTQ does: prompt status tags, then each trajectory's as_dict().
-    `steps`: the step each prompt was generated for (default STEP - 1)."""
-    steps = steps or {}
+    `steps`: the step each prompt was generated for (default STEP - 1); `extra`: more
+    `extra_fields` of each trajectory (by key)."""
+    steps, extra = steps or {}, extra or {}
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
@@ -61,7 +64,10 @@ def _write_trajectories(tq, steps: dict[str, int] | None = None) -> None:
                 generate_sequences=gen, tool_calls=tools, compute_score=score,
                 num_preempted=preempted,
             ),
-            extra_fields={"min_global_steps": low, "max_global_steps": high},
+            extra_fields={
+                "min_global_steps": low, "max_global_steps": high,
+                **extra.get(f"{uid}_{session}_0", {}),
+            },
         )  # fmt: skip
         field = output.as_dict()
         keys.append(f"{uid}_{session}_0")
@@ -214,6 +220,43 @@ def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
         assert failed[verl_v1.EVICT_HOOK] >= 1  # each poll of the wait: its own call
     finally:
         guard.inject([])
+        verl_v1.uninstall()
+        tel.shutdown()
+
+
+@pytest.mark.slow
+def test_v1_groups_verl_filters_dapo_style_are_discarded_as_filtered(transfer_queue, tmp_path):
+    """verl's DAPO group filter (`filter_groups_metric`): p1's trajectories share one `acc`,
+    so verl evicts the group; rlotel records its 2 trajectories as `filtered`."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    from rlotel.integrations import verl_v1
+
+    acc = {"p0_0_0": 0.0, "p0_1_0": 1.0, "p1_0_0": 1.0, "p1_1_0": 1.0}
+    extra = {key: {"reward_extra_info": {"acc": value}} for key, value in acc.items()}
+    _write_trajectories(transfer_queue, extra=extra)
+    buffer = ReplayBufferAsync(
+        trainer_mode="colocate_async",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        poll_interval=0.05,
+        refill_fn=lambda count: None,  # the trainer would submit `count` new prompts
+        filter_groups_metric="acc",
+        train_batch_size=1,
+        gen_batch_size=1,
+    )
+    tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
+    verl_v1.install()
+    try:
+        with tel.step(STEP) as step:
+            batch, evicted = buffer.sample(global_steps=STEP, partition_id="train", batch_size=1)
+        assert evicted["training/filter_groups/evicted_samples"] == 1
+        assert sorted(batch.keys) == ["p0_0_0", "p0_1_0"]
+        assert step.metrics["rlotel/samples_discarded/filtered"] == 0.5
+        assert step.metrics["rlotel/samples_discarded/stale"] == 0
+    finally:
         verl_v1.uninstall()
         tel.shutdown()
 
