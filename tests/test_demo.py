@@ -159,6 +159,7 @@ def test_demo_with_ray_parents_worker_samples_under_gen(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # who waits on whom: a real run beside it shifts the margin
 @pytest.mark.parametrize(
     ("knob", "starved"),
     [(["--rollout-slowdown", "4"], "trainer"), (["--ppo-epochs", "8"], "rollout")],

@@ -6,7 +6,11 @@ them run last (`tests/conftest.py` orders them) and wait for their run.
 A test module declares each run it reads at import (`declare`), its fixture waits for it
 (`finished`) and removes its directory when the module is done. Only the runs of selected
 tests start, in the order their tests will need them; the inputs every run shares (the
-tokenizer, model and data of `tests.e2e.assets`) are built first, once.
+tokenizer, model and data of `tests.e2e.assets`) are built first, once. A run that judges
+time (`quiet`: the hang run's stall limits) starts only once the tests that read no run are
+done (`rest_done`), so a busy machine does not decide what it measures; the tests marked
+`timing` (a unit test that judges relative speed) run after every real run, for the same
+reason.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class RealRun:
     prefix: str  # of its directory in /tmp: short, Ray's socket paths stay below 108 bytes
     command: Command
     timeout_s: float
+    quiet: bool = False  # judges time: runs after the rest of the suite, not beside it
     work: Path | None = None
     result: subprocess.CompletedProcess | None = None
     error: BaseException | None = None
@@ -45,9 +50,14 @@ class RealRun:
 RUNS: dict[str, RealRun] = {}
 
 
-def declare(key: str, prefix: str, command: Command, timeout_s: float) -> RealRun:
-    RUNS[key] = RealRun(key, prefix, command, timeout_s)
+def declare(
+    key: str, prefix: str, command: Command, timeout_s: float, quiet: bool = False
+) -> RealRun:
+    RUNS[key] = RealRun(key, prefix, command, timeout_s, quiet)
     return RUNS[key]
+
+
+rest_done = threading.Event()  # the tests that read no run have finished
 
 
 class Runner:
@@ -63,10 +73,18 @@ class Runner:
 
     def _run_all(self) -> None:
         inputs = [str(ENGINE_PYTHON), "-m", "tests.e2e.assets", str(self.assets)]
-        made = self._run(inputs, 600)
-        for run in self.runs:
+        failed: BaseException | None = None
+        try:
+            made = self._run(inputs, 600)
             if made.returncode != 0:
-                run.error = RuntimeError(f"the e2e inputs failed: {made.stderr[-3000:]}")
+                failed = RuntimeError(f"the e2e inputs failed: {made.stderr[-3000:]}")
+        except BaseException as error:  # handed to every test that reads a run
+            failed = error
+        for run in self.runs:
+            if run.quiet:
+                rest_done.wait()
+            if failed is not None:
+                run.error = failed
             elif not self._stopping.is_set():
                 run.work = Path(tempfile.mkdtemp(prefix=run.prefix, dir="/tmp"))
                 started = time.monotonic()
@@ -101,6 +119,7 @@ class Runner:
     def stop(self) -> None:
         """At the session's end: kill what still runs, remove what the runs left."""
         self._stopping.set()
+        rest_done.set()
         if self._process is not None and self._process.poll() is None:
             self._kill(self._process)
         self._thread.join(STOP_S)
@@ -137,6 +156,8 @@ def finished(key: str) -> RealRun:
     run.done.wait()
     if run.error is not None:
         raise run.error
+    if run.result is None:
+        raise RuntimeError(f"the real run {key!r} did not run: the session is ending")
     return run
 
 

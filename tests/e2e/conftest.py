@@ -1,5 +1,6 @@
 """The real runs start ahead (`tests.e2e.ahead`): the tests that read them go last, and their
-runs start, in the order those tests need them, as soon as collection ends."""
+runs start, in the order those tests need them, as soon as collection ends; quiet runs and
+`timing` tests last of all."""
 
 from __future__ import annotations
 
@@ -19,13 +20,28 @@ def run_keys(item: pytest.Item) -> list[str]:
 
 @pytest.hookimpl(trylast=True)  # after pytest grouped the items by their fixtures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reading = [item for item in items if run_keys(item)]
-    items[:] = [item for item in items if not run_keys(item)] + reading
+    """The order: the tests that read no run (beside the runs), those that read a run, those
+    that read a quiet one, then the `timing` tests (each group in pytest's order)."""
+
+    def group(item: pytest.Item) -> int:
+        keys = run_keys(item)
+        if item.get_closest_marker("timing"):
+            return 3
+        if any(ahead.RUNS[key].quiet for key in keys):
+            return 2
+        return 1 if keys else 0
+
+    items.sort(key=group)  # stable
     if config.option.collectonly:
         return
-    keys = dict.fromkeys(key for item in reading for key in run_keys(item))
+    keys = dict.fromkeys(key for item in items for key in run_keys(item))
     if keys:
         ahead.start(list(keys))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if run_keys(item) or item.get_closest_marker("timing"):
+        ahead.rest_done.set()  # the tests that read no run are done: quiet runs may start
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
