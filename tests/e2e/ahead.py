@@ -33,7 +33,7 @@ Command = Callable[[Path, Path], list[str]]  # (its directory, the shared inputs
 STOP_S = 30  # a run still going when the session ends is killed; its thread gets this long
 # The runs yield the cores to the tests beside them, which wait on what they start (Ray's
 # raylet must register within its fixed 30 s; a clean-clone suite beside a 2-rank run missed it).
-NICE = ("nice", "-n", "10")
+NICE = ("nice", "-n", "5")
 
 
 @dataclass(eq=False)

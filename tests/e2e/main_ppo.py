@@ -57,7 +57,7 @@ ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 STAND_INS = Path(__file__).resolve().parent / "verl_cpu"
 METRICS_PORT = 9464  # rlotel's documented default: no OTEL_EXPORTER_PROMETHEUS_PORT is set
 EXPERIMENT = "e2e-grpo"
-TIMEOUT_S = 420
+TIMEOUT_S = 600  # a bound for a broken run; healthy ones take 100–250 s beside the suite
 
 
 def overrides(assets: Path, work: Path, steps: int) -> list[str]:
