@@ -254,22 +254,21 @@ def engine_overrides(work: Path) -> list[str]:
     ]
 
 
-def engines_from_verl(work: Path) -> bool:
+def engines_from_verl(work: Path) -> None:
     """The harness's bridge from verl's written config to the shipped `rollout-engines`
     job: its `rollout` job's target groups, as they are, become `engines/verl.json`."""
     import yaml  # the engine venv has it (verl's Hydra needs it)
 
     written, discovery = work / VERL_PROMETHEUS, work / "engines" / "verl.json"
     if discovery.exists() or not written.exists():
-        return discovery.exists()
+        return
     config = yaml.safe_load(written.read_text()) or {}
     jobs = [job for job in config.get("scrape_configs", []) if job.get("job_name") == "rollout"]
     if not jobs:
-        return False
+        return
     temporary = discovery.with_suffix(".tmp")  # Prometheus reads whole files only
     temporary.write_text(json.dumps(jobs[0].get("static_configs", [])))
     temporary.rename(discovery)
-    return True
 
 
 def start_prometheus(work: Path) -> subprocess.Popen:
