@@ -61,8 +61,8 @@ TIMEOUT_S = 600  # a bound for a broken run; healthy ones take 100–250 s besid
 
 
 def overrides(assets: Path, work: Path, steps: int) -> list[str]:
-    """The Hydra overrides of a 2-core CPU run (`../shared/recipes/verl-cpu-e2e` found which
-    are needed and why: fsdp2, fake Ray GPUs, matching vocabularies, the dense reward)."""
+    """The Hydra overrides of a 2-core CPU run: fsdp2 on the CPU platform stand-in, fake
+    Ray GPUs, the model's vocabulary, the dense toy reward."""
     rollout = "actor_rollout_ref.rollout"
     actor = "actor_rollout_ref.actor"
     return [
