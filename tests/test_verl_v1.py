@@ -261,6 +261,52 @@ def test_v1_groups_verl_filters_dapo_style_are_discarded_as_filtered(transfer_qu
         tel.shutdown()
 
 
+def test_v1_finished_groups_sync_dapo_drops_beyond_its_batch_are_discarded_as_surplus(
+    transfer_queue, tmp_path
+):
+    """Sync DAPO (`ReplayBuffer` in `sync` mode): both groups carry signal, the batch takes
+    one, and verl clears the other as surplus (`filter_groups/discarded_surplus_samples`);
+    rlotel records its 2 trajectories as `surplus` before they are gone, and nothing twice."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from rlotel.integrations import verl_v1
+
+    acc = {"p0_0_0": 0.0, "p0_1_0": 1.0, "p1_0_0": 1.0, "p1_1_0": 0.0}
+    extra = {key: {"reward_extra_info": {"acc": value}} for key, value in acc.items()}
+    _write_trajectories(transfer_queue, extra=extra)
+    buffer = ReplayBuffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+        poll_interval=0.05,
+        refill_fn=lambda count: None,  # the trainer would submit `count` new prompts
+        filter_groups_metric="acc",
+        train_batch_size=1,
+        gen_batch_size=1,
+    )
+    tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
+    verl_v1.install()
+    try:
+        with tel.step(STEP) as step:
+            batch, dropped = buffer.sample(global_steps=STEP, partition_id="train", batch_size=1)
+        assert dropped == {"training/filter_groups/discarded_surplus_samples": 1}
+        assert len(batch.keys) == 2
+        assert step.metrics["rlotel/samples_discarded/surplus"] == 0.5
+        assert step.metrics["rlotel/samples_discarded/filtered"] == 0
+        tel.flush()
+        series = parse_exposition(scrape(tel.metrics_url))
+        surplus = (
+            "rlotel_samples_discarded_total",
+            frozenset({("run", "v1"), ("reason", "surplus")}),
+        )
+        assert series[surplus] == 2
+    finally:
+        verl_v1.uninstall()
+        tel.shutdown()
+
+
 @pytest.mark.slow
 def test_v1_trainer_mode_switches_goodput_table():
     from verl.trainer.ppo.v1 import trainer_base

@@ -53,6 +53,8 @@ EVICT_HOOK = "verl_v1_evict"
 # `_terminal_eviction_reasons`' uid sets, in order → rlotel's discard reason (a group in
 # several sets takes the first)
 EVICTION_REASONS = ("stale", "filtered", "other")  # stale, DAPO-filtered, failed
+SURPLUS = "surplus"  # finished groups sync DAPO clears beyond its batch
+_evicting = contextvars.ContextVar("rlotel_verl_evicting", default=False)
 TRAJECTORY_HOOK = "verl_v1_trajectory"
 SCORE_HOOK = "verl_v1_score"
 TURN_HOOK = "verl_v1_turn"
@@ -112,9 +114,11 @@ def patch_trainer(trainer_base: Any) -> None:
 
 def patch_replay_buffer(replay_buffer: Any) -> None:
     """V1's replay buffer: each training batch's per-sample metrics → record_samples; the
-    groups it evicts (stale, DAPO-filtered, failed) → record_samples(discarded=...)."""
+    groups it evicts (stale, DAPO-filtered, failed) and the finished groups sync DAPO drops
+    beyond its batch (surplus) → record_samples(discarded=...)."""
     _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
     _patch(replay_buffer.ReplayBuffer, "_evict_terminal_groups", _evict_terminal_groups)
+    _patch(replay_buffer.ReplayBuffer, "_clear_groups", _clear_groups)
 
 
 def uninstall() -> None:
@@ -151,13 +155,36 @@ def _evict_terminal_groups(original: Any) -> Any:
         try:
             guard.fault(EVICT_HOOK)
             if partition_id == TRAIN_PARTITION and any(eviction_reasons[:3]):
-                record_evicted(self.partitions[partition_id], eviction_reasons[:3])
+                reasons = dict(zip(EVICTION_REASONS, eviction_reasons[:3], strict=True))
+                record_evicted(self.partitions[partition_id], reasons)
                 _spent(EVICT_HOOK, time.perf_counter() - started)
         except Exception as error:  # telemetry never stops training
             guard.failed(EVICT_HOOK, error)
-        return original(self, global_steps, partition_id, eviction_reasons, *args, **kw)
+        token = _evicting.set(True)  # its `_clear_groups` call is recorded above
+        try:
+            return original(self, global_steps, partition_id, eviction_reasons, *args, **kw)
+        finally:
+            _evicting.reset(token)
 
     return _evict_terminal_groups
+
+
+def _clear_groups(original: Any) -> Any:
+    """verl clears groups outside an eviction only where sync DAPO drops the finished groups
+    it does not need once its batch is full: recorded as `surplus` before they are gone."""
+
+    def _clear_groups(self, partition_id, uids, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            guard.fault(EVICT_HOOK)
+            if partition_id == TRAIN_PARTITION and uids and not _evicting.get():
+                record_evicted(self.partitions[partition_id], {SURPLUS: uids})
+                _spent(EVICT_HOOK, time.perf_counter() - started)
+        except Exception as error:  # telemetry never stops training
+            guard.failed(EVICT_HOOK, error)
+        return original(self, partition_id, uids, *args, **kwargs)
+
+    return _clear_groups
 
 
 class _Group(NamedTuple):
@@ -170,15 +197,15 @@ class _Group(NamedTuple):
 
 def record_evicted(
     partition: dict[str, dict],
-    uid_sets: Any,
+    uids_by_reason: dict[str, Any],
     fetch: Any = None,
     partition_id: str = TRAIN_PARTITION,
 ) -> None:
-    """verl's evicted uid sets (stale, DAPO-filtered, failed) → one discarded record_samples
-    per reason, from the trajectories the buffer's partition (key → tag) still lists (a
-    failed group may have none)."""
+    """The groups verl drops, by rlotel's discard reason → one discarded record_samples per
+    reason, from the trajectories the buffer's partition (key → tag) still lists (a failed
+    group may have none); a group under several reasons counts for the first."""
     seen: set[str] = set()
-    for reason, uids in zip(EVICTION_REASONS, uid_sets, strict=False):
+    for reason, uids in uids_by_reason.items():
         uids = set(uids) - seen
         seen |= uids
         keys = [key for key in partition if key.split("_")[0] in uids]  # as verl clears them

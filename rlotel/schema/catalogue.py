@@ -340,7 +340,7 @@ SAMPLES_DISCARDED = MetricSpec(
     "rlotel_samples_discarded",
     "counter",
     "",
-    "Generated samples never trained, by reason (stale, evicted, filtered, other), as "
+    "Generated samples never trained, by reason (stale, evicted, filtered, surplus, other), as "
     "recorded with record_samples(..., discarded=reason).",
     ("reason",),
 )

@@ -136,7 +136,8 @@ ASYNC_BIAS_KS = RLOTEL + "async_bias/ks/"  # + response_length | reward
 SAMPLE_REWARD = "reward"  # rlotel's per-sample field: the reward, any sign
 BIAS_QUANTITIES = (RESPONSE_LENGTH, SAMPLE_REWARD)
 SAMPLES_DISCARDED = RLOTEL + "samples_discarded/"  # + reason
-DISCARD_REASONS = ("stale", "evicted", "filtered", "other")  # other: an unknown reason given
+# surplus: finished groups beyond the batch that sync DAPO drops once its batch is full
+DISCARD_REASONS = ("stale", "evicted", "filtered", "surplus", "other")  # other: an unknown reason
 # verl#7569: staleness from the oldest version behind each trajectory, weighted by tokens.
 STALENESS_WORST_TOKEN_WEIGHTED = RLOTEL + "off_policy/trajectory_staleness_worst/token_mean"
 # Rollout occupancy measured from trajectories' real times (rlotel.derive.occupancy).
