@@ -134,10 +134,7 @@ class Chromium:
         deadline = started + self.timeout_s
         self.call("Page.navigate", session=True, url=url)
         self._wait_event("Page.loadEventFired", deadline)
-        while not self.evaluate(ready_expression):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"page never satisfied {ready_expression!r}")
-            time.sleep(0.02)  # polling the page's own ready flag, not standing in for work
+        self.wait_for(ready_expression, deadline)
         load = PageLoad(load_seconds=time.monotonic() - started)
         for event in self._events:
             method, params = event.get("method"), event.get("params", {})
@@ -154,6 +151,14 @@ class Chromium:
                 if not request_url.startswith(("file:", "data:", "blob:", "about:")):
                     load.requests.append(request_url)
         return load
+
+    def wait_for(self, expression: str, deadline: float | None = None) -> None:
+        """Poll the page until `expression` is true (the page's own marks), bounded."""
+        deadline = deadline or time.monotonic() + self.timeout_s
+        while not self.evaluate(expression):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"page never satisfied {expression!r}")
+            time.sleep(0.02)  # polling the page's own flag, not standing in for work
 
     def evaluate(self, expression: str) -> Any:
         result = self.call(

@@ -174,7 +174,7 @@ def report_async_rows(report: Path) -> dict[str, list[str]]:
     if chromium_binary() is None:
         pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
     with Chromium() as browser:
-        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        load = browser.open(file_url(report), "document.body.dataset.drawn === '1'")
         assert load.console_errors == [] and load.requests == []
         found = browser.evaluate(
             """JSON.stringify({

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -381,6 +382,22 @@ def _pixels_are_not_blank(png: bytes) -> tuple[int, float]:
     return len(colors), differing / (image.width * image.height)
 
 
+# The charts whose box is in the window (ids), and those of them not drawn yet: a chart is
+# drawn once plotly put its SVG in, or the page its note that there is nothing to draw.
+IN_WINDOW = """[...document.querySelectorAll('.chart')].filter((e) => {
+  const r = e.getBoundingClientRect(); return r.width > 0 && r.top < innerHeight && r.bottom >= 0;
+}).map((e) => e.id)"""
+IN_WINDOW_UNDRAWN = IN_WINDOW.replace(
+    ".map(", ".filter((e) => !e.querySelector('.main-svg, p.note')).map("
+)
+# Both, read the moment the page sets its ready mark (before any later draw can run).
+AT_READY = f"""new MutationObserver((records, observer) => {{
+  if (document.body.dataset.ready !== '1') return;
+  observer.disconnect();
+  window.atReady = {{ inWindow: {IN_WINDOW}, undrawn: {IN_WINDOW_UNDRAWN} }};
+}}).observe(document, {{ attributes: true, subtree: true, attributeFilter: ['data-ready'] }});"""
+
+
 @pytest.mark.slow
 def test_demo_report_in_headless_chromium(demo_run: Path, tmp_path) -> None:
     from tests.chromium import Chromium, chromium_binary, file_url
@@ -389,10 +406,32 @@ def test_demo_report_in_headless_chromium(demo_run: Path, tmp_path) -> None:
         pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
     report = demo_run / "report.html"
     data = page_data(report)
-    with Chromium() as browser:
+    with Chromium(height=800) as browser:  # a laptop's window: the waterfall is below it
+        browser.call("Page.addScriptToEvaluateOnNewDocument", session=True, source=AT_READY)
         load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
         assert load.console_errors == []
         assert load.requests == []  # and every host resolves to nowhere: it rendered anyway
+        # ready: every chart in the window drawn (the rest may still be waiting)
+        at_ready = browser.evaluate("JSON.stringify(window.atReady)")
+        browser.wait_for("document.body.dataset.drawn === '1'")  # then every chart (below)
+        # the waterfall, below the window at first: scrolled to, its own pixels
+        waterfall = json.loads(
+            browser.evaluate(
+                """(() => { const chart = document.getElementById('chart-waterfall');
+                  chart.scrollIntoView();
+                  const r = chart.querySelector('.main-svg').getBoundingClientRect();
+                  return JSON.stringify({ x: r.x, y: r.y + scrollY, width: r.width,
+                                          height: r.height, top: chart.offsetTop }); })()"""
+            )
+        )
+        shot = browser.call(
+            "Page.captureScreenshot",
+            session=True,
+            format="png",
+            clip={**{k: waterfall[k] for k in ("x", "y", "width", "height")}, "scale": 1},
+        )
+        waterfall_png = base64.b64decode(shot["data"])
+        browser.evaluate("scrollTo(0, 0)")
         dom = browser.evaluate(
             """JSON.stringify({
               charts: document.querySelectorAll('.js-plotly-plot .main-svg').length,
@@ -434,3 +473,9 @@ def test_demo_report_in_headless_chromium(demo_run: Path, tmp_path) -> None:
     assert dom["samples"] > 1 and not dom["skipped"]
     colors, coverage = _pixels_are_not_blank(png)
     assert colors > 50 and coverage > 0.05, (colors, coverage)
+    at_ready = json.loads(at_ready)
+    assert at_ready["undrawn"] == [], at_ready
+    assert {"chart-phases", "chart-share"} <= set(at_ready["inWindow"]), at_ready
+    assert waterfall["top"] > 800 and "chart-waterfall" not in at_ready["inWindow"]
+    colors, coverage = _pixels_are_not_blank(waterfall_png)
+    assert colors > 20 and coverage > 0.05, (colors, coverage)

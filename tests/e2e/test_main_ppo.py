@@ -256,7 +256,7 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
     if chromium_binary() is None:
         pytest.fail("chromium is not installed: `make system-deps` installs Debian's")
     with Chromium() as browser:
-        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        load = browser.open(file_url(report), "document.body.dataset.drawn === '1'")
         assert load.console_errors == [] and load.requests == []
         shown = json.loads(
             browser.evaluate(
@@ -495,7 +495,7 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
     assert cli.main(["report", str(plugin_on / "traces"), "-o", str(report)]) == 0
     data, logged = page_data(report), verl_log(plugin_on)
     with Chromium(height=6000) as browser:  # every section inside the viewport
-        load = browser.open(file_url(report), "document.body.dataset.ready === '1'")
+        load = browser.open(file_url(report), "document.body.dataset.drawn === '1'")
         assert load.console_errors == [] and load.requests == []
         dom = json.loads(
             browser.evaluate(

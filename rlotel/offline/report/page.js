@@ -1,9 +1,15 @@
 // Draws the report from the JSON blob in #rlotel-data. Offline: plotly.js is inlined above.
+// Every chart is drawn, the ones in the window first: the page is ready (usable) once those
+// are drawn and every control is wired; the others (and the long verdict table) are drawn
+// when they come into view or, one per idle moment, right after (a chart's first draw costs
+// tens of ms: all of them up front kept a long report blank for over a second).
 "use strict";
 (function () {
   const data = JSON.parse(document.getElementById("rlotel-data").textContent);
   const config = { displaylogo: false, responsive: true };
-  const pending = [];
+  const drawers = new Map(); // chart (or big table) id → draws it, a promise; gone once started
+  const drawing = []; // everything drawn or being drawn
+  const onDrawn = new Map(); // chart id → wires it once drawn (the click-through to a step)
   const el = (id) => document.getElementById(id);
   const fmt = (v, digits = 4) =>
     v === null || v === undefined ? "" : typeof v === "number" ? +v.toPrecision(digits) : String(v);
@@ -28,7 +34,23 @@
     if (layout.legend && layout.legend.orientation === "h") { // above the plot, clear of the step axis title
       layout = { ...layout, legend: { ...layout.legend, x: 0, y: 1.02, yanchor: "bottom" } };
     }
-    pending.push(Plotly.newPlot(el(id), traces, { margin, ...layout }, config));
+    later(id, () => Plotly.newPlot(el(id), traces, { margin, ...layout }, config), layout.height);
+  }
+
+  // A chart to draw when it is in view: its box keeps the height it will have meanwhile.
+  function later(id, draw, height) {
+    if (height) el(id).style.minHeight = `${height}px`;
+    drawers.set(id, draw);
+  }
+
+  function drawNow(id) {
+    const draw = drawers.get(id);
+    if (!draw) return Promise.resolve();
+    drawers.delete(id);
+    let done = draw();
+    if (onDrawn.has(id)) done = done.then(() => onDrawn.get(id)(el(id)));
+    drawing.push(done);
+    return done;
   }
 
   function table(id, headers, rows) {
@@ -150,10 +172,18 @@
   }
   plot("chart-verdicts", verdictTraces, { xaxis: stepAxis, yaxis: { type: "category", categoryarray: v.labels, automargin: true }, height: 110 + 28 * v.labels.length, showlegend: false });
   const evidence = (e) => Object.entries(e).map(([k, x]) => `${escape(k)}=${escape(fmt(x))}`).join(", ");
-  table("verdict-runs", ["steps", "verdict", "confidence", "share", "evidence (first step)", "read next", "trends"],
-    v.runs.map((r) => [r.first === r.last ? `${r.first}` : `${r.first}–${r.last} (${r.steps})`, escape(r.label),
-      `<span class="badge ${r.confidence}">${r.confidence}</span>`, `${(r.share * 100).toFixed(1)}%`, evidence(r.evidence), escape(r.next_read),
-      Object.entries(r.trends).map(([w, t]) => `${escape(w)} ×${fmt(t.ratio)}${t.attribution ? " — " + escape(t.attribution) : ""}`).join("<br>")]));
+  // Up to 200 rows: the page's costliest layout (~0.1 s), so it is filled like a chart, when
+  // in view; its scroll box keeps its height meanwhile.
+  const runsBox = el("verdict-runs").parentElement;
+  if (v.runs.length > 12) runsBox.style.minHeight = "360px";
+  later("verdict-runs", () => {
+    table("verdict-runs", ["steps", "verdict", "confidence", "share", "evidence (first step)", "read next", "trends"],
+      v.runs.map((r) => [r.first === r.last ? `${r.first}` : `${r.first}–${r.last} (${r.steps})`, escape(r.label),
+        `<span class="badge ${r.confidence}">${r.confidence}</span>`, `${(r.share * 100).toFixed(1)}%`, evidence(r.evidence), escape(r.next_read),
+        Object.entries(r.trends).map(([w, t]) => `${escape(w)} ×${fmt(t.ratio)}${t.attribution ? " — " + escape(t.attribution) : ""}`).join("<br>")]));
+    runsBox.style.minHeight = "";
+    return Promise.resolve();
+  });
   if (v.runs_total > v.runs.length) {
     el("verdict-runs").insertAdjacentHTML("afterend", `<p class="note">${v.runs_total - v.runs.length} more runs of steps; the chart shows every point.</p>`);
   }
@@ -221,11 +251,21 @@
   select.innerHTML = data.tree_steps.map((n) => `<option value="${n}"${n === data.default_step ? " selected" : ""}>${n}</option>`).join("");
   const palette = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00"];
 
-  function showStep(number) {
-    const tree = data.trees[String(number)];
-    if (!tree) return Promise.resolve();
+  function stepDetails(number, tree) {
     select.value = String(number);
+    const d = tree.verdict;
+    const caps = tree.captures.map((i) => captureLink(data.captures[i])).join(", ") || "none";
+    el("step-details").innerHTML = `<dl><dt>verdict</dt><dd id="step-verdict">${escape(d.label)} <span class="badge ${d.confidence}">${d.confidence}</span> (${(d.share * 100).toFixed(1)}% of the step)</dd>
+      <dt>evidence</dt><dd>${evidence(d.evidence)}</dd><dt>read next</dt><dd>${escape(d.next_read)}</dd>
+      <dt>timing_raw</dt><dd>${evidence(tree.timing_raw)}</dd><dt>profile captures</dt><dd>${caps}</dd></dl>`;
+  }
+
+  function waterfall(tree) {
     const rows = tree.rows;
+    if (!rows.length) {
+      el("chart-waterfall").innerHTML = '<p class="note">This input has no spans for the step (verl log): no tree to draw.</p>';
+      return Promise.resolve();
+    }
     const byRole = new Map();
     rows.forEach((r, i) => {
       if (!byRole.has(r[8])) byRole.set(r[8], []);
@@ -238,30 +278,63 @@
       hovertemplate: "<b>%{customdata[0]}</b> %{customdata[1]} ms<br>span %{customdata[2]} in %{customdata[3]}<br>%{customdata[4]}<extra>%{fullData.name}</extra>",
     }));
     const layout = {
-      barmode: "overlay", height: Math.max(260, 60 + 20 * rows.length), showlegend: byRole.size > 1, legend: { title: { text: "role" } },
+      barmode: "overlay", height: waterfallHeight(tree), showlegend: byRole.size > 1, legend: { title: { text: "role" } },
       xaxis: { type: "linear", title: { text: "ms since step start" }, rangemode: "tozero" },
       yaxis: { type: "linear", tickvals: rows.map((_, i) => i), ticktext: rows.map((r) => "\u00a0".repeat(2 * r[1]) + r[0]), autorange: "reversed", automargin: true },
       margin: { ...margin, l: 140 },
     };
-    const d = tree.verdict;
-    const caps = tree.captures.map((i) => captureLink(data.captures[i])).join(", ") || "none";
-    el("step-details").innerHTML = `<dl><dt>verdict</dt><dd id="step-verdict">${escape(d.label)} <span class="badge ${d.confidence}">${d.confidence}</span> (${(d.share * 100).toFixed(1)}% of the step)</dd>
-      <dt>evidence</dt><dd>${evidence(d.evidence)}</dd><dt>read next</dt><dd>${escape(d.next_read)}</dd>
-      <dt>timing_raw</dt><dd>${evidence(tree.timing_raw)}</dd><dt>profile captures</dt><dd>${caps}</dd></dl>`;
-    if (!rows.length) {
-      el("chart-waterfall").innerHTML = '<p class="note">This input has no spans for the step (verl log): no tree to draw.</p>';
-      return Promise.resolve();
-    }
     return Plotly.react(el("chart-waterfall"), traces, layout, config);
   }
+  const waterfallHeight = (tree) => Math.max(260, 60 + 20 * tree.rows.length);
+
+  // A step picked (selector or click) is drawn at once, in place of any waiting first draw.
+  function showStep(number) {
+    const tree = data.trees[String(number)];
+    if (!tree) return Promise.resolve();
+    stepDetails(number, tree);
+    drawers.delete("chart-waterfall");
+    el("chart-waterfall").style.minHeight = ""; // the page's own minimum, as the plot grows
+    return waterfall(tree);
+  }
   select.addEventListener("change", () => showStep(Number(select.value)));
-  pending.push(showStep(data.default_step));
+  const firstTree = data.trees[String(data.default_step)];
+  if (firstTree) {
+    stepDetails(data.default_step, firstTree);
+    later("chart-waterfall", () => waterfall(firstTree), firstTree.rows.length ? waterfallHeight(firstTree) : 0);
+  }
   const nearestTreeStep = (x) => data.tree_steps.reduce((best, n) => (Math.abs(n - x) < Math.abs(best - x) ? n : best), data.tree_steps[0]);
-  Promise.all(pending).then(() => {
-    for (const id of ["chart-phases", "chart-verdicts", "chart-tail"]) {
-      el(id).on("plotly_click", (event) => showStep(nearestTreeStep(event.points[0].x)));
+  for (const id of ["chart-phases", "chart-verdicts", "chart-tail"]) {
+    onDrawn.set(id, (chart) => chart.on("plotly_click", (event) => showStep(nearestTreeStep(event.points[0].x))));
+  }
+
+  // --- drawing: the charts in the window now; the rest as they come into view, else idle --
+  const inView = (id) => {
+    const box = el(id).getBoundingClientRect();
+    return box.width > 0 && box.top < window.innerHeight && box.bottom >= 0; // hidden: 0 wide
+  };
+  const visible = [...drawers.keys()].filter(inView);
+  const observer = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      if (entry.isIntersecting) drawNow(entry.target.id);
     }
+  }, { rootMargin: "200px 0px" });
+  for (const id of drawers.keys()) observer.observe(el(id));
+  const idle = window.requestIdleCallback ?? ((next) => setTimeout(next, 1));
+  function drawRest() {
+    const [next] = drawers.keys();
+    if (next === undefined) {
+      observer.disconnect();
+      Promise.all(drawing).then(() => {
+        window.rlotelDrawnMs = performance.now();
+        document.body.dataset.drawn = "1";
+      });
+      return;
+    }
+    drawNow(next).then(() => idle(drawRest, { timeout: 500 }));
+  }
+  Promise.all(visible.map(drawNow)).then(() => {
     window.rlotelReadyMs = performance.now();
     document.body.dataset.ready = "1";
+    idle(drawRest, { timeout: 500 });
   });
 })();
