@@ -6,10 +6,10 @@ headless Chromium (every host resolving to nowhere) in a 1280×1080 window (a fu
 height: more of the page than a browser window on one shows) twice: a fresh browser (cold, no
 code cache), given 3 s to finish its own start-up pages first, and the same page again (warm);
 and once in a browser opened for it (its start-up beside the page's load; no goal).
-"Interactive" is the page's own ready mark
-(`window.rlotelReadyMs`), measured from navigation start: every chart and table in the window
-drawn and every control wired (the step selector, a click on a chart); the charts below are
-drawn after it, as they come into view or one per idle moment. Beside it: when every chart
+"Interactive" is the page's own ready mark (`window.rlotelReadyMs`), measured from navigation
+start: every chart and table in the window drawn and every control wired (the step selector;
+a click on a chart, once it is drawn); the charts below are drawn after it, as they come into
+view or one per idle moment (docs/report.md, "Drawing order"). Beside it: when every chart
 was drawn (`window.rlotelDrawnMs`, no goal) and the longest main-thread task from the mark to
 then (what an input waits at most meanwhile). The load's main-thread CPU to every chart drawn
 (DevTools' ThreadTime) is printed too, and the render's process CPU beside the render: on
