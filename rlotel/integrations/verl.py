@@ -466,6 +466,7 @@ def _hooks() -> dict[str, Callable[[ModuleType], None]]:
         "verl.trainer.ppo.ray_trainer": _patch_v0_fit,
         "verl.trainer.ppo.v1.trainer_base": verl_v1.patch_trainer,
         "verl.trainer.ppo.v1.replay_buffer": verl_v1.patch_replay_buffer,
+        "verl.experimental.fully_async_policy.fully_async_trainer": _patch_fully_async,
         "verl.checkpoint_engine.base": _patch_weight_sync,  # the weight sync's stages
         # verl's `rollout.prometheus` writer: its engine targets get a replica and the run
         "verl.workers.rollout.replica": verl_engines.patch_replica,
@@ -503,6 +504,12 @@ def _patch_weight_sync(base: ModuleType) -> None:
     from rlotel.integrations import verl_weights
 
     verl_weights.patch_manager(base, _patches)
+
+
+def _patch_fully_async(trainer: ModuleType) -> None:
+    from rlotel.integrations import verl_fully_async
+
+    verl_fully_async.patch_trainer(trainer, _patches)
 
 
 def _patch_agent_loop_module(agent_loop: ModuleType) -> None:

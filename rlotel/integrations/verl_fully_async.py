@@ -1,0 +1,353 @@
+"""verl's fully async policy (`verl.experimental.fully_async_policy`): its trainer is the driver.
+
+verl runs a `FullyAsyncRollouter` and a `FullyAsyncTrainer` as Ray actors of their own, a
+MessageQueue between them, and syncs parameters every `trigger_parameter_sync_step` trainer
+steps. The trainer builds its `Tracking` in its actor's `__init__` and never goes through a
+patched `fit`, so rlotel declares that process the driver there, before the `rlotel` logger
+starts its telemetry: the experiment as the run, `/metrics` at the documented address,
+`/targets`, the profiler links, role trainer, mode `fully_async`. Its `fit` flushes at the end.
+
+- Windows: verl's timers, as everywhere; its `marked_timer("timing_s/param_sync", ...)` opens
+  rlotel's `param_sync` window, verl's `timing_raw` keeps its own key and seconds.
+- Samples: each `RolloutSample` the trainer takes from the queue carries its agent-loop
+  per-sample metrics, lengths, weight versions and rlotel's trajectory stamp; they are
+  recorded inside the trainer's `gen` (`assemble_batch_from_rollout_samples`), before verl
+  reduces them to `fully_async/processing_time/*`. Staleness is verl's own: the versions are
+  parameter syncs, so a sample's staleness is the trainer's `current_param_version` less
+  its newest version, as verl counts `fully_async/count/stale_trajectory_processed`.
+- Logs: verl logs a sync cycle's steps aggregated (`MetricsAggregator`), keyed by the
+  parameter version, when the next cycle ends. rlotel takes each step's own metrics when
+  verl hands them to the aggregator (`_fit_postprocess_step`), keyed by the step; verl's
+  other logs of the fit (the rollouter's `fully_async/rollouter/*` at each sync) go with the
+  next step's, and verl's aggregates are not taken twice.
+
+Ray exports the trainer class by value, its methods and their globals as they are then, so
+the replacements are module-level functions of this module (exported by reference), put in
+place where verl imports the trainer's module, before the class is exported; in the actor
+they find verl's originals through the same patches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from types import FrameType, ModuleType
+from typing import Any
+
+from rlotel.integrations import guard, process
+from rlotel.integrations.patches import Patches
+from rlotel.schema import vocabulary as voc
+
+MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
+MODE = "fully_async"
+VERL_PARAM_SYNC = voc.TIMING_S + voc.PARAM_SYNC  # verl's name for the sync's window (its key)
+AGGREGATED_KEY = voc.TRAINING + "global_step"  # in every aggregate verl logs per cycle
+INIT_HOOK = "verl_fully_async_init"
+FIT_HOOK = "verl_fully_async_fit"
+SAMPLES_HOOK = "verl_fully_async_samples"
+LOG_HOOK = "verl_fully_async_log"
+PARAM_SYNC_HOOK = "verl_fully_async_param_sync"
+BACKEND = "rlotel"
+_patches: list[Patches] = []  # the verl plugin's registry, once it patched this process
+
+
+def patch_trainer(module: ModuleType, patches: Patches) -> None:
+    """`FullyAsyncTrainer` (under Ray's actor wrapper) and its module's timer and assembly,
+    recorded in the verl plugin's `patches` (its uninstall undoes them)."""
+    _patches[:] = [patches]
+    cls = actor_class(module.FullyAsyncTrainer)
+    patches.replace(cls, "__init__", trainer_init)
+    patches.replace(cls, "fit", trainer_fit)
+    patches.replace(cls, "_fit_postprocess_step", postprocess_step)
+    patches.replace(module, "marked_timer", marked_timer)
+    patches.replace(module, "assemble_batch_from_rollout_samples", assemble_batch)
+
+
+def actor_class(remote: Any) -> type:
+    """The class the actor runs: the one `@ray.remote` made to host verl's, which copied
+    verl's methods into its own dict when the module was imported (patching verl's own class
+    then changes nothing the actor runs)."""
+    metadata = getattr(remote, "__ray_metadata__", None)
+    return getattr(metadata, "modified_class", None) or remote
+
+
+def _original(name: str) -> Any:
+    """verl's own `FullyAsyncTrainer.name` (this process's module, patched or not)."""
+    from verl.experimental.fully_async_policy import fully_async_trainer as module
+
+    return _verl_original(actor_class(module.FullyAsyncTrainer), name)
+
+
+def _module_original(name: str) -> Any:
+    from verl.experimental.fully_async_policy import fully_async_trainer as module
+
+    return _verl_original(module, name)
+
+
+def _verl_original(owner: Any, name: str) -> Any:
+    """What `owner.name` was before the plugin patched it; as it is where nothing was (an
+    uninstalled plugin put verl's own back)."""
+    original = _patches[0].original(owner, name) if _patches else getattr(owner, name)
+    if getattr(original, "__module__", None) == __name__:
+        raise RuntimeError(f"verl's own {name} is not known in this process")
+    return original
+
+
+# --- the trainer actor -------------------------------------------------------------------
+
+
+def trainer_init(self, *args, **kwargs):
+    """`FullyAsyncTrainer.__init__(config, tokenizer, role_worker_mapping,
+    resource_pool_manager, ...)`: the process is the driver before verl's `Tracking` starts
+    the `rlotel` logger's telemetry."""
+    try:
+        guard.fault(INIT_HOOK)
+        config = _argument(args, kwargs, 0, "config")
+        pools = _argument(args, kwargs, 3, "resource_pool_manager")
+        process.declare_verl_driver(config, pools.get_n_gpus())
+    except Exception as error:  # the trainer starts with a worker's telemetry instead
+        guard.failed(INIT_HOOK, error)
+    _original("__init__")(self, *args, **kwargs)
+    guard.attempt(INIT_HOOK, _started, self)
+
+
+def _started(trainer: Any) -> None:
+    if not process.is_driver():
+        return
+    process.telemetry().set_mode(MODE)
+    loggers = trainer.logger.logger
+    if BACKEND in loggers and not isinstance(loggers[BACKEND], StepLogs):
+        loggers[BACKEND] = StepLogs(loggers[BACKEND])
+
+
+async def trainer_fit(self, *args, **kwargs):
+    """`FullyAsyncTrainer.fit`: verl's logs during it go with the steps; at its end, what is
+    left of them goes out and the driver's last steps are exported."""
+    guard.attempt(FIT_HOOK, _fitting, self, True)
+    try:
+        return await _original("fit")(self, *args, **kwargs)
+    finally:  # an exception of the loop itself propagates
+        guard.attempt(FIT_HOOK, _fitting, self, False)
+        guard.attempt(FIT_HOOK, process.flush_driver)
+
+
+def _fitting(trainer: Any, fitting: bool) -> None:
+    logs = _step_logs(trainer)
+    if logs is not None:
+        logs.fitting(fitting)
+
+
+def postprocess_step(self, *args, **kwargs):
+    """`_fit_postprocess_step`: verl hands the step's metrics to its aggregator and counts
+    the step; rlotel logs them under that step."""
+    result = _original("_fit_postprocess_step")(self, *args, **kwargs)
+    guard.attempt(LOG_HOOK, _log_step, self)
+    return result
+
+
+def _log_step(trainer: Any) -> None:
+    logs = _step_logs(trainer)
+    if logs is not None:
+        guard.fault(LOG_HOOK)
+        logs.step(dict(trainer.metrics), trainer.global_steps - 1)
+
+
+def _step_logs(trainer: Any) -> StepLogs | None:
+    backend = trainer.logger.logger.get(BACKEND)
+    return backend if isinstance(backend, StepLogs) else None
+
+
+class StepLogs:
+    """The `rlotel` logger of the fully async trainer's `Tracking`: each step's own metrics
+    (`step`), verl's other logs of the fit with the next step's, verl's aggregates of steps
+    already logged dropped. Outside `fit` verl's logs pass as they are (its sync and
+    validation before training, at step 0). Never raises into verl's loop over loggers."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._fitting = False
+        self._pending: dict[str, Any] = {}
+        self._pending_step: Any = None
+
+    def fitting(self, fitting: bool) -> None:
+        self._fitting = fitting
+        if not fitting and self._pending:
+            self._send(self._pending_step)
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            guard.fault(LOG_HOOK)
+            data = _argument(args, kwargs, 0, "data")
+            step = _argument(args, kwargs, 1, "step")
+            if AGGREGATED_KEY in data:  # the steps of a sync cycle, each logged already
+                process.telemetry().drops.fired(LOG_HOOK)
+                return
+            if not self._fitting:
+                self.backend.log(data=data, step=step)
+                return
+            self._pending.update(data)
+            self._pending_step = step
+        except Exception as error:
+            guard.failed(LOG_HOOK, error)
+
+    def step(self, metrics: dict[str, Any], number: int) -> None:
+        """Step `number`'s metrics, with verl's logs since the last step."""
+        self._pending.update(metrics)
+        self._send(number)
+
+    def _send(self, step: Any) -> None:
+        data, self._pending = self._pending, {}
+        self.backend.log(data=data, step=step)
+
+    def finish(self, *args: Any, **kwargs: Any) -> None:
+        self.backend.finish(*args, **kwargs)
+
+
+# --- the trainer's module ----------------------------------------------------------------
+
+
+def marked_timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any) -> Any:
+    """verl's `marked_timer` in the trainer's module; `timing_s/param_sync` as rlotel's
+    `param_sync` window (any other name: verl's timer, untouched)."""
+    original = _module_original("marked_timer")
+    if name != VERL_PARAM_SYNC:
+        return original(name, timing_raw, *args, **kwargs)
+    return _param_sync(original, name, timing_raw, args, kwargs)
+
+
+@contextlib.contextmanager
+def _param_sync(
+    original: Any, name: str, timing_raw: dict[str, float], args: tuple, kwargs: dict
+) -> Iterator[None]:
+    """verl's timer under rlotel's name; its seconds land in `timing_raw[name]`, as verl's."""
+    own: dict[str, float] | None = {}
+    try:
+        guard.fault(PARAM_SYNC_HOOK)
+        timer = original(voc.PARAM_SYNC, own, *args, **kwargs)
+    except Exception as error:
+        guard.failed(PARAM_SYNC_HOOK, error)
+        own, timer = None, original(name, timing_raw, *args, **kwargs)
+    try:
+        with timer:
+            yield
+    finally:
+        if own is not None:
+            timing_raw[name] = timing_raw.get(name, 0) + own.get(voc.PARAM_SYNC, 0)
+
+
+def assemble_batch(rollout_samples: Any, *args: Any, **kwargs: Any) -> Any:
+    """`assemble_batch_from_rollout_samples(rollout_samples, ...)` in the trainer's `gen`:
+    the samples' per-sample metrics recorded before verl pops and reduces them."""
+    try:
+        guard.fault(SAMPLES_HOOK)
+        record(rollout_samples, _caller_param_version(sys._getframe(1)))
+    except Exception as error:  # telemetry never stops training
+        guard.failed(SAMPLES_HOOK, error)
+    return _module_original("assemble_batch_from_rollout_samples")(rollout_samples, *args, **kwargs)
+
+
+def _caller_param_version(frame: FrameType | None) -> int | None:
+    """The trainer's `current_param_version`, read from the caller (`_get_samples_from_queue`)."""
+    for _ in range(3):
+        if frame is None:
+            return None
+        version = getattr(frame.f_locals.get("self"), "current_param_version", None)
+        if isinstance(version, int):
+            return version
+        frame = frame.f_back
+    return None
+
+
+def record(rollout_samples: Sequence[Any], param_version: int | None) -> None:
+    """The per-sample fields of the queue's `RolloutSample`s → `record_samples`."""
+    tel = process.telemetry()
+    step = tel.current_step
+    fields = sample_fields(
+        [sample.full_batch for sample in rollout_samples],
+        step.number if step is not None else None,
+        param_version,
+    )
+    if fields is not None:
+        records = fields.pop("records")
+        tel.drops.fired(SAMPLES_HOOK)
+        tel.record_samples(records, **fields)
+
+
+def sample_fields(
+    outputs: Sequence[Any], step: int | None, param_version: int | None
+) -> dict[str, Any] | None:
+    """`record_samples`' arguments from the agent loop's outputs (one DataProto a prompt,
+    a row a sample): verl's per-sample metric dicts (`records`), lengths, identity, weight
+    versions re-based so that staleness is verl's, and what rlotel's agent-loop workers
+    stamped (taken out: verl's batch stays its own). None: no per-sample metrics."""
+    from rlotel.integrations import verl_v1
+
+    records: list[dict] = []
+    prompt: list[int] = []
+    response: list[int] = []
+    uids: list[str] = []
+    outputs_index: list[int] = []
+    low: list[Any] = []
+    high: list[Any] = []
+    stamps: list[Any] = []
+    servers: list[Any] = []
+    for output in outputs:
+        metrics = list((getattr(output, "meta_info", None) or {}).get("metrics") or ())
+        columns = output.non_tensor_batch
+        rows = len(metrics)
+        records.extend(metrics)
+        batch = getattr(output, "batch", None)
+        if batch is not None and "attention_mask" in batch and "prompts" in batch:
+            mask, width = batch["attention_mask"], batch["prompts"].shape[1]  # as verl counts
+            prompt.extend(int(n) for n in mask[:, :width].sum(-1))
+            response.extend(int(n) for n in mask[:, width:].sum(-1))
+        uids.extend(str(uid) for uid in columns.get("uid", [None] * rows))
+        outputs_index.extend(range(rows))
+        low.extend(columns.get("min_global_steps", [None] * rows))
+        high.extend(columns.get("max_global_steps", [None] * rows))
+        stamps.extend(columns.pop(verl_v1.STAMP_KEY, [None] * rows))
+        servers.extend(columns.pop(verl_v1.SERVER_KEY, [None] * rows))
+    if not records:
+        return None
+    fields: dict[str, Any] = {"records": records, "uid": uids, "output": outputs_index}
+    if len(prompt) == len(records):
+        fields[voc.PROMPT_LENGTH], fields[voc.RESPONSE_LENGTH] = prompt, response
+    versions = rebased_versions(low, high, step, param_version)
+    if versions is not None:
+        fields["min_weight_version"], fields["max_weight_version"] = versions
+    parsed = [verl_v1._stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
+    if all(stamp.start_ns is not None for stamp in parsed):
+        fields["start_time_ns"] = [stamp.start_ns for stamp in parsed]
+        fields["end_time_ns"] = [stamp.end_ns for stamp in parsed]
+        fields["turns"] = [stamp.turns for stamp in parsed]
+        fields["turn_times_ns"] = [stamp.turn_times_ns for stamp in parsed]
+        fields["tool_times_ns"] = [stamp.tool_times_ns for stamp in parsed]
+        fields["trajectory_context"] = [stamp.context for stamp in parsed]
+        rewards = [stamp.reward for stamp in parsed]
+        if all(reward is not None for reward in rewards):
+            fields[voc.SAMPLE_REWARD] = rewards
+    replica = verl_v1.replicas(servers)
+    if replica is not None:
+        fields["replica"] = replica
+    return fields
+
+
+def rebased_versions(
+    low: Sequence[Any], high: Sequence[Any], step: int | None, param_version: int | None
+) -> tuple[list[int], list[int]] | None:
+    """verl's per-sample `min/max_global_steps` (parameter versions) shifted so that rlotel's
+    staleness, (step − 1) − newest, is verl's: `current_param_version` − newest (they are
+    the same versions when the parameters sync after every step). None: a version missing."""
+    if any(v is None for v in (*low, *high)):
+        return None
+    shift = 0 if step is None or param_version is None else (step - 1) - param_version
+    return [int(v) + shift for v in low], [int(v) + shift for v in high]
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    if len(args) > position:
+        return args[position]
+    if name in kwargs:
+        return kwargs[name]
+    raise guard.UnexpectedCall(f"no {name!r} argument")

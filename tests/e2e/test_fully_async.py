@@ -1,0 +1,116 @@
+"""verl 0.9.1's fully async policy (`python -m verl.experimental.fully_async_policy.
+fully_async_main`) with the plugin on: a `FullyAsyncRollouter` and a `FullyAsyncTrainer` as
+Ray actors of their own on fake GPUs, the MessageQueue between them, a parameter sync after
+every trainer step through the CPU checkpoint engine stand-in (the harness's `--fully-async`).
+Staleness threshold 1: the rollouter runs a step ahead, so the second step trains samples of
+the weights before the first sync (stale by one version).
+
+Read from the run's own outputs: verl's file logger (its per-cycle aggregates, keyed by the
+parameter version, name the step they hold: `training/global_step`), the trainer's traces,
+and its `/metrics` scraped at the documented address while it trained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlotel.offline import analyze
+from rlotel.schema import attributes as attr
+from rlotel.schema import vocabulary as voc
+from tests.e2e.main_ppo import EXPERIMENT, FULLY_ASYNC_PROMPTS
+from tests.e2e.test_main_ppo import declare_main_ppo, main_ppo
+from tests.helpers import file_spans, parse_exposition
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2
+SAMPLES = STEPS * FULLY_ASYNC_PROMPTS * 2  # prompts a step × rollout.n
+VERL_PARAM_SYNC = "timing_s/timing_s/param_sync"  # verl's `timing_s/param_sync` timer, logged
+SYNC_KEY = "fully_async/rollouter/idle_ratio"  # in the rollouter's dict verl logs at each sync
+STALE = "fully_async/count/stale_trajectory_processed"  # verl's running count
+declare_main_ppo(
+    "fully_async", "--fully-async", "async_training.staleness_threshold=1", steps=STEPS
+)
+
+
+@pytest.fixture(scope="module")
+def fully_async() -> Iterator[Path]:
+    yield from main_ppo("fully_async")
+
+
+def trainer_spans(work: Path) -> list[dict]:
+    """The trainer's spans, each file's resource checked: run = the experiment."""
+    files = sorted((work / "traces").glob("trainer-*.jsonl"))
+    assert files, sorted(path.name for path in (work / "traces").glob("*.jsonl"))
+    return [span for path in files for span in file_spans(path, EXPERIMENT)]
+
+
+def verl_records(work: Path) -> list[dict]:
+    """Every dict verl logged, in order (several share a step: the parameter version)."""
+    lines = (work / "verl.jsonl").read_text().splitlines()
+    return [json.loads(line)["data"] for line in lines]
+
+
+def verl_steps(work: Path) -> dict[int, dict]:
+    """verl's aggregates by the trainer step they hold (one a cycle: a sync every step)."""
+    aggregates = [data for data in verl_records(work) if "training/global_step" in data]
+    return {int(data["training/global_step"]): data for data in aggregates}
+
+
+def test_windows_equal_verl_with_a_param_sync_per_sync(fully_async: Path) -> None:
+    logged = verl_steps(fully_async)
+    assert sorted(logged) == list(range(1, STEPS + 1)), sorted(logged)
+    ours = {step.number: step for step in analyze.load_steps(fully_async / "traces")}
+    for number, data in logged.items():
+        timing = voc.timing_from_metrics(data)
+        assert {"step", "gen", "update_actor"} <= set(timing), sorted(timing)
+        for name in (voc.START_PROFILE, voc.STOP_PROFILE):  # verl times them outside `step`
+            timing.pop(name, None)
+        for name, seconds in timing.items():
+            assert math.isclose(ours[number].timing_raw[name], seconds, rel_tol=1e-6), name
+        assert math.isclose(
+            ours[number].timing_raw[voc.PARAM_SYNC], data[VERL_PARAM_SYNC], rel_tol=1e-6
+        )
+
+    syncs = [data for data in verl_records(fully_async) if SYNC_KEY in data]
+    assert len(syncs) >= STEPS + 1  # before fit, after each step (and fit's last, if any)
+    spans = trainer_spans(fully_async)
+    assert sum(span["name"] == voc.PARAM_SYNC for span in spans) == len(syncs)
+
+
+def test_trainer_is_the_driver(fully_async: Path) -> None:
+    trainer = trainer_spans(fully_async)  # role trainer, run = the experiment
+    assert not list((fully_async / "traces").glob("FullyAsyncTrainer-*"))
+    assert sum(span["name"] == "step" for span in trainer) == STEPS
+
+    scrapes = sorted((fully_async / "scrapes").glob("*.txt"))
+    assert scrapes, "nothing answered at 127.0.0.1:9464/metrics during the run"
+    series = parse_exposition(scrapes[-1].read_text())
+    assert series[("rlotel_step", frozenset({("run", EXPERIMENT)}))] == STEPS
+    stage = frozenset({("run", EXPERIMENT), ("stage", voc.GENERATE_SEQUENCES)})
+    assert series[("rlotel_agent_loop_duration_seconds_count", stage)] == SAMPLES
+    # each step's own metrics reached it, keyed by the step (verl logs them a cycle late)
+    key = frozenset({("run", EXPERIMENT), ("key", STALE)})
+    assert series[("rlotel_train_metric", key)] == verl_steps(fully_async)[STEPS][STALE]
+
+
+def test_sample_spans_and_staleness_equal_verl(fully_async: Path) -> None:
+    logged = verl_steps(fully_async)
+    trainer = trainer_spans(fully_async)
+    step_of = {
+        span["trace"]: span["attrs"][attr.STEP] for span in trainer if span["name"] == "step"
+    }
+    samples = [span for span in trainer if span["name"] == attr.SAMPLE_SPAN]
+    assert len(samples) == SAMPLES
+    stale = 0
+    for number in range(1, STEPS + 1):
+        consumed = [span for span in samples if step_of[span["trace"]] == number]
+        assert len(consumed) == SAMPLES // STEPS
+        stale += sum(span["attrs"][attr.SAMPLE_STALENESS] >= 1 for span in consumed)
+        assert logged[number][STALE] == stale, number  # verl's count, running over steps
+    assert stale > 0  # the second step trained samples of the weights before the first sync

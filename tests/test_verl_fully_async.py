@@ -1,0 +1,148 @@
+"""verl 0.9.1's fully async trainer, its queue side on real verl objects: `RolloutSample`s
+shaped as the rollouter puts them in the MessageQueue (one DataProto a prompt, a row a
+sample, the agent loop's per-sample metrics in `meta_info`, its weight versions and
+rlotel's stamp in `non_tensor_batch`), assembled by verl's own
+`assemble_batch_from_rollout_samples` through the plugin's patch inside a step's `gen`. The
+actors themselves (Ray, vLLM, FSDP) run in `tests/e2e/test_fully_async.py`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlotel.base.drops import HOOK_FAILURES
+from rlotel.integrations import guard, verl_v1
+from rlotel.integrations import verl_fully_async as fully_async
+from rlotel.integrations.patches import Patches
+from rlotel.schema import vocabulary as voc
+
+T0, S = 1_700_000_000_000_000_000, 1_000_000_000
+# per prompt: (generate_sequences of its 2 samples, min_global_steps, max_global_steps)
+PROMPTS = [((0.5, 2.0), (0, 0), (0, 1)), ((0.25, 0.75), (1, 1), (1, 1))]
+
+
+def test_versions_are_rebased_so_staleness_counts_syncs() -> None:
+    # a sync every step: versions are steps already
+    assert fully_async.rebased_versions([0, 1], [1, 1], 3, 2) == ([0, 1], [1, 1])
+    # a sync every 2 steps: step 4 trains at version 1; newest 0 is one sync stale, as verl says
+    low, high = fully_async.rebased_versions([0, 1], [0, 1], 4, 1)
+    assert [(4 - 1) - newest for newest in high] == [1 - 0, 1 - 1]
+    assert low == [2, 3]
+    assert fully_async.rebased_versions([0, None], [0, 1], 4, 1) is None
+    assert fully_async.rebased_versions([0], [2], None, 1) == ([0], [2])
+
+
+def rollout_samples() -> list:
+    from verl import DataProto
+    from verl.experimental.fully_async_policy.detach_utils import RolloutSample
+
+    samples = []
+    for index, (seconds, low, high) in enumerate(PROMPTS):
+        stamps = np.empty(2, dtype=object)  # as verl's `_postprocess` builds the column
+        stamps[:] = [[T0, T0 + s * S, 1, None, None, 1.0] for s in (1, 2)]
+        output = DataProto.from_dict(
+            tensors={
+                "prompts": torch.zeros(2, 3, dtype=torch.int64),
+                "responses": torch.zeros(2, 4, dtype=torch.int64),
+                "attention_mask": torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]]),
+            },
+            non_tensors={
+                "uid": np.array([f"uid_sample_0_{index}"] * 2, dtype=object),
+                "min_global_steps": np.array(low, dtype=object),
+                "max_global_steps": np.array(high, dtype=object),
+                verl_v1.STAMP_KEY: stamps,
+            },
+            meta_info={
+                "metrics": [
+                    {
+                        "generate_sequences": s,
+                        "tool_calls": 0.0,
+                        "compute_score": 0.01,
+                        "num_preempted": 0,
+                    }
+                    for s in seconds
+                ]
+            },
+        )
+        samples.append(RolloutSample(output, f"sample_0_{index}", 0, {"count/x": 1}))
+    return samples
+
+
+class Trainer:
+    """What the patch reads of its caller, `FullyAsyncTrainer._get_samples_from_queue`."""
+
+    def __init__(self, current_param_version: int) -> None:
+        self.current_param_version = current_param_version
+
+    def _get_samples_from_queue(self, module, samples):
+        return module.assemble_batch_from_rollout_samples(samples, None, None, None)
+
+
+@pytest.fixture
+def patched_module():
+    from verl.experimental.fully_async_policy import fully_async_trainer as module
+
+    patches = Patches()
+    fully_async.patch_trainer(module, patches)
+    try:
+        yield module
+    finally:
+        patches.undo()
+        fully_async._patches.clear()
+
+
+def test_queue_samples_are_recorded_and_verls_batch_stays_verls(make_tel, patched_module):
+    tel = make_tel(run="fa")
+    trainer = Trainer(current_param_version=1)  # step 2, after one sync
+    with tel.step(2) as step, tel.phase(voc.GEN):
+        batch = trainer._get_samples_from_queue(patched_module, rollout_samples())
+
+    assert verl_v1.STAMP_KEY not in batch.non_tensor_batch
+    assert batch.meta_info["fully_async/processing_time/max"] == 2.0  # verl's own reduction
+    assert batch.meta_info["fully_async/partial/max_partial_span"] == 1
+    metrics = step.metrics
+    assert metrics["agent_loop/generate_sequences/max"] == 2.0
+    assert metrics["agent_loop/generate_sequences/min"] == 0.25
+    assert metrics["agent_loop/num_preempted/max"] == 0
+    # verl's fully async staleness: current_param_version − newest version, per sample
+    verl_stale = [1 - newest for _, _, high in PROMPTS for newest in high]
+    assert metrics[voc.TRAJECTORY_STALENESS + "max"] == max(verl_stale)
+    assert metrics[voc.TRAJECTORY_STALENESS + "mean"] == pytest.approx(np.mean(verl_stale))
+    assert metrics[voc.OFF_POLICY + "trajectory_spans/max"] == 2  # verl's max_partial_span + 1
+    assert len(step.trace.samples) == 1  # one batch of four samples
+
+
+def test_a_failing_hook_leaves_verls_batch_and_is_counted(make_tel, patched_module):
+    tel = make_tel(run="fa-fault")
+    before = HOOK_FAILURES.snapshot().get(fully_async.SAMPLES_HOOK, 0)
+    guard.inject([fully_async.SAMPLES_HOOK])
+    try:
+        with tel.step(1) as step, tel.phase(voc.GEN):
+            batch = Trainer(0)._get_samples_from_queue(patched_module, rollout_samples())
+    finally:
+        guard.inject([])
+    assert HOOK_FAILURES.snapshot()[fully_async.SAMPLES_HOOK] == before + 1
+    assert batch.meta_info["fully_async/processing_time/max"] == 2.0
+    assert verl_v1.STAMP_KEY in batch.non_tensor_batch  # verl's batch as the queue gave it
+    assert not step.trace.samples
+
+
+def test_the_class_ray_hosts_is_patched_and_pickles_by_reference(patched_module) -> None:
+    """`@ray.remote` copied verl's methods into the class it hosts when the module was
+    imported; that class is the one exported by value to the trainer's actor: rlotel's
+    replacements must be on it and travel by reference, with the module's timer and assembly
+    in its methods' globals."""
+    import inspect
+
+    from ray import cloudpickle
+
+    hosted = patched_module.FullyAsyncTrainer.__ray_metadata__.modified_class
+    assert hosted.__init__ is fully_async.trainer_init
+    restored = cloudpickle.loads(cloudpickle.dumps(hosted))
+    assert restored.fit is fully_async.trainer_fit
+    assert restored._fit_postprocess_step is fully_async.postprocess_step
+    step = inspect.unwrap(restored.fit_step)  # under Ray's tracing wrapper
+    assert step.__globals__["marked_timer"] is fully_async.marked_timer
+    assembly = inspect.unwrap(restored._get_samples_from_queue).__globals__
+    assert assembly["assemble_batch_from_rollout_samples"] is fully_async.assemble_batch
