@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -59,14 +60,17 @@ def page_data(path: Path) -> dict:
 
 
 def traced_run(path: Path, steps: int = 4, slow_step: int = 3) -> None:
-    """A real rlotel traces file: phases, samples, tokens and MFU; one step slower."""
+    """A real rlotel traces file: phases, samples, tokens and MFU; one step slower (its `gen`
+    waits half a second on top of the work every phase does: slower than any other step by
+    far more than a busy machine's stalls, which flipped a 12× CPU-work margin under load)."""
     tel = rlotel.init(run="rep", prometheus_port=None, traces_file=path)
     for number in range(1, steps + 1):
         with tel.step(number) as step:
             for phase in PHASES:
                 with tel.phase(phase):
-                    work = 12 if phase == "gen" and number == slow_step else 1  # unmistakable
-                    sum(range(60_000 * work))
+                    sum(range(60_000))
+                    if phase == "gen" and number == slow_step:
+                        time.sleep(0.5)  # the engine's answer, late
                     if phase == "gen":
                         tel.record_samples(
                             generate_sequences=[0.01 * number, 0.02, 0.5 * number],
