@@ -16,6 +16,7 @@ from rlotel.integrations import guard, verl_v1
 from rlotel.integrations import verl_fully_async as fully_async
 from rlotel.integrations.patches import Patches
 from rlotel.schema import vocabulary as voc
+from tests.helpers import parse_exposition, scrape
 
 T0, S = 1_700_000_000_000_000_000, 1_000_000_000
 # per prompt: (generate_sequences of its 2 samples, min_global_steps, max_global_steps)
@@ -146,3 +147,41 @@ def test_the_class_ray_hosts_is_patched_and_pickles_by_reference(patched_module)
     assert step.__globals__["marked_timer"] is fully_async.marked_timer
     assembly = inspect.unwrap(restored._get_samples_from_queue).__globals__
     assert assembly["assemble_batch_from_rollout_samples"] is fully_async.assemble_batch
+
+
+def test_each_step_is_logged_once_under_its_step(make_tel) -> None:
+    """verl's fully async trainer logs a cycle's steps aggregated, keyed by the parameter
+    version, a cycle late: the aggregate of step 1 comes at step 2's end, keyed 2 (a sync
+    every step), while step 2 waits for its log. rlotel's logger drops it and logs each
+    step's own dict under its step, with verl's other logs of the fit (the rollouter's at
+    each sync); before `fit`, verl's logs pass as they are."""
+    from rlotel.integrations.verl import RlotelBackend
+
+    tel = make_tel(run="fa-logs")
+    logs = fully_async.StepLogs(RlotelBackend("p", "fa-logs"))
+    logs.log(data={"fully_async/rollouter/idle_ratio": 0.25}, step=0)  # the sync before fit
+    logs.fitting(True)
+    with tel.step(1) as first:
+        logs.log(data={"fully_async/rollouter/idle_ratio": 0.5}, step=1)  # the step's sync
+    logs.step({"training/global_step": 1, "perf/mfu/actor": 0.1}, 1)
+    with tel.step(2) as second:
+        logs.log(data={"fully_async/rollouter/idle_ratio": 0.75}, step=2)
+    aggregate = {"training/global_step": 1, "dynamic_resource/resource_utilization": 0.3}
+    logs.log(data=aggregate, step=2)  # step 1 again, with what only verl's aggregator adds
+    logs.step({"training/global_step": 2, "perf/mfu/actor": 0.2}, 2)
+    logs.fitting(False)
+    tel.flush()
+
+    assert first.logged == {
+        "fully_async/rollouter/idle_ratio": 0.5,
+        "training/global_step": 1,
+        "perf/mfu/actor": 0.1,
+    }
+    assert second.logged == {
+        "fully_async/rollouter/idle_ratio": 0.75,
+        "training/global_step": 2,
+        "perf/mfu/actor": 0.2,
+    }
+    series = parse_exposition(scrape(tel.metrics_url))
+    key = frozenset({("run", "fa-logs"), ("key", "fully_async/rollouter/idle_ratio")})
+    assert series[("rlotel_train_metric", key)] == 0.75
