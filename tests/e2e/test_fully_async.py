@@ -86,7 +86,9 @@ def test_windows_equal_verl_with_a_param_sync_per_sync(fully_async: Path) -> Non
 def test_trainer_is_the_driver(fully_async: Path) -> None:
     trainer = trainer_spans(fully_async)  # role trainer, run = the experiment
     assert not list((fully_async / "traces").glob("FullyAsyncTrainer-*"))
-    assert sum(span["name"] == "step" for span in trainer) == STEPS
+    # verl's last `fit_step` opens its step timer around a queue that has ended: a step of
+    # its own, in error (status 2), exported or not depending on how the actor ends
+    assert sum(span["name"] == "step" and span["status"] != 2 for span in trainer) == STEPS
 
     scrapes = sorted((fully_async / "scrapes").glob("*.txt"))
     assert scrapes, "nothing answered at 127.0.0.1:9464/metrics during the run"
