@@ -56,6 +56,12 @@ TOOL_RUN = (
 # verl's async buffer evicts a finished group generated more than 1 step back
 SAMPLER = "trainer.v1.sampler"
 STALE_DROP = (f"{SAMPLER}.max_off_policy_threshold=1", f"{SAMPLER}.max_off_policy_strategy=drop")
+# DAPO's group filter on the toy reward's coin-flip `acc`: verl evicts the groups without signal
+DAPO_FILTER = (
+    "algorithm.filter_groups.enable=True",
+    "algorithm.filter_groups.metric=acc",
+    "reward.custom_reward_function.name=compute_score_with_acc",
+)
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
     # in OTLP/JSON (a value OpenTelemetry's spec allows), and another program on the
@@ -73,10 +79,12 @@ MODES = {
     ],
     # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2;
     # every trajectory runs verl's tool agent loop with a toy tool and format (stand-ins);
-    # its buffer drops groups generated for an earlier step (the one-batch warm-up ahead)
+    # its buffer drops groups generated for an earlier step (the one-batch warm-up ahead) and,
+    # filtering DAPO-style, the groups whose `acc` agree
     "colocate_async": [
         "trainer.v1.trainer_mode=colocate_async",
         *STALE_DROP,
+        *DAPO_FILTER,
         *TOOL_RUN,
         *ACTOR_PROFILER,
         "global_profiler.steps=[2]",
@@ -376,12 +384,18 @@ def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
 
 @pytest.mark.parametrize("mode_run", ["colocate_async"], indirect=True)
 def test_groups_verl_evicts_are_the_async_bias_reference(mode_run: tuple[str, Path]) -> None:
-    """verl's buffer evicts stale groups (`training/off_policy/evicted_samples`, in groups);
-    rlotel counted each of their trajectories as discarded, and the steps that evicted
-    compare what they trained with what was generated: a KS above 0."""
+    """verl's buffer evicts stale groups (`training/off_policy/evicted_samples`) and groups
+    DAPO's filter finds without signal (`training/filter_groups/evicted_samples`), counted in
+    groups; rlotel counted each of their trajectories as discarded (`stale`, `filtered`: a
+    group both stale and filtered once, as stale), and the steps that evicted compare what
+    they trained with what was generated: a KS above 0."""
     _, work = mode_run
-    evicted = {n: d.get("training/off_policy/evicted_samples", 0) for n, d in trained(work).items()}
-    assert any(evicted.values()), evicted
+    keys = {"stale": "training/off_policy/evicted_samples"}
+    keys["filtered"] = "training/filter_groups/evicted_samples"
+    evicted = {
+        reason: {n: d.get(key, 0) for n, d in trained(work).items()} for reason, key in keys.items()
+    }
+    assert all(any(counts.values()) for counts in evicted.values()), evicted
     group = next(
         int(o.split("=")[1]) for o in overrides(Path(), work, STEPS) if o.startswith(ROLLOUT_N)
     )
@@ -393,13 +407,20 @@ def test_groups_verl_evicts_are_the_async_bias_reference(mode_run: tuple[str, Pa
         if number:
             scraped[int(number)] = series
     last = max(scraped)
-    stale = ("rlotel_samples_discarded_total", frozenset({run, ("reason", "stale")}))
-    expected = group * sum(count for n, count in evicted.items() if n <= last)
-    assert scraped[last].get(stale, 0) == expected > 0, (last, evicted)
+    discarded, expected = {}, {}
+    for reason, counts in evicted.items():
+        series = ("rlotel_samples_discarded_total", frozenset({run, ("reason", reason)}))
+        discarded[reason] = scraped[last].get(series, 0)
+        expected[reason] = group * sum(count for n, count in counts.items() if n <= last)
+    # verl's sets may overlap and each of its counts takes a group in both; rlotel counts
+    # each trajectory once, under the first reason: stale exactly, filtered less the overlap
+    assert discarded["stale"] == expected["stale"] > 0, (last, evicted, discarded)
+    overlap = expected["filtered"] - discarded["filtered"]
+    assert discarded["filtered"] > 0 and 0 <= overlap <= expected["stale"], (last, evicted)
     ks = {
         n: {dict(k[1])["quantity"]: v for k, v in s.items() if k[0] == "rlotel_async_bias_ks"}
         for n, s in scraped.items()
-        if evicted.get(n)
+        if any(counts.get(n) for counts in evicted.values())
     }
     assert ks and all(max(figures.values()) > 0 for figures in ks.values()), ks
-    print(f"evicted groups by step {evicted}; discarded {scraped[last][stale]:.0f}; KS {ks}")
+    print(f"evicted groups by step {evicted}; discarded {discarded}; KS {ks}")
