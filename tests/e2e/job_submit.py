@@ -3,6 +3,7 @@
 
     python -m tests.e2e.job_submit WORKDIR [--steps N] [--assets DIR]
                                    [--via json|hydra|entrypoint|submit-shell]
+                                   [--fully-async] [HYDRA_OVERRIDES...]
 
 The cluster (`ray start`) gets the e2e run's platform environment (`environment(work,
 plugin=False)`: the CPU stand-ins, vLLM's and verl's CPU settings, verl's file logger) and
@@ -15,8 +16,9 @@ arrived) are given the way `--via` says:
 - `entrypoint`: `ray job submit -- env NAME=value python -m ...` (the entrypoint only);
 - `submit-shell`: in the environment of the `ray job submit` command (reaches nothing).
 
-`main_ppo` gets the e2e overrides minus `ray_kwargs.ray_init.*` (they start a local
-cluster; connecting to a running one takes none: the job's `RAY_ADDRESS`). The trainer's
+`main_ppo` (or, `--fully-async`, verl's fully async policy with the harness's overrides for
+it) gets the e2e overrides minus `ray_kwargs.ray_init.*` (they start a local cluster;
+connecting to a running one takes none: the job's `RAY_ADDRESS`). The trainer's
 `/metrics` is scraped while it trains. Everything lands in WORKDIR: `verl.jsonl`,
 `console.log` (the job's logs), `traces/`, `scrapes/`, `run.json` (the job's status, wall
 times). Run it through `isolated()`: a private network, mount and PID namespace, so only
@@ -40,8 +42,11 @@ from pathlib import Path
 
 from tests.e2e.main_ppo import (
     ENGINE_PYTHON,
+    FULLY_ASYNC,
     TIMEOUT_S,
     environment,
+    fully_async_overrides,
+    merged,
     overrides,
     scrape,
 )
@@ -52,6 +57,11 @@ VIAS = ("json", "hydra", "entrypoint", "submit-shell")
 SUBMISSION_ID = "rlotel-e2e"
 LOCAL_CLUSTER = ("ray_kwargs.ray_init.", "+ray_kwargs.ray_init.")
 FINISHED = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def local_cluster(override: str) -> bool:
+    """An override for the cluster `ray.init` starts (a job joins the running one)."""
+    return override.startswith(LOCAL_CLUSTER)
 
 
 def free_port() -> int:
@@ -67,14 +77,18 @@ def rlotel_variables(work: Path) -> dict[str, str]:
     return {**added, "OTEL_EXPORTER_PROMETHEUS_PORT": str(METRICS_PORT)}
 
 
-def main_ppo_command(assets: Path, work: Path, steps: int, via: str) -> list[str]:
+def main_ppo_command(
+    assets: Path, work: Path, steps: int, via: str, fully_async: bool, extra: list[str]
+) -> list[str]:
     given = rlotel_variables(work)
+    extra = ['trainer.logger=["console","file","rlotel"]', *extra]
+    if fully_async:
+        extra = [*fully_async_overrides(steps), *extra]
     command = [
         str(ENGINE_PYTHON),
         "-m",
-        "verl.trainer.main_ppo",
-        *(o for o in overrides(assets, work, steps) if not o.startswith(LOCAL_CLUSTER)),
-        'trainer.logger=["console","file","rlotel"]',
+        FULLY_ASYNC if fully_async else "verl.trainer.main_ppo",
+        *(o for o in merged(overrides(assets, work, steps), extra) if not local_cluster(o)),
     ]
     if via == "hydra":  # quoted: an unquoted 1 is an int, and Ray takes strings only
         prefix = "+ray_kwargs.ray_init.runtime_env.env_vars"
@@ -97,7 +111,9 @@ def start_cluster(work: Path, cluster_env: dict[str, str]) -> tuple[str, float]:
     dashboard_port = free_port()
     command = [
         str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={free_port()}",
-        "--num-cpus=8", "--num-gpus=1", "--include-dashboard=true",
+        # logical: fully async asks 10 CPUs for each of its trainer and rollouter actors, and
+        # a fake GPU for the trainer's and one for the rollout pool's
+        "--num-cpus=32", "--num-gpus=2", "--include-dashboard=true",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
         f"--temp-dir={work / 'r'}", "--disable-usage-stats",
     ]  # fmt: skip
@@ -149,7 +165,7 @@ def stop_cluster(cluster_env: dict[str, str]) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
-def run(work: Path, steps: int, assets: Path, via: str) -> int:
+def run(work: Path, steps: int, assets: Path, via: str, fully_async: bool, extra: list[str]) -> int:
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
     started = time.monotonic()
@@ -160,7 +176,7 @@ def run(work: Path, steps: int, assets: Path, via: str) -> int:
     if via == "submit-shell":
         submit_env.update(rlotel_variables(work))
     script = f"cd {shlex.quote(str(work))} && exec " + shlex.join(
-        main_ppo_command(assets, work, steps, via)
+        main_ppo_command(assets, work, steps, via, fully_async, extra)
     )
     entrypoint = ["sh", "-c", script]  # the e2e run's cwd (Hydra writes outputs/ there)
     result: dict = {"via": via, "steps": steps}
@@ -200,11 +216,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--assets", type=Path, help="inputs built once (default WORKDIR/assets)")
     parser.add_argument("--via", choices=VIAS, default="json")
-    options = parser.parse_args()
+    parser.add_argument("--fully-async", action="store_true", help="verl's fully async policy")
+    parser.add_argument("extra", nargs="*", help="more Hydra overrides")
+    options = parser.parse_intermixed_args()
     work = options.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     assets = options.assets.resolve() if options.assets else work / "assets"
-    return run(work, options.steps, assets, options.via)
+    return run(work, options.steps, assets, options.via, options.fully_async, options.extra)
 
 
 if __name__ == "__main__":

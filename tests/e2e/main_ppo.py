@@ -391,15 +391,8 @@ def run(
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
     loggers = '["console","file","rlotel"]' if plugin else '["console","file"]'
-    replaced = {_key(override) for override in extra}
-    command = [
-        sys.executable,
-        "-m",
-        entry,
-        *(o for o in overrides(assets, work, steps) if _key(o) not in replaced),
-        f"trainer.logger={loggers}",
-        *extra,
-    ]
+    given = [f"trainer.logger={loggers}", *extra]
+    command = [sys.executable, "-m", entry, *merged(overrides(assets, work, steps), given)]
     scrapes = work / "scrapes"
     scrapes.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
@@ -471,6 +464,12 @@ STALL_FLAG = re.compile(r"^rlotel_phase_stalled\{.*\} 1(\.0)?$", re.MULTILINE)
 def _key(override: str) -> str:
     """A Hydra override's key (`+a.b=1` → `a.b`)."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def merged(defaults: list[str], given: list[str]) -> list[str]:
+    """`defaults` less the keys `given` sets, then `given`."""
+    replaced = {_key(override) for override in given}
+    return [*(o for o in defaults if _key(o) not in replaced), *given]
 
 
 def isolated(argv: list[str]) -> list[str]:

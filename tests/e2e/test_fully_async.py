@@ -1,13 +1,20 @@
-"""verl 0.9.1's fully async policy (`python -m verl.experimental.fully_async_policy.
-fully_async_main`) with the plugin on: a `FullyAsyncRollouter` and a `FullyAsyncTrainer` as
-Ray actors of their own on fake GPUs, the MessageQueue between them, a parameter sync after
-every trainer step through the CPU checkpoint engine stand-in (the harness's `--fully-async`).
-Staleness threshold 1: the rollouter runs a step ahead, so the second step trains samples of
-the weights before the first sync (stale by one version).
+"""verl 0.9.1's fully async policy (`verl.experimental.fully_async_policy.fully_async_main`)
+submitted to a running Ray cluster the cluster way, plugin on: `ray start --head`, then `ray job
+submit --runtime-env-json '{"env_vars": {"RLOTEL_ENABLE": "1", ...}}' -- python -m
+verl.experimental.fully_async_policy.fully_async_main ...` (`tests/e2e/job_submit.py
+--fully-async`, CPU, loopback only). The cluster is started without any RLOTEL_*/OTEL_*
+variable: what the plugin gets, it gets from the job's runtime env, which Ray merges with the
+one verl passes to `ray.init` inside the job (an `OTEL_EXPORTER_PROMETHEUS_PORT` that is not
+rlotel's default, so a scrape there proves an OTEL_* variable arrived).
 
-Read from the run's own outputs: verl's file logger (its per-cycle aggregates, keyed by the
-parameter version, name the step they hold: `training/global_step`), the trainer's traces,
-and its `/metrics` scraped at the documented address while it trained.
+The run: a `FullyAsyncRollouter` and a `FullyAsyncTrainer` as Ray actors of their own on fake
+GPUs, the MessageQueue between them, a parameter sync after every trainer step through the CPU
+checkpoint engine stand-in. Staleness threshold 1: the rollouter runs a step ahead, so the
+second step trains samples of the weights before the first sync (stale by one version).
+
+Read from the run's own outputs: the job's status, verl's file logger (its per-cycle
+aggregates, keyed by the parameter version, name the step they hold: `training/global_step`),
+the traces of every process, and the trainer's `/metrics` scraped while it trained.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import pytest
 from rlotel.offline import analyze
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
-from tests.e2e.main_ppo import EXPERIMENT, FULLY_ASYNC_PROMPTS
-from tests.e2e.test_main_ppo import declare_main_ppo, main_ppo
+from tests.e2e import ahead
+from tests.e2e.job_submit import METRICS_PORT, isolated
+from tests.e2e.main_ppo import EXPERIMENT, FULLY_ASYNC_PROMPTS, TIMEOUT_S
 from tests.helpers import file_spans, parse_exposition
 
 pytestmark = pytest.mark.slow
@@ -33,14 +41,39 @@ SAMPLES = STEPS * FULLY_ASYNC_PROMPTS * 2  # prompts a step × rollout.n
 VERL_PARAM_SYNC = "timing_s/timing_s/param_sync"  # verl's `timing_s/param_sync` timer, logged
 SYNC_KEY = "fully_async/rollouter/idle_ratio"  # in the rollouter's dict verl logs at each sync
 STALE = "fully_async/count/stale_trajectory_processed"  # verl's running count
-declare_main_ppo(
-    "fully_async", "--fully-async", "async_training.staleness_threshold=1", steps=STEPS
+WORKER_ROLES = {"actor", "rollout", "agent_loop"}  # Ray actors the job's raylet started
+ARGV = ("--steps", str(STEPS), "--fully-async", "async_training.staleness_threshold=1")
+ahead.declare(
+    "fully_async",
+    "rl-fa-",
+    lambda work, assets: isolated([str(work), "--assets", str(assets), *ARGV]),
+    TIMEOUT_S + 180,
 )
 
 
 @pytest.fixture(scope="module")
 def fully_async() -> Iterator[Path]:
-    yield from main_ppo("fully_async")
+    for work in ahead.work_of("fully_async"):
+        result = ahead.finished("fully_async").result
+        (work / "harness.log").write_text(result.stdout + result.stderr)
+        yield work
+
+
+def outcome(work: Path) -> str:
+    run = json.loads((work / "run.json").read_text()) if (work / "run.json").exists() else {}
+    logs = [work / "harness.log", work / "console.log"]
+    tails = [log.read_text(errors="replace")[-4000:] for log in logs if log.exists()]
+    return "\n".join([str(run), *tails])
+
+
+def test_the_submitted_job_trains_with_the_plugin_in_the_trainer_and_the_workers(
+    fully_async: Path,
+) -> None:
+    run = json.loads((fully_async / "run.json").read_text())
+    assert run["status"] == "SUCCEEDED", outcome(fully_async)
+    files = sorted((fully_async / "traces").glob("*.jsonl"))
+    roles = {path.name.split("-", 1)[0] for path in files if path.stat().st_size}
+    assert roles >= {"trainer", *WORKER_ROLES}, (roles, outcome(fully_async))
 
 
 def trainer_spans(work: Path) -> list[dict]:
@@ -91,7 +124,9 @@ def test_trainer_is_the_driver(fully_async: Path) -> None:
     assert sum(span["name"] == "step" and span["status"] != 2 for span in trainer) == STEPS
 
     scrapes = sorted((fully_async / "scrapes").glob("*.txt"))
-    assert scrapes, "nothing answered at 127.0.0.1:9464/metrics during the run"
+    assert scrapes, (
+        f"nothing answered at the OTEL_EXPORTER_PROMETHEUS_PORT the job named, {METRICS_PORT}"
+    )
     series = parse_exposition(scrapes[-1].read_text())
     assert series[("rlotel_step", frozenset({("run", EXPERIMENT)}))] == STEPS
     stage = frozenset({("run", EXPERIMENT), ("stage", voc.GENERATE_SEQUENCES)})
