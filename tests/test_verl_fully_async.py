@@ -149,6 +149,32 @@ def test_the_class_ray_hosts_is_patched_and_pickles_by_reference(patched_module)
     assert assembly["assemble_batch_from_rollout_samples"] is fully_async.assemble_batch
 
 
+def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
+    """The rollouter's hosted class gets rlotel's `__init__` (by reference, as Ray exports
+    it): it hears the experiment before verl's own `__init__` runs, so the worker
+    telemetry it starts, and the calls it makes, are the experiment's."""
+    from omegaconf import OmegaConf
+    from ray import cloudpickle
+    from verl.experimental.fully_async_policy import fully_async_rollouter as module
+
+    from rlotel.integrations import verl_workers
+
+    patches = Patches()
+    fully_async.patch_rollouter(module, patches)
+    heard: list[str] = []
+    monkeypatch.setattr(verl_workers, "_heard_run", heard)
+    try:
+        hosted = fully_async.actor_class(module.FullyAsyncRollouter)
+        assert cloudpickle.loads(cloudpickle.dumps(hosted)).__init__ is fully_async.rollouter_init
+        config = OmegaConf.create({"trainer": {"experiment_name": "fa-run"}})
+        with pytest.raises(TypeError, match="tokenizer"):  # verl's own __init__, called
+            hosted(config)
+        assert heard == ["fa-run"]
+    finally:
+        patches.undo()
+        fully_async._patches.clear()
+
+
 def test_each_step_is_logged_once_under_its_step(make_tel) -> None:
     """verl's fully async trainer logs a cycle's steps aggregated, keyed by the parameter
     version, a cycle late: the aggregate of step 1 comes at step 2's end, keyed 2 (a sync

@@ -472,6 +472,8 @@ def _hooks() -> dict[str, Callable[[ModuleType], None]]:
         "verl.workers.rollout.replica": verl_engines.patch_replica,
         "verl.workers.rollout.utils": verl_engines.patch_writer,
         **{module: verl_engines.patch_importer for module in verl_engines.IMPORTERS},
+        # after the writer's importer patch of the same module: the rollouter's run
+        "verl.experimental.fully_async_policy.fully_async_rollouter": _patch_rollouter,
     }
 
 
@@ -510,6 +512,13 @@ def _patch_fully_async(trainer: ModuleType) -> None:
     from rlotel.integrations import verl_fully_async
 
     verl_fully_async.patch_trainer(trainer, _patches)
+
+
+def _patch_rollouter(rollouter: ModuleType) -> None:
+    from rlotel.integrations import verl_engines, verl_fully_async
+
+    verl_engines.patch_importer(rollouter)
+    verl_fully_async.patch_rollouter(rollouter, _patches)
 
 
 def _patch_agent_loop_module(agent_loop: ModuleType) -> None:

@@ -35,11 +35,12 @@ from collections.abc import Iterator, Sequence
 from types import FrameType, ModuleType
 from typing import Any
 
-from rlotel.integrations import guard, process
+from rlotel.integrations import guard, process, verl_workers
 from rlotel.integrations.patches import Patches
 from rlotel.schema import vocabulary as voc
 
 MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
+ROLLOUTER_MODULE = "verl.experimental.fully_async_policy.fully_async_rollouter"
 MODE = "fully_async"
 VERL_PARAM_SYNC = voc.TIMING_S + voc.PARAM_SYNC  # verl's name for the sync's window (its key)
 AGGREGATED_KEY = voc.TRAINING + "global_step"  # in every aggregate verl logs per cycle
@@ -62,6 +63,13 @@ def patch_trainer(module: ModuleType, patches: Patches) -> None:
     patches.replace(cls, "_fit_postprocess_step", postprocess_step)
     patches.replace(module, "marked_timer", marked_timer)
     patches.replace(module, "assemble_batch_from_rollout_samples", assemble_batch)
+
+
+def patch_rollouter(module: ModuleType, patches: Patches) -> None:
+    """`FullyAsyncRollouter` (under Ray's actor wrapper): its process hears the run from
+    its config, so the workers it starts, before the trainer names the run to anyone, get it."""
+    _patches[:] = [patches]
+    patches.replace(actor_class(module.FullyAsyncRollouter), "__init__", rollouter_init)
 
 
 def actor_class(remote: Any) -> type:
@@ -92,6 +100,23 @@ def _verl_original(owner: Any, name: str) -> Any:
     if getattr(original, "__module__", None) == __name__:
         raise RuntimeError(f"verl's own {name} is not known in this process")
     return original
+
+
+# --- the rollouter actor -----------------------------------------------------------------
+
+
+def rollouter_init(self, *args, **kwargs):
+    """`FullyAsyncRollouter.__init__(config, ...)`: the run is the experiment (a worker's
+    telemetry, with the run its calls then carry to the agent-loop and reward workers)."""
+    try:
+        guard.fault(INIT_HOOK)
+        run = _argument(args, kwargs, 0, "config").trainer.experiment_name
+        verl_workers.hear_run(str(run) if run else None)
+    except Exception as error:  # the rollouter's processes stay under the run `verl`
+        guard.failed(INIT_HOOK, error)
+    from verl.experimental.fully_async_policy import fully_async_rollouter as module
+
+    _verl_original(actor_class(module.FullyAsyncRollouter), "__init__")(self, *args, **kwargs)
 
 
 # --- the trainer actor -------------------------------------------------------------------

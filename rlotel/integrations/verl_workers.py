@@ -474,10 +474,15 @@ def _begin_call(instance: Any, name: str, args: tuple, kwargs: dict) -> _WorkerC
 def _hear_run(carrier: Any) -> None:
     """A call outside the caller's phases still names the run (baggage): kept for this
     worker's telemetry, which may start later without a carrier (its own timers)."""
-    if carrier and not _heard_run:
-        run = run_of(carrier)
-        if run:
-            _heard_run.append(run)
+    if carrier:
+        hear_run(run_of(carrier))
+
+
+def hear_run(run: str | None) -> None:
+    """This worker's run, known before any call names it (an actor built from the run's
+    config, whose own calls then carry the run to the workers it starts)."""
+    if run and not _heard_run:
+        _heard_run.append(run)
 
 
 class _Call:

@@ -74,6 +74,19 @@ def test_the_submitted_job_trains_with_the_plugin_in_the_trainer_and_the_workers
     files = sorted((fully_async / "traces").glob("*.jsonl"))
     roles = {path.name.split("-", 1)[0] for path in files if path.stat().st_size}
     assert roles >= {"trainer", *WORKER_ROLES}, (roles, outcome(fully_async))
+    runs = {}  # every process is the experiment's: the rollouter's workers too
+    for path in files:
+        lines = path.read_text().splitlines()
+        for resource in (
+            r["resource"] for line in lines for r in json.loads(line)["resourceSpans"]
+        ):
+            attributes = {
+                a["key"]: a["value"]["stringValue"]
+                for a in resource["attributes"]
+                if a["key"] == "rl.run"
+            }
+            runs.setdefault(path.name.split("-", 1)[0], set()).add(attributes.get("rl.run"))
+    assert all(seen == {EXPERIMENT} for seen in runs.values()), runs
 
 
 def trainer_spans(work: Path) -> list[dict]:
