@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import rlotel
 from rlotel.base.drops import HOOK_FAILURES
 from rlotel.integrations import guard, verl_v1
 from rlotel.integrations import verl_fully_async as fully_async
@@ -170,7 +171,11 @@ def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
         with pytest.raises(TypeError, match="tokenizer"):  # verl's own __init__, called
             hosted(config)
         assert heard == ["fa-run"]
+        started = rlotel.current()  # before verl's own __init__ made any worker
+        assert started is not None and started.config.run == "fa-run"
     finally:
+        if rlotel.current() is not None:
+            rlotel.current().shutdown()
         patches.undo()
         fully_async._patches.clear()
 

@@ -138,7 +138,13 @@ def _close_timer(
     try:
         tel = telemetry()
         tel.drops.fired(TIMER_HOOK)
-        if record is not scope and voc.GEN in timing_raw and not scope.trace.samples:
+        # a step that raised (fully async's last, around an ended queue) owes no samples
+        if (
+            record is not scope
+            and raised is None
+            and voc.GEN in timing_raw
+            and not scope.trace.samples
+        ):
             _warn_once(
                 "no_samples",
                 "rlotel: step %s ran gen but no per-sample metrics were captured (verl's agent "

@@ -106,12 +106,14 @@ def _verl_original(owner: Any, name: str) -> Any:
 
 
 def rollouter_init(self, *args, **kwargs):
-    """`FullyAsyncRollouter.__init__(config, ...)`: the run is the experiment (a worker's
-    telemetry, with the run its calls then carry to the agent-loop and reward workers)."""
+    """`FullyAsyncRollouter.__init__(config, ...)`: the run is the experiment, and the
+    worker telemetry starts before verl's `__init__` makes the agent-loop and reward workers
+    (an actor call carries the run only from a process whose telemetry runs)."""
     try:
         guard.fault(INIT_HOOK)
         run = _argument(args, kwargs, 0, "config").trainer.experiment_name
         verl_workers.hear_run(str(run) if run else None)
+        verl_workers.worker_telemetry()  # now: the calls it makes from here carry the run
     except Exception as error:  # the rollouter's processes stay under the run `verl`
         guard.failed(INIT_HOOK, error)
     from verl.experimental.fully_async_policy import fully_async_rollouter as module
