@@ -261,6 +261,7 @@ def test_v1_groups_verl_filters_dapo_style_are_discarded_as_filtered(transfer_qu
         tel.shutdown()
 
 
+@pytest.mark.slow
 def test_v1_finished_groups_sync_dapo_drops_beyond_its_batch_are_discarded_as_surplus(
     transfer_queue, tmp_path
 ):
