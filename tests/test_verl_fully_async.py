@@ -19,6 +19,8 @@ from rlotel.integrations.patches import Patches
 from rlotel.schema import vocabulary as voc
 from tests.helpers import parse_exposition, scrape
 
+pytestmark = pytest.mark.slow  # verl's real classes: its import and torch's, ~5 s
+
 T0, S = 1_700_000_000_000_000_000, 1_000_000_000
 # per prompt: (generate_sequences of its 2 samples, min_global_steps, max_global_steps)
 PROMPTS = [((0.5, 2.0), (0, 0), (0, 1)), ((0.25, 0.75), (1, 1), (1, 1))]
