@@ -97,3 +97,12 @@ def unexpected(hook: str, args: tuple, kwargs: dict) -> None:
     """A call with arguments rlotel does not read: passed through untraced, counted."""
     names = ", ".join([*(type(arg).__name__ for arg in args), *kwargs])
     failed(hook, UnexpectedCall(f"arguments rlotel does not know: {names}"))
+
+
+def argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    """An argument given by position or by name; `UnexpectedCall` when it is neither."""
+    if len(args) > position:
+        return args[position]
+    if name in kwargs:
+        return kwargs[name]
+    raise UnexpectedCall(f"no {name!r} argument")

@@ -195,7 +195,10 @@ class RlotelBackend:
     def log(self, *args: Any, **kwargs: Any) -> None:
         try:
             guard.fault(TRACKING_LOG_HOOK)
-            data, step = _argument(args, kwargs, 0, "data"), _argument(args, kwargs, 1, "step")
+            data, step = (
+                guard.argument(args, kwargs, 0, "data"),
+                guard.argument(args, kwargs, 1, "step"),
+            )
             self.tel.drops.fired(TRACKING_LOG_HOOK)
             self.tel.log(data, step)
         except Exception as error:
@@ -207,15 +210,6 @@ class RlotelBackend:
             self.tel.shutdown()
         except Exception as error:
             guard.failed(TRACKING_HOOK, error)
-
-
-def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    """An argument given by position or by name; `UnexpectedCall` when it is neither."""
-    if len(args) > position:
-        return args[position]
-    if name in kwargs:
-        return kwargs[name]
-    raise guard.UnexpectedCall(f"no {name!r} argument")
 
 
 def _patch_tracking(tracking_module: Any) -> None:
@@ -284,8 +278,8 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             tel = telemetry()
             guard.fault(AGENT_LOOP_HOOK)
-            metrics = _argument(args, kwargs, 0, "metrics")
-            output = _argument(args, kwargs, 1, "output")
+            metrics = guard.argument(args, kwargs, 0, "metrics")
+            output = guard.argument(args, kwargs, 1, "output")
             tel.drops.fired(AGENT_LOOP_HOOK)
             stamped = _trajectories(output)
             if _is_validation(tel, output):  # `testing`: never in the training histograms

@@ -111,7 +111,7 @@ def rollouter_init(self, *args, **kwargs):
     (an actor call carries the run only from a process whose telemetry runs)."""
     try:
         guard.fault(INIT_HOOK)
-        run = _argument(args, kwargs, 0, "config").trainer.experiment_name
+        run = guard.argument(args, kwargs, 0, "config").trainer.experiment_name
         verl_workers.hear_run(str(run) if run else None)
         verl_workers.worker_telemetry()  # now: the calls it makes from here carry the run
     except Exception as error:  # the rollouter's processes stay under the run `verl`
@@ -130,8 +130,8 @@ def trainer_init(self, *args, **kwargs):
     the `rlotel` logger's telemetry."""
     try:
         guard.fault(INIT_HOOK)
-        config = _argument(args, kwargs, 0, "config")
-        pools = _argument(args, kwargs, 3, "resource_pool_manager")
+        config = guard.argument(args, kwargs, 0, "config")
+        pools = guard.argument(args, kwargs, 3, "resource_pool_manager")
         process.declare_verl_driver(config, pools.get_n_gpus())
     except Exception as error:  # the trainer starts with a worker's telemetry instead
         guard.failed(INIT_HOOK, error)
@@ -205,8 +205,8 @@ class StepLogs:
     def log(self, *args: Any, **kwargs: Any) -> None:
         try:
             guard.fault(LOG_HOOK)
-            data = _argument(args, kwargs, 0, "data")
-            step = _argument(args, kwargs, 1, "step")
+            data = guard.argument(args, kwargs, 0, "data")
+            step = guard.argument(args, kwargs, 1, "step")
             if AGGREGATED_KEY in data:  # the steps of a sync cycle, each logged already
                 process.telemetry().drops.fired(LOG_HOOK)
                 return
@@ -370,11 +370,3 @@ def rebased_versions(
         return None
     shift = 0 if step is None or param_version is None else (step - 1) - param_version
     return [int(v) + shift for v in low], [int(v) + shift for v in high]
-
-
-def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    if len(args) > position:
-        return args[position]
-    if name in kwargs:
-        return kwargs[name]
-    raise guard.UnexpectedCall(f"no {name!r} argument")
