@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test imports verl in a Python subprocess
+
 HEAVY = (
     "opentelemetry.sdk.trace",
     "opentelemetry.sdk.metrics",
