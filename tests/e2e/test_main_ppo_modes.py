@@ -192,8 +192,10 @@ def spans_by_rank(work: Path, role: str) -> dict[int, list[dict]]:
 def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path]) -> None:
     """verl makes a rollout replica a GPU (TP 1) and its load balancer routes each
     trajectory to one: every step's model calls reach both replicas' servers; each sample
-    span names the replica that served it (the server's `generate` span that ends last
-    inside the sample's `chat` turn is that replica's); the trainer's /metrics has each
+    span names the replica that served it (the server's `generate` span that fits the
+    sample's `chat` turn tightest — least time between their starts plus between their
+    ends — is that replica's: another sample's call that merely ends inside the turn does
+    not count); the trainer's /metrics has each
     replica's occupancy of the last step, each in (0, 1]."""
     _, work = mode_run
     trainer = spans_by_role(work)["trainer"]
@@ -217,12 +219,12 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
         if chat["name"] != "chat" or chat["parent"] not in samples:
             continue
         inside = [
-            (span["end"], replica)
+            (span["start"] - chat["start"] + chat["end"] - span["end"], replica)
             for replica, span in generates
             if chat["start"] <= span["start"] and span["end"] <= chat["end"]
         ]
         replica = samples[chat["parent"]]["attrs"].get("rl.replica")
-        assert max(inside)[1] == replica, (chat, sorted(inside)[-3:])
+        assert min(inside)[1] == replica, (chat, sorted(inside)[:3])
         checked[replica] += 1
     print("sample spans by replica:", dict(named), "turns matched to their server:", dict(checked))
     assert named and set(named) <= {"0", "1"} and sum(checked.values()) >= len(samples)
