@@ -22,22 +22,34 @@ TRAJECTORIES = [
 ]
 
 
-@pytest.fixture
-def transfer_queue(monkeypatch):
+@pytest.fixture(scope="module")
+def transfer_queue_cluster():
+    """One Ray cluster and TransferQueue for the module (each start is ~20 s on 2 cores)."""
     import ray
     import transfer_queue as tq
 
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    ray.init(num_cpus=4, address="local", include_dashboard=False, log_to_driver=False)
-    try:
-        tq.init()  # controller + 2 storage actors: needs ≥ 3 logical CPUs
-        yield tq
-    finally:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
+        patch.delenv("RAY_ADDRESS", raising=False)
+        ray.init(num_cpus=4, address="local", include_dashboard=False, log_to_driver=False)
         try:
-            tq.close()
+            tq.init()  # controller + 2 storage actors: needs ≥ 3 logical CPUs
+            yield tq
         finally:
-            ray.shutdown()
+            try:
+                tq.close()
+            finally:
+                ray.shutdown()
+
+
+@pytest.fixture
+def transfer_queue(transfer_queue_cluster):
+    """The module's TransferQueue, its train partition empty for each test."""
+    tq = transfer_queue_cluster
+    yield tq
+    left = list(tq.kv_list(partition_id="train").get("train", {}))
+    if left:
+        tq.kv_clear(keys=left, partition_id="train")
 
 
 def _write_trajectories(

@@ -47,6 +47,7 @@ class RealRun:
     result: subprocess.CompletedProcess | None = None
     error: BaseException | None = None
     wall_s: float | None = None
+    started_s: float | None = None  # after the runner started (the end of collection)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -61,6 +62,14 @@ def declare(
 
 
 rest_done = threading.Event()  # the tests that read no run have finished
+rest_done_s: float | None = None  # when, after the runner started
+
+
+def mark_rest_done() -> None:
+    global rest_done_s
+    if not rest_done.is_set() and _runner is not None:
+        rest_done_s = time.monotonic() - _runner.began
+    rest_done.set()
 
 
 class Runner:
@@ -68,6 +77,7 @@ class Runner:
 
     def __init__(self, runs: Sequence[RealRun]) -> None:
         self.runs = list(runs)
+        self.began = time.monotonic()
         self.assets = Path(tempfile.mkdtemp(prefix="rl-assets-", dir="/tmp"))
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
@@ -91,6 +101,7 @@ class Runner:
             elif not self._stopping.is_set():
                 run.work = Path(tempfile.mkdtemp(prefix=run.prefix, dir="/tmp"))
                 started = time.monotonic()
+                run.started_s = started - self.began
                 command = [*NICE, *run.command(run.work, self.assets)]
                 try:
                     run.result = self._run(command, run.timeout_s)
@@ -147,9 +158,10 @@ def stop() -> None:
         _runner.stop()
 
 
-def walls() -> list[tuple[str, float | None]]:
-    """Each started run's wall seconds (None: it did not run to an end)."""
-    return [(run.key, run.wall_s) for run in _runner.runs] if _runner is not None else []
+def walls() -> list[tuple[str, float | None, float | None]]:
+    """Each run's (key, start and wall seconds): None where it did not start or end."""
+    runs = _runner.runs if _runner is not None else []
+    return [(run.key, run.started_s, run.wall_s) for run in runs]
 
 
 def finished(key: str) -> RealRun:

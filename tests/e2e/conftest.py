@@ -41,18 +41,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if run_keys(item) or item.get_closest_marker("timing"):
-        ahead.rest_done.set()  # the tests that read no run are done: quiet runs may start
+        ahead.mark_rest_done()  # the tests that read no run are done: quiet runs may start
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The real runs' own times (their tests' set-up times in `--durations` are waits)."""
+    """The real runs' own times (their tests' set-up times in `--durations` are waits), with
+    when each started and when the rest of the suite was done, from the end of collection:
+    what decides the suite's length."""
     walls = ahead.walls()
     if walls:
         terminalreporter.section("real runs, started ahead")
-        for key, wall_s in walls:
-            terminalreporter.write_line(
-                f"{wall_s or 0:8.1f} s  {key}" + ("" if wall_s else " (did not run)")
-            )
+        terminalreporter.write_line("  start s   wall s  run")
+        for key, started_s, wall_s in walls:
+            if started_s is None or wall_s is None:
+                terminalreporter.write_line(f"{'':>17}  {key} (did not run to an end)")
+                continue
+            terminalreporter.write_line(f"{started_s:8.1f} {wall_s:8.1f}  {key}")
+        if ahead.rest_done_s is not None:
+            rest = f"{ahead.rest_done_s:8.1f}"
+            terminalreporter.write_line(f"{rest}{'':9}  the rest of the suite done")
 
 
 def pytest_sessionfinish() -> None:

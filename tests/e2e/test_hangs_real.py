@@ -6,7 +6,7 @@ judge): in the trainer `gen` stays open while the trajectories and their reward 
 in the agent-loop and reward worker processes, so the trainer's stall flag depends on
 their progress reaching it.
 
-One run holds both (a run is minutes of the suite): each reward call takes 5 s, one at a
+One run holds both (a run is minutes of the suite): each reward call takes 4 s, one at a
 time (8 a step), and from step 2 on the reward blocks forever.
 
 - slow, step 1: `gen` runs twice the stall limit and more, and no scrape of the trainer's
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 STALL_AFTER_S = 20
 CALLS_PER_STEP = 4 * 2  # data.train_batch_size × rollout.n: one reward call each
-SLEEP_S = 5  # a slow reward call: 8 a step, one at a time, is 40 s of `gen`
+SLEEP_S = 4  # a slow reward call: 8 a step, one at a time, is 32 s of `gen` (and ~8 s generating)
 GRACE_S = 10  # the hung run is killed this long after its first flagged scrape
 REWARD = "reward.custom_reward_function"
 KWARGS = f"+{REWARD}.reward_kwargs"
