@@ -1,11 +1,11 @@
 """verl's real `main_ppo` with the rlotel plugin on ÷ off, per window, side by side.
 
 Alternating runs (off, on, off, on, ...) of the e2e recipe (`tests/e2e/main_ppo.py`: V1,
-GRPO, vLLM rollout, tiny model, CPU, `unshare -n -m`); each run's windows read from verl's
-own file logger (`timing_s/*`), steps ≥ 2 (step 1 warms vLLM up). Per window: the median
-over a run's steps, then the median over runs of each side; the ratio on ÷ off and the
-difference in milliseconds; and the ratio within each pair (its median and range). Absolute
-times here are noisy (2 shared cores): read ratios.
+GRPO, vLLM rollout, tiny model, CPU, `unshare -n -m`, scraped every 15 s); each run's
+windows read from verl's own file logger (`timing_s/*`), steps ≥ 2 (step 1 warms vLLM
+up). Per window: the median over a run's steps, then the median over runs of each side;
+the ratio on ÷ off and the difference in milliseconds; and the ratio within each pair
+(its median and range). Absolute times here are noisy (2 shared cores): read ratios.
 
     .venv/bin/python benchmarks/verl_e2e.py [--pairs 2] [--steps 6]
 """
@@ -26,6 +26,9 @@ from rlotel.schema import vocabulary as voc
 from tests.e2e.main_ppo import run_isolated
 
 FIRST_MEASURED_STEP = 2
+# Prometheus' default interval: the harness scrapes every process it finds, which at the
+# tests' half second is a load (parse, files) on the plugin-on side only
+SCRAPE_EVERY_S = 15.0
 
 
 def windows(work: Path) -> dict[str, float]:
@@ -43,6 +46,7 @@ def windows(work: Path) -> dict[str, float]:
 def one_run(plugin: bool, steps: int, assets: Path | None) -> tuple[dict[str, float], Path]:
     work = Path(tempfile.mkdtemp(prefix="rl-bench-", dir="/tmp"))
     argv = [str(work), "--steps", str(steps), *([] if plugin else ["--off"])]
+    argv += ["--scrape-every", str(SCRAPE_EVERY_S)]
     if assets is not None:
         argv += ["--assets", str(assets)]
     result = run_isolated(argv)

@@ -370,6 +370,9 @@ def write_received(receiver: HttpReceiver, path: Path) -> None:
             out.write(json.dumps(record) + "\n")
 
 
+SCRAPE_EVERY_S = 0.5  # the tests read what a run showed while it ran
+
+
 def run(
     work: Path,
     steps: int,
@@ -384,9 +387,10 @@ def run(
     more_env: dict[str, str] | None = None,
     prometheus: bool = False,
     entry: str = "verl.trainer.main_ppo",
+    scrape_every_s: float = SCRAPE_EVERY_S,
 ) -> int:
     """Run main_ppo (or `entry`, another verl entry point), scraping the trainer's /metrics
-    (and every discovered process's) every half second while it trains."""
+    (and every discovered process's) every `scrape_every_s` while it trains."""
     assets = assets or work / "assets"
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
@@ -418,7 +422,7 @@ def run(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        count = 0
+        count, scraped = 0, -scrape_every_s
         stalled: tuple[int, float] | None = None  # the first scrape with a stall flag, when
         while process.poll() is None:
             now = time.monotonic()
@@ -426,6 +430,10 @@ def run(
             if now - started > TIMEOUT_S or expired:
                 os.killpg(process.pid, signal.SIGKILL)
                 break
+            time.sleep(0.5)
+            if now - scraped < scrape_every_s:
+                continue
+            scraped = now
             text = scrape(url) if plugin and not hold_port else None
             if text:
                 count += 1
@@ -436,7 +444,6 @@ def run(
                 scrape_discovered(work / "sd", work / "targets")
             if scraper is not None:
                 engines_from_verl(work)
-            time.sleep(0.5)
         returncode = process.wait()
     if held is not None:
         held.close()
@@ -502,6 +509,9 @@ def main() -> int:
     parser.add_argument("--prometheus", action="store_true", help="scraped by a real one")
     parser.add_argument("--ranks", type=int, default=1, help="actor ranks and rollout replicas")
     parser.add_argument("--fully-async", action="store_true", help="verl's fully async policy")
+    parser.add_argument(
+        "--scrape-every", type=float, default=SCRAPE_EVERY_S, help="seconds between scrapes"
+    )
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
     options = parser.parse_intermixed_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
@@ -530,6 +540,7 @@ def main() -> int:
         dict(item.split("=", 1) for item in options.env),
         options.prometheus,
         FULLY_ASYNC if options.fully_async else "verl.trainer.main_ppo",
+        options.scrape_every,
     )
 
 
