@@ -484,7 +484,12 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
         )
         assert 0.05 <= fast < 0.3 and 0.4 <= slow < 1.0, table  # each rank's own seconds
         (spread,) = answers["RL step breakdown / Rank spread by phase (slowest ÷ median)"]
-        assert spread["metric"]["phase"] == "update_actor" and float(spread["value"][1]) > 1.5
+        # slowest ÷ median of the ranks' own seconds (the median of two is their mean); a
+        # loaded machine stretches the fast rank's 0.05 s, so no fixed threshold
+        expected = slow / ((fast + slow) / 2)
+        assert spread["metric"]["phase"] == "update_actor"
+        ratio = float(spread["value"][1])
+        assert ratio > 1.1 and abs(ratio / expected - 1) < 0.1, (spread, table)
         series = prometheus.query('rlotel_rank_phase_seconds{run="demo"}')
         for found in series:  # bounded: the worker's identity and the method, nothing per call
             assert set(found["metric"]) == {
