@@ -7,7 +7,7 @@ up). Per window: the median over a run's steps, then the median over runs of eac
 the ratio on ÷ off and the difference in milliseconds; and the ratio within each pair
 (its median and range). Absolute times here are noisy (2 shared cores): read ratios.
 
-    .venv/bin/python benchmarks/verl_e2e.py [--pairs 2] [--steps 6]
+    .venv/bin/python benchmarks/verl_e2e.py [--pairs 2] [--steps 6] [--env K=V ...]
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ def windows(work: Path) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in per_window.items()}
 
 
-def one_run(plugin: bool, steps: int, assets: Path | None) -> tuple[dict[str, float], Path]:
+def one_run(
+    plugin: bool, steps: int, assets: Path | None, environment: list[str]
+) -> tuple[dict[str, float], Path]:
     work = Path(tempfile.mkdtemp(prefix="rl-bench-", dir="/tmp"))
     argv = [str(work), "--steps", str(steps), *([] if plugin else ["--off"])]
     argv += ["--scrape-every", str(SCRAPE_EVERY_S)]
+    argv += [f"--env={item}" for item in environment if plugin]
     if assets is not None:
         argv += ["--assets", str(assets)]
     result = run_isolated(argv)
@@ -60,6 +63,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--env", action="append", default=[], help="K=V for every process of the plugin-on runs"
+    )
     options = parser.parse_args()
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     assets: Path | None = None
@@ -67,7 +73,7 @@ def main() -> None:
     try:
         for pair in range(options.pairs):
             for plugin in (False, True) if pair % 2 == 0 else (True, False):
-                measured, work = one_run(plugin, options.steps, assets)
+                measured, work = one_run(plugin, options.steps, assets, options.env)
                 assets = assets or work / "assets"
                 made.append(work)
                 runs[plugin].append(measured)
