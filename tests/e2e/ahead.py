@@ -52,6 +52,16 @@ class RealRun:
 
 
 RUNS: dict[str, RealRun] = {}
+FIGURES: list[tuple[str, str]] = []  # (test, line): what the real runs showed
+
+
+def figure(*parts: object) -> None:
+    """Print what a real run showed and keep it for the suite's summary: pytest shows a
+    passing test's output nowhere, and these figures are what a reader of a run wants."""
+    line = " ".join(str(part) for part in parts)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].removesuffix(" (call)")
+    FIGURES.append((test, line))
+    print(line)
 
 
 def declare(

@@ -60,6 +60,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         if ahead.rest_done_s is not None:
             rest = f"{ahead.rest_done_s:8.1f}"
             terminalreporter.write_line(f"{rest}{'':9}  the rest of the suite done")
+    if ahead.FIGURES:
+        terminalreporter.section("what the real runs showed")
+        for test, line in ahead.FIGURES:
+            terminalreporter.write_line(f"{test}: {line.strip()}")
 
 
 def pytest_sessionfinish() -> None:

@@ -30,6 +30,7 @@ from rlotel.offline import analyze
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
 from tests.e2e import ahead
+from tests.e2e.ahead import figure
 from tests.e2e.job_submit import METRICS_PORT, isolated
 from tests.e2e.main_ppo import EXPERIMENT, FULLY_ASYNC_PROMPTS, TIMEOUT_S
 from tests.helpers import file_spans, parse_exposition
@@ -122,6 +123,8 @@ def test_windows_equal_verl_with_a_param_sync_per_sync(fully_async: Path) -> Non
         assert math.isclose(
             ours[number].timing_raw[voc.PARAM_SYNC], data[VERL_PARAM_SYNC], rel_tol=1e-6
         )
+        figure(f"step {number}: {len(timing)} windows and param_sync",
+               f"({data[VERL_PARAM_SYNC]:.3f} s) equal to verl's")  # fmt: skip
 
     syncs = [data for data in verl_records(fully_async) if SYNC_KEY in data]
     assert len(syncs) >= STEPS + 1  # before fit, after each step (and fit's last, if any)
@@ -163,4 +166,5 @@ def test_sample_spans_and_staleness_equal_verl(fully_async: Path) -> None:
         assert len(consumed) == SAMPLES // STEPS
         stale += sum(span["attrs"][attr.SAMPLE_STALENESS] >= 1 for span in consumed)
         assert logged[number][STALE] == stale, number  # verl's count, running over steps
+        figure(f"step {number}: {len(consumed)} samples, verl's stale count {stale}")
     assert stale > 0  # the second step trained samples of the weights before the first sync

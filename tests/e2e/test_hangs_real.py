@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import ahead
+from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import ROOT, STALL_FLAG, STAND_INS, TIMEOUT_S, isolated
 from tests.helpers import parse_exposition
 
@@ -108,7 +109,7 @@ def test_a_slow_reward_that_keeps_progressing_is_never_stalled(slow_then_hung: P
     result = outcome(slow_then_hung)
     steps = [json.loads(line) for line in (slow_then_hung / "verl.jsonl").read_text().splitlines()]
     gens = [record["data"]["timing_s/gen"] for record in steps]
-    print(f"slow step: gen seconds {gens}")
+    figure(f"slow step: gen seconds {gens}")
     assert len(gens) == 1 and gens[0] > 1.5 * STALL_AFTER_S, gens  # step 1, well past the limit
     blocked_at = json.loads((slow_then_hung / "blocked.json").read_text())["blocked_unix_s"]
     before = [text for when, text in scrapes(slow_then_hung) if when < blocked_at]
@@ -136,7 +137,7 @@ def test_a_blocked_reward_is_flagged_within_a_minute_and_its_frame_printed(
     seen = scrapes(hung)
     assert not [when for when, text in seen if when < blocked_at and flagged(text)]
     first = next((when, flagged(text)) for when, text in seen if flagged(text))
-    print(f"hung run: gen flagged {first[0] - blocked_at:.1f} s after the block, wall "
+    figure(f"hung run: gen flagged {first[0] - blocked_at:.1f} s after the block, wall "
           f"{result['wall_s']:.0f} s")  # fmt: skip
     assert first[0] - blocked_at <= 60
     assert "gen" in first[1]  # the phase step 2 is stuck in (and the step holding it)

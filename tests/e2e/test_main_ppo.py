@@ -21,6 +21,7 @@ from rlotel.cli import commands as cli
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
 from tests.e2e import ahead
+from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, isolated
 from tests.helpers import file_spans, parse_exposition
 
@@ -146,8 +147,10 @@ def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
     assert sorted(logged) == list(range(1, STEPS + 1))
     ours = {step.number: step for step in analyze.load_steps(plugin_on / "traces")}
     assert sorted(ours) == sorted(logged)
+    counts = {}
     for number, data in logged.items():
         theirs = compared(data)
+        counts[number] = len(theirs)
         assert {k for k in theirs if k.startswith(voc.TIMING_S)} >= {
             "timing_s/step", "timing_s/gen", "timing_s/update_actor",
         }  # fmt: skip
@@ -158,6 +161,7 @@ def test_verl_numbers_equal_rlotel_numbers(plugin_on: Path) -> None:
                 continue  # per-sample means: checked against the histograms below
             assert key in mine, (number, key)
             assert math.isclose(mine[key], value, rel_tol=1e-6, abs_tol=1e-9), (key, value)
+    figure("keys verl logged and rlotel computed, equal, by step:", counts)
     # the exported series, from the last scrape (taken while it trained: some step ≥ 2)
     number, last = last_scrape(plugin_on)
     final = logged[number]
@@ -324,11 +328,11 @@ def test_verl_profiler_captures_linked_from_their_windows(plugin_on: Path, tmp_p
     assert (link["rl.profile.token_start"], link["rl.profile.token_end"]) == TOKEN_WINDOW
     seconds = {n: round(d["timing_s/step"], 2) for n, d in verl_log(plugin_on).items()}
     wall = json.loads((plugin_on / "run.json").read_text())["wall_s"]
-    print("step seconds:", seconds, "run wall s:", round(wall, 1))
+    figure("step seconds:", seconds, "run wall s:", round(wall, 1))
     quoted = {"old_log_prob": log_prob, "update_actor": update, "gen": engine,
               "rollout stop_profile": link}  # fmt: skip
     for window, attributes in quoted.items():
-        print("link from", window, {k: v for k, v in attributes.items() if k not in
+        figure("link from", window, {k: v for k, v in attributes.items() if k not in
                                      ("rl.profile.phases", "rl.profile.top_ops")})  # fmt: skip
     # the report lists each capture with its windows; the timeline puts it over them
     from tests.test_report import page_data
@@ -680,9 +684,9 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
     one rank)."""
     found = dashboards_on(plugin_on / "prometheus" / "data", tmp_path)
     for title, (answering, total, empty) in found.items():
-        print(f"\n{title}: {answering}/{total} answer on the real run; empty: {empty}")
+        figure(f"\n{title}: {answering}/{total} answer on the real run; empty: {empty}")
     assert found["RL step breakdown"][0] >= 18 and found["RL rollout tail"][0] >= 12
     assert found["recording rules"][0] >= 22  # the engines' included
     assert found["alerts firing"][2] == []  # on-call keeps them on: a healthy run fires none
     run = json.loads((plugin_on / "run.json").read_text())
-    print(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
+    figure(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")

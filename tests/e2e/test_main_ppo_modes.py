@@ -18,6 +18,7 @@ import yaml
 
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
+from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import EXPERIMENT, STAND_INS, overrides
 from tests.e2e.test_main_ppo import (
     STEPS,
@@ -110,6 +111,7 @@ def test_windows_equal_verl_and_workers_nest(mode_run: tuple[str, Path]) -> None
     ours = {step.number: step for step in analyze.load_steps(work / "traces")}
     assert sorted(ours) == sorted(logged), mode
     roles = spans_by_role(work)
+    figure(mode, "roles:", sorted(roles))
     outside: dict[str, list[dict]] = {name: [] for name in OUTSIDE_STEP}
     for span in sorted(roles["trainer"], key=lambda s: s["start"]):
         if span["name"] in OUTSIDE_STEP and not span["parent"]:
@@ -117,6 +119,7 @@ def test_windows_equal_verl_and_workers_nest(mode_run: tuple[str, Path]) -> None
     for number, data in logged.items():
         timing = voc.timing_from_metrics(data)
         assert {"step", "gen", "update_actor"} <= set(timing), (mode, sorted(timing))
+        figure(mode, f"step {number}: {len(timing)} windows equal to verl's timing_s")
         for name, seconds in timing.items():
             if name in OUTSIDE_STEP:  # a root span of its own, next to the step's
                 span = outside[name].pop(0)  # each name's, in step order
@@ -155,7 +158,7 @@ def test_ppo_calls_carry_the_role_of_the_model_they_ran(mode_run: tuple[str, Pat
             for span in spans
             if span["parent"] in trainer
         }
-        print(f"PPO worker calls of rank {rank} (trainer window, call, role):", sorted(calls))
+        figure(f"PPO worker calls of rank {rank} (trainer window, call, role):", sorted(calls))
         assert {
             ("old_log_prob", "compute_log_prob", "actor"),
             ("ref", "compute_ref_log_prob", "ref"),
@@ -209,7 +212,7 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
     for replica, span in generates:
         if span["trace"] in steps:
             served.setdefault(steps[span["trace"]], Counter())[replica] += 1
-    print("model calls by step and replica:", {n: dict(c) for n, c in sorted(served.items())})
+    figure("model calls by step and replica:", {n: dict(c) for n, c in sorted(served.items())})
     assert sorted(served) == sorted(trained(work)), served
     assert all(set(counts) == {"0", "1"} for counts in served.values()), served
     samples = {span["id"]: span for span in trainer if span["name"] == "sample"}
@@ -226,7 +229,7 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
         replica = samples[chat["parent"]]["attrs"].get("rl.replica")
         assert min(inside)[1] == replica, (chat, sorted(inside)[:3])
         checked[replica] += 1
-    print("sample spans by replica:", dict(named), "turns matched to their server:", dict(checked))
+    figure("sample spans by replica:", dict(named), "turns matched to their server:", dict(checked))
     assert named and set(named) <= {"0", "1"} and sum(checked.values()) >= len(samples)
     (series,) = [
         series
@@ -238,7 +241,7 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
         for (name, labels), value in series.items()
         if name == "rlotel_rollout_occupancy_ratio"
     }
-    print("rollout occupancy of the last step by replica:", occupancy)
+    figure("rollout occupancy of the last step by replica:", occupancy)
     assert sorted(occupancy) == ["0", "1"], occupancy
     assert all(0 < value <= 1 for value in occupancy.values()), occupancy
 
@@ -316,16 +319,16 @@ def test_verl_captures_of_each_mode_linked_from_the_steps_they_cover(
         (stop,) = [s for s in actor if s["name"] == "stop_profile" and key in links_of(s)]
         assert stop["id"] in {s["id"] for s in by_rank[rank]}, rank  # the rank that wrote it
     said = {k: v for k, v in links_of(steps[2])[key].items() if k not in SUMMARY}
-    print(mode, "step link:", said)
+    figure(mode, "step link:", said)
     seconds = {n: round(d["timing_s/step"], 2) for n, d in trained(work).items()}
-    print(mode, "step seconds:", seconds, "run.json:", (work / "run.json").read_text())
+    figure(mode, "step seconds:", seconds, "run.json:", (work / "run.json").read_text())
     hooks = [(s, a) for s in actor for name, a in s["events"] if name == "rl.profile.finish_hook"]
     if mode == "v0":
         assert hooks == []
         return
     ((span, event),) = hooks
     assert span is stop, span["name"]
-    print(mode, "finish hook:", event)
+    figure(mode, "finish hook:", event)
     assert event["rl.profile.finish_hook.command"] == "ship_captures"
     assert event["rl.profile.finish_hook.exit_status"] == 0
     assert 0 < event["rl.profile.finish_hook.duration_s"] < (stop["end"] - stop["start"]) / 1e9
@@ -380,7 +383,7 @@ def test_tool_run_trajectories_have_their_model_turns_and_tool_calls(
             (score,) = [e for n, e in sample["events"] if n == "gen_ai.evaluation.result"]
             assert score["gen_ai.evaluation.score.value"] >= 0  # the toy reward's range
             shapes[len(chats), len(calls)] += 1
-    print("tool run: samples by (model turns, tool calls):", sorted(shapes.items()))
+    figure("tool run: samples by (model turns, tool calls):", sorted(shapes.items()))
     assert any(calls for _, calls in shapes), shapes  # the toy model called its tool
 
 
@@ -425,4 +428,4 @@ def test_groups_verl_evicts_are_the_async_bias_reference(mode_run: tuple[str, Pa
         if any(counts.get(n) for counts in evicted.values())
     }
     assert ks and all(max(figures.values()) > 0 for figures in ks.values()), ks
-    print(f"evicted groups by step {evicted}; discarded {discarded}; KS {ks}")
+    figure(f"evicted groups by step {evicted}; discarded {discarded}; KS {ks}")

@@ -21,6 +21,7 @@ import pytest
 
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
+from tests.e2e.ahead import figure
 from tests.e2e.test_main_ppo import declare_main_ppo, main_ppo, spans_by_role, verl_log
 
 pytestmark = pytest.mark.slow
@@ -56,6 +57,7 @@ def test_windows_equal_verl_and_weight_sync_stages_nest_in_update_weights(
     for number, data in logged.items():
         timing = voc.timing_from_metrics(data)
         assert {"step", "gen", "update_actor", voc.UPDATE_WEIGHTS} <= set(timing), sorted(timing)
+        figure(f"step {number}: {len(timing)} windows equal to verl's timing_s")
         for name, seconds in timing.items():
             assert math.isclose(ours[number].timing_raw[name], seconds, rel_tol=1e-6), name
 
@@ -73,7 +75,7 @@ def test_windows_equal_verl_and_weight_sync_stages_nest_in_update_weights(
     assert len(updates) == STEPS, [span["parent"] for span in updates]
     for update in updates:
         stages = children.get(update["id"], [])
-        print(
+        figure(
             f"update_weights {(update['end'] - update['start']) / 1e6:.1f} ms: "
             + ", ".join(f"{s['name']} {(s['end'] - s['start']) / 1e6:.1f}" for s in stages)
         )
