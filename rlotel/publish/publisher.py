@@ -20,17 +20,17 @@ from rlotel.base.drops import Drops
 
 log = logging.getLogger("rlotel")
 
-POLL_S = 0.05  # how often an idle worker looks at the clock for its tick
-
 
 class Worker:
     """`put` from any thread; a daemon thread hands `handle` batches of items in order.
 
     `capacity` bounds the queued weight (an item weighs 1 unless `put` says more: a batch of
-    spans weighs its spans). The thread wakes when `batch` weight is waiting, when someone
-    waits (`wake`, `flush`), or every `delay_s` (a longer delay coalesces small puts into
-    fewer, larger batches). `tick`, if given, runs every `tick_s` seconds between batches
-    (work that watches what is still open, e.g. stalled phases).
+    spans weighs its spans). The thread hands over what is queued when `batch` weight is
+    waiting, when someone waits (`wake`, `flush`), or `delay_s` after the oldest item came
+    (a longer delay coalesces small puts into fewer, larger batches). `tick`, if given, runs
+    every `tick_s` seconds between batches (work that watches what is still open, e.g.
+    stalled phases). Idle, the thread sleeps until a put or its tick: it never polls, so it
+    takes no core and no GIL from the training processes it shares a machine with.
     """
 
     def __init__(
@@ -41,7 +41,7 @@ class Worker:
         capacity: int,
         *,
         batch: int = 1,
-        delay_s: float = POLL_S,
+        delay_s: float = 0.0,
         tick: Callable[[], None] | None = None,
         tick_s: float = 1.0,
     ) -> None:
@@ -56,6 +56,8 @@ class Worker:
         self._next_tick = time.monotonic() + tick_s
         self._items: deque[tuple[int, Any, int]] = deque()  # (sequence, item, weight)
         self._queued = 0  # weight waiting
+        self._oldest_s: float | None = None  # when the queue last became non-empty
+        self._now = False  # hand over what is queued without waiting out the delay
         self._submitted = 0  # sequence number of the newest item
         self._handled = 0  # sequence number of the newest item handled (older: handled/dropped)
         self._lock = threading.Condition()
@@ -75,12 +77,18 @@ class Worker:
                 self._drops.add(
                     "spans", "queue_full", f"{self.name}: {self._capacity} waiting", dropped
                 )
+            first = self._oldest_s is None
+            if first:
+                self._oldest_s = time.monotonic()
             full = self._queued >= self._batch
         if full:
-            self._wake.set()
+            self.wake()
+        elif first:
+            self._wake.set()  # the thread starts the item's delay
 
     def wake(self) -> None:
         """Handle what is queued now (someone waits for it)."""
+        self._now = True
         self._wake.set()
 
     def _take(self) -> tuple[list[Any], int]:
@@ -93,7 +101,17 @@ class Worker:
                 items.append(item)
                 taken += weight
             self._queued -= taken
+            if not self._items:
+                self._oldest_s = None
             return items, last
+
+    def _timeout(self) -> float | None:
+        """Seconds until the next tick or the oldest item's delay ends; None: neither."""
+        due = [self._next_tick] if self._tick is not None else []
+        oldest = self._oldest_s
+        if oldest is not None:
+            due.append(oldest + self._delay_s)
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _tick_if_due(self) -> None:
         if self._tick is None or time.monotonic() < self._next_tick:
@@ -107,12 +125,14 @@ class Worker:
 
     def _run(self) -> None:
         while True:
-            timeout = self._delay_s
-            if self._tick is not None:
-                timeout = min(timeout, max(0.0, self._next_tick - time.monotonic()))
-            self._wake.wait(timeout)
+            self._wake.wait(self._timeout())
             self._wake.clear()  # anything put from here on sets it again
             self._tick_if_due()
+            oldest = self._oldest_s
+            due = oldest is not None and time.monotonic() >= oldest + self._delay_s
+            if not (due or self._now or self._stopping):
+                continue
+            self._now = False
             while True:
                 items, last = self._take()
                 if not items:
@@ -134,7 +154,7 @@ class Worker:
         (`time.monotonic()`) passes first."""
         with self._lock:
             target = self._submitted
-        self._wake.set()
+        self.wake()
         with self._lock:
             while self._handled < target:
                 remaining = deadline - time.monotonic()

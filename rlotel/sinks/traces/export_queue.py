@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from rlotel.base.drops import Drops
-from rlotel.publish.publisher import POLL_S, Worker
+from rlotel.publish.publisher import Worker
 from rlotel.sinks.traces import exporter_logs
 from rlotel.sinks.traces.otlp import HashedResource, readable_spans
 from rlotel.sinks.traces.span_data import SpanItem
@@ -44,7 +44,7 @@ class ExportQueue:
             drops,
             MAX_QUEUED_SPANS,
             batch=MAX_EXPORT_BATCH,
-            delay_s=delay_s if delay_s > 0 else POLL_S,  # 0: as soon as the thread looks
+            delay_s=delay_s,
         )
 
     def put(self, spans: list[SpanItem], count: int) -> None:

@@ -1,0 +1,95 @@
+"""The one queue-and-thread: coalescing by delay and batch, waking on demand, and an idle
+thread that sleeps instead of polling (each wake of a thread in a training process takes a
+core and the GIL from torch)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rlotel.base.drops import Drops
+from rlotel.publish.publisher import Worker
+
+WAIT_S = 5.0  # bound on waiting for the worker's thread
+
+
+def wakes(worker: Worker) -> int:
+    """The worker thread's voluntary context switches so far (Linux)."""
+    native = worker._thread.native_id
+    with open(f"/proc/self/task/{native}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.arrived = threading.Event()
+
+    def __call__(self, items: list[int]) -> None:
+        self.batches.append(items)
+        self.arrived.set()
+
+
+def test_an_idle_worker_sleeps_until_its_tick_or_a_put() -> None:
+    ticks: list[float] = []
+    worker = Worker("idle", Recorder(), Drops(), 8, tick=lambda: ticks.append(1), tick_s=0.5)
+    untimed = Worker("untimed", Recorder(), Drops(), 8, batch=4, delay_s=0.05)
+    try:
+        time.sleep(0.1)  # both threads are in their first wait
+        before = wakes(worker), wakes(untimed)
+        time.sleep(1.05)  # the window measured: two ticks of the first, nothing for the second
+        after = wakes(worker), wakes(untimed)
+    finally:
+        worker.stop(time.monotonic() + WAIT_S)
+        untimed.stop(time.monotonic() + WAIT_S)
+    assert len(ticks) >= 2
+    # a thread that polled every 50 ms (as it did) would have woken ~20 times
+    assert after[0] - before[0] <= len(ticks) + 1, (before, after, ticks)
+    assert after[1] - before[1] <= 1, (before, after)
+
+
+def test_small_puts_wait_out_the_delay_and_leave_together() -> None:
+    handle = Recorder()
+    worker = Worker("delayed", handle, Drops(), 64, batch=16, delay_s=0.3)
+    try:
+        began = time.monotonic()
+        for item in range(3):
+            worker.put(item)
+        assert handle.arrived.wait(WAIT_S)
+        waited = time.monotonic() - began
+    finally:
+        worker.stop(time.monotonic() + WAIT_S)
+    assert handle.batches == [[0, 1, 2]]
+    assert waited >= 0.3, waited  # not before the oldest item's delay
+
+
+def test_a_full_batch_a_flush_or_no_delay_goes_at_once() -> None:
+    full, flushed, undelayed = Recorder(), Recorder(), Recorder()
+    workers = (
+        Worker("full", full, Drops(), 64, batch=2, delay_s=3600),
+        Worker("flushed", flushed, Drops(), 64, batch=16, delay_s=3600),
+        Worker("undelayed", undelayed, Drops(), 64, batch=16),
+    )
+    try:
+        workers[0].put(1)
+        workers[0].put(2)
+        assert full.arrived.wait(WAIT_S)
+        workers[1].put(1)
+        assert workers[1].flush(time.monotonic() + WAIT_S)
+        workers[2].put(1)
+        assert undelayed.arrived.wait(WAIT_S)
+    finally:
+        for worker in workers:
+            worker.stop(time.monotonic() + WAIT_S)
+    assert (full.batches, flushed.batches, undelayed.batches) == ([[1, 2]], [[1]], [[1]])
+
+
+def test_stop_hands_over_what_is_queued() -> None:
+    handle = Recorder()
+    worker = Worker("stopped", handle, Drops(), 64, batch=16, delay_s=3600)
+    worker.put(7)
+    assert worker.stop(time.monotonic() + WAIT_S)
+    assert handle.batches == [[7]]
