@@ -4,11 +4,13 @@ wider). Bad addresses, unreadable certificates and taken ports raise ConfigError
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -16,9 +18,10 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from rlotel.base.errors import ConfigError
 
-# How often the accept loop looks for a shutdown request: socketserver's 0.5 s default
-# adds up to half a second to every exit; 50 ms costs nothing measurable.
-SHUTDOWN_POLL_S = 0.05
+# How often the accept loop looks for a shutdown request (socketserver's default). Each
+# look wakes the thread and takes the GIL from the training thread, so it is rare; `stop`
+# does not wait for it.
+SHUTDOWN_POLL_S = 0.5
 
 log = logging.getLogger("rlotel")
 
@@ -64,6 +67,18 @@ def serve(
         daemon=True,
     ).start()
     return server
+
+
+def stop(server: Server, deadline: float) -> None:
+    """End the accept loop and close the listening socket, waiting for the loop until
+    `deadline` (`time.monotonic()`) at most. Shutting the socket down wakes the loop at once
+    (Linux) instead of at its next look for the request (`SHUTDOWN_POLL_S`)."""
+    stopper = threading.Thread(target=server.shutdown, name="rlotel-metrics-stop", daemon=True)
+    stopper.start()
+    with contextlib.suppress(OSError):
+        server.socket.shutdown(socket.SHUT_RDWR)
+    stopper.join(max(0.0, deadline - time.monotonic()))
+    server.server_close()
 
 
 def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:

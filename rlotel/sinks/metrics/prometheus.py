@@ -51,6 +51,5 @@ class PrometheusEndpoint(Sink):
 
     def shutdown(self, deadline: float) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            endpoint.stop(self._server, deadline)
             self._server = None

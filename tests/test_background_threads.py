@@ -1,6 +1,6 @@
-"""The one queue-and-thread: coalescing by delay and batch, waking on demand, and an idle
-thread that sleeps instead of polling (each wake of a thread in a training process takes a
-core and the GIL from torch)."""
+"""rlotel's background threads: the one queue-and-thread (coalescing by delay and batch,
+waking on demand) and the `/metrics` accept loop, each sleeping when idle instead of polling
+(each wake of a thread in a training process takes a core and the GIL from torch)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ import time
 
 from rlotel.base.drops import Drops
 from rlotel.publish.publisher import Worker
+from rlotel.sinks.metrics import endpoint
+from tests.helpers import scrape
 
 WAIT_S = 5.0  # bound on waiting for the worker's thread
 
 
-def wakes(worker: Worker) -> int:
-    """The worker thread's voluntary context switches so far (Linux)."""
-    native = worker._thread.native_id
-    with open(f"/proc/self/task/{native}/status") as status:
+def wakes(thread: threading.Thread) -> int:
+    """The thread's voluntary context switches so far (Linux)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
         for line in status:
             if line.startswith("voluntary_ctxt_switches"):
                 return int(line.split()[1])
@@ -39,9 +40,9 @@ def test_an_idle_worker_sleeps_until_its_tick_or_a_put() -> None:
     untimed = Worker("untimed", Recorder(), Drops(), 8, batch=4, delay_s=0.05)
     try:
         time.sleep(0.1)  # both threads are in their first wait
-        before = wakes(worker), wakes(untimed)
+        before = wakes(worker._thread), wakes(untimed._thread)
         time.sleep(1.05)  # the window measured: two ticks of the first, nothing for the second
-        after = wakes(worker), wakes(untimed)
+        after = wakes(worker._thread), wakes(untimed._thread)
     finally:
         worker.stop(time.monotonic() + WAIT_S)
         untimed.stop(time.monotonic() + WAIT_S)
@@ -93,3 +94,34 @@ def test_stop_hands_over_what_is_queued() -> None:
     worker.put(7)
     assert worker.stop(time.monotonic() + WAIT_S)
     assert handle.batches == [[7]]
+
+
+def serve() -> tuple[endpoint.Server, threading.Thread]:
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"up 1\n"]
+
+    running = set(threading.enumerate())
+    server = endpoint.serve(app, "127.0.0.1", 0)
+    (loop,) = [t for t in set(threading.enumerate()) - running if t.name == "rlotel-metrics"]
+    assert "up 1" in scrape(f"http://127.0.0.1:{server.server_port}/metrics")
+    return server, loop
+
+
+def test_an_idle_metrics_endpoint_sleeps() -> None:
+    server, loop = serve()
+    try:
+        before = wakes(loop)
+        time.sleep(1.05)
+        after = wakes(loop)
+    finally:
+        endpoint.stop(server, time.monotonic() + WAIT_S)
+    # it looks for a shutdown request every 0.5 s (it did every 50 ms: ~20 wakes)
+    assert after - before <= 3, (before, after)
+
+
+def test_the_metrics_endpoint_stops_without_waiting_for_its_poll(monkeypatch) -> None:
+    monkeypatch.setattr(endpoint, "SHUTDOWN_POLL_S", 60.0)  # a stop that waited would not end
+    server, loop = serve()
+    endpoint.stop(server, time.monotonic() + WAIT_S)
+    assert not loop.is_alive()
