@@ -182,6 +182,7 @@ def test_verdict_reaches_span_metric_and_step(make_tel, span_exporter):
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # which window is longest: a real run beside it made update-bound steps
 def test_demo_knob_flips_the_verdict():
     """A heavier update (more PPO epochs, real extra work) turns rollout- into update-bound."""
     from rlotel.demo.loop import DemoConfig, train
