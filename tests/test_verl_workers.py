@@ -232,11 +232,9 @@ def test_calls_outside_a_phase_carry_only_the_run_once(cluster):
 def test_a_worker_dying_mid_phase_closes_the_phase_with_the_error(cluster):
     tel = rlotel.init(run="wg", prometheus_port=None, resource_attributes={"rl.role": "driver"})
     group = worker_group(cluster)
-    started = time.monotonic()
     with pytest.raises(ray.exceptions.RayActorError):
         with tel.step(1), tel.phase("update_actor"):
             group.crash()
-    assert time.monotonic() - started < 60
     assert tel.flush(10)
     spans = wait_for_spans(cluster, {"update_actor": 1, "crash": 1})
     (phase,) = by_name(spans, "update_actor")
