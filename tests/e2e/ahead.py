@@ -8,11 +8,9 @@ A test module declares each run it reads at import (`declare`), its fixture wait
 tests start, in the order their tests will need them; the inputs every run shares (the
 tokenizer, model and data of `tests.e2e.assets`) are built first, once. A run that judges
 time (`quiet`: the hang run's stall limits) starts only once the tests that read no run are
-done (`rest_done`), so the many short tests of the rest of the suite do not decide what it
-measures; it goes in a lane of its own, beside the real run still going then: the hang run
-spends most of its wall waiting on its slow and blocked reward, and one run beside it does
-not bring a 20 s stall limit near (its reward calls progress every 4 s). The tests marked
-`timing` (a unit test that judges relative speed) run after every real run.
+done (`rest_done`), so a busy machine does not decide what it measures; the tests marked
+`timing` (a unit test that judges relative speed) run after every real run, for the same
+reason.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from pathlib import Path
 from tests.e2e.main_ppo import ENGINE_PYTHON, ROOT
 
 Command = Callable[[Path, Path], list[str]]  # (its directory, the shared inputs) → argv
-STOP_S = 30  # a run still going when the session ends is killed; its lane gets this long
+STOP_S = 30  # a run still going when the session ends is killed; its thread gets this long
 # The runs yield the cores to the tests beside them, which wait on what they start (Ray's
 # raylet must register within its fixed 30 s; a clean-clone suite beside a 2-rank run missed it).
 NICE = ("nice", "-n", "5")
@@ -85,48 +83,31 @@ def mark_rest_done() -> None:
 
 
 class Runner:
-    """Builds the shared inputs, then runs `runs` in two lanes of daemon threads, each one
-    run after the other: the runs in their order from the start, the quiet ones from
-    `rest_done` on."""
+    """Builds the shared inputs, then runs `runs` one after the other in a daemon thread."""
 
     def __init__(self, runs: Sequence[RealRun]) -> None:
         self.runs = list(runs)
         self.began = time.monotonic()
         self.assets = Path(tempfile.mkdtemp(prefix="rl-assets-", dir="/tmp"))
-        self._processes: set[subprocess.Popen] = set()
+        self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
-        self._inputs_made = threading.Event()
-        self._inputs_failed: BaseException | None = None  # handed to every test that reads a run
-        lanes = {
-            "e2e-runs-ahead": [run for run in self.runs if not run.quiet],
-            "e2e-quiet-runs": [run for run in self.runs if run.quiet],
-        }
-        self._threads = [  # the first lane makes the inputs
-            threading.Thread(target=self._lane, args=(runs, i == 0), name=name, daemon=True)
-            for i, (name, runs) in enumerate(lanes.items())
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._run_all, name="e2e-runs-ahead", daemon=True)
+        self._thread.start()
 
-    def _make_inputs(self) -> None:
+    def _run_all(self) -> None:
         inputs = [str(ENGINE_PYTHON), "-m", "tests.e2e.assets", str(self.assets)]
+        failed: BaseException | None = None
         try:
             made = self._run(inputs, 600)
             if made.returncode != 0:
-                self._inputs_failed = RuntimeError(f"the e2e inputs failed: {made.stderr[-3000:]}")
-        except BaseException as error:
-            self._inputs_failed = error
-        self._inputs_made.set()
-
-    def _lane(self, runs: list[RealRun], makes_inputs: bool) -> None:
-        if makes_inputs:
-            self._make_inputs()
-        for run in runs:
+                failed = RuntimeError(f"the e2e inputs failed: {made.stderr[-3000:]}")
+        except BaseException as error:  # handed to every test that reads a run
+            failed = error
+        for run in self.runs:
             if run.quiet:
                 rest_done.wait()
-            self._inputs_made.wait()
-            if self._inputs_failed is not None:
-                run.error = self._inputs_failed
+            if failed is not None:
+                run.error = failed
             elif not self._stopping.is_set():
                 run.work = Path(tempfile.mkdtemp(prefix=run.prefix, dir="/tmp"))
                 started = time.monotonic()
@@ -146,15 +127,13 @@ class Runner:
             argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True,
         )  # fmt: skip
-        self._processes.add(process)
+        self._process = process
         try:
             out, err = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self._kill(process)
             out, err = process.communicate()
             raise subprocess.TimeoutExpired(argv, timeout_s, out, err) from None
-        finally:
-            self._processes.discard(process)
         return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
     @staticmethod
@@ -166,12 +145,9 @@ class Runner:
         """At the session's end: kill what still runs, remove what the runs left."""
         self._stopping.set()
         rest_done.set()
-        for process in list(self._processes):
-            if process.poll() is None:
-                self._kill(process)
-        deadline = time.monotonic() + STOP_S  # one deadline for both lanes
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._process is not None and self._process.poll() is None:
+            self._kill(self._process)
+        self._thread.join(STOP_S)
         for run in self.runs:
             if run.work is not None:
                 shutil.rmtree(run.work, ignore_errors=True)

@@ -1,6 +1,6 @@
 """The real runs start ahead (`tests.e2e.ahead`): the tests that read them go last, and their
-runs start, in the order those tests need them, as soon as collection ends; quiet runs once
-the rest of the suite is done, the `timing` tests last of all."""
+runs start, in the order those tests need them, as soon as collection ends; quiet runs and
+`timing` tests last of all."""
 
 from __future__ import annotations
 
