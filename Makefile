@@ -5,6 +5,9 @@ STAMP  := $(VENV)/.installed
 EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
 # The two venvs and the Debian packages are set up side by side (each waits on its downloads).
 MAKEFLAGS += --jobs=3
+# pip compiles every installed module at install; keep it: where PYTHONDONTWRITEBYTECODE is set
+# (as on the team's machines) nothing compiled later is cached, and with `--no-compile` every
+# process compiled torch, vLLM and verl from source (a clean-clone `make test` 1.5x longer).
 
 .PHONY: demo test test-fast lint bench system-deps engine-venv docs
 
