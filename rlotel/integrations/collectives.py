@@ -41,7 +41,6 @@ from typing import Any
 
 from rlotel.base import waits
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
 
 HOOK = "torch_collective"
 
@@ -97,47 +96,30 @@ class Tally:
 _open: list[Tally] = []  # the accounts open now, in any thread
 _lock = threading.Lock()
 _depth = threading.local()  # > 0 while this thread is inside a timed collective
-_patches = Patches()
-_state = {"installed": False}
 _tensor_type: list[Any] = [None]  # torch.Tensor, once torch.distributed is wrapped
 
 
 def installed() -> bool:
-    return _state["installed"]
+    from rlotel.integrations.hooks import State
+    from rlotel.integrations.registered import REGISTRY
+
+    return REGISTRY.status(HOOK).state == State.ATTACHED
 
 
 def install() -> bool:
-    """Wrap torch.distributed's collectives in this process (once). False, and nothing
-    wrapped, while torch.distributed is not imported (or not available in this build)."""
-    if _state["installed"]:
-        return True
+    """Wrap torch.distributed's collectives in this process (once): the registry's on-demand
+    hook. False, and nothing wrapped, while torch.distributed is not imported (or not
+    available in this build)."""
+    from rlotel.integrations.registered import REGISTRY
+
     dist = sys.modules.get("torch.distributed")
-    if dist is None:
+    if dist is None or not dist.is_available():
         return False
-    try:
-        if not dist.is_available():
-            return False
-        c10d = dist.distributed_c10d
-        for name in COLLECTIVES:
-            original = getattr(c10d, name, None)
-            if original is None or not callable(original):
-                continue
-            timed = _timed(original)
-            _patches.replace(c10d, name, timed)
-            if getattr(dist, name, None) is original:
-                _patches.replace(dist, name, timed)
-        _patches.replace(c10d.Work, "wait", _timed_wait(c10d.Work.wait))
-    except Exception as error:  # a torch without these names: nothing is timed
-        _patches.undo()
-        _error("collectives not timed", error)
-        return False
-    _state["installed"] = True
-    return True
+    return REGISTRY.attach(HOOK)
 
 
-def uninstall() -> None:
-    _patches.undo()
-    _state["installed"] = False
+def reset() -> None:
+    """No account stays open across installs."""
     _open.clear()
 
 
@@ -156,7 +138,7 @@ def close_tally(tally: Tally) -> Tally:
     return tally
 
 
-def _timed(original: Any) -> Any:
+def timed(original: Any) -> Any:
     name = getattr(original, "__name__", "collective")
 
     def collective(*args: Any, **kwargs: Any) -> Any:
@@ -176,7 +158,7 @@ def _timed(original: Any) -> Any:
     return collective
 
 
-def _timed_wait(original: Any) -> Any:
+def timed_wait(original: Any) -> Any:
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _open or getattr(_depth, "n", 0):
             return original(self, *args, **kwargs)

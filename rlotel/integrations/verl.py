@@ -25,12 +25,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
-from types import FrameType, ModuleType
+from types import FrameType
 from typing import Any
 
 from rlotel.base import env
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
+from rlotel.integrations.hooks import State
 from rlotel.integrations.process import (
     declare_verl_driver,
     flush_driver,
@@ -45,8 +45,6 @@ BACKEND = "rlotel"
 # verl's timers that mark their range themselves (NVTX on CUDA, MSTX on Ascend) before
 # `yield from _timer(...)`; its default `marked_timer` and `simple_timer` do not.
 RANGE_MARKING_TIMERS = ("profiler.nvtx_profile", "profiler.mstx_profile")
-_installed: dict[str, Any] = {}  # "hooks": the modules patched since install
-_patches = Patches()  # what was replaced, with the originals (for uninstall)
 
 
 # --- timers ------------------------------------------------------------------------------
@@ -212,12 +210,9 @@ class RlotelBackend:
             guard.failed(TRACKING_HOOK, error)
 
 
-def _patch_tracking(tracking_module: Any) -> None:
-    tracking = tracking_module.Tracking
-    if BACKEND not in tracking.supported_backend:
-        tracking.supported_backend.append(BACKEND)
-    _patches.replace(tracking, "__init__", tracking_init(tracking.__init__))
-    _patches.replace(tracking, "finish", tracking_finish(tracking.finish))
+def with_rlotel_backend(supported: list[str]) -> list[str]:
+    """`Tracking.supported_backend`, with `rlotel` among the loggers verl accepts."""
+    return supported if BACKEND in supported else [*supported, BACKEND]
 
 
 def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
@@ -227,6 +222,7 @@ def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         try:
+            guard.fault(TRACKING_HOOK)
             given = parameters.bind(self, *args, **kwargs)
             given.apply_defaults()
             options = given.arguments
@@ -238,7 +234,6 @@ def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
                     options.get("experiment_name"),
                     options.get("config"),
                 )
-                guard.fault(TRACKING_HOOK)
                 self.logger[BACKEND] = backend
         except Exception as error:  # verl's loggers work on without this one
             guard.failed(TRACKING_HOOK, error)
@@ -261,13 +256,6 @@ def tracking_finish(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # --- agent loop --------------------------------------------------------------------------
-
-
-def _patch_agent_loop(agent_loop_module: Any) -> None:
-    manager = agent_loop_module.AgentLoopManager
-    _patches.replace(
-        manager, "_performance_metrics", performance_metrics(manager._performance_metrics)
-    )
 
 
 def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -314,7 +302,7 @@ def _trajectories(output: Any) -> dict[str, Any]:
     servers = columns.pop(verl_v1.SERVER_KEY, None)
     if stamps is None:
         return {}
-    parsed = [verl_v1._stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
+    parsed = [verl_v1.read_stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
     return {
         "start_time_ns": [stamp.start_ns for stamp in parsed],
         "end_time_ns": [stamp.end_ns for stamp in parsed],
@@ -339,13 +327,9 @@ def _sample_lengths(output: Any) -> dict[str, Any]:
 # --- the trainer loop's process --------------------------------------------------------
 
 
-def _patch_v0_fit(ray_trainer: ModuleType) -> None:
-    """V0's `RayPPOTrainer.fit` (`trainer.use_v1=false`) declares its process the driver."""
-    trainer = ray_trainer.RayPPOTrainer
-    _patches.replace(trainer, "fit", v0_fit(trainer.fit))
-
-
 def v0_fit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """V0's `RayPPOTrainer.fit` (`trainer.use_v1=false`) declares its process the driver."""
+
     def fit(self, *args, **kwargs):
         try:
             guard.fault(FIT_HOOK)
@@ -365,21 +349,22 @@ def v0_fit(original: Callable[..., Any]) -> Callable[..., Any]:
 
 # [low, high): what the e2e and unit tests run (constraints.txt, tests/e2e/engine-constraints.txt)
 TESTED = {"verl": ("0.9.1", "0.9.2"), "ray": ("2.60.0", "2.61.0")}
-# Outside these the plugin steps aside: another minor series of verl may move the trainers.
-SUPPORTED = {"verl": ("0.9.0", "0.10.0"), "ray": ("2.41.0", "3.0.0")}
+# Below these the plugin steps aside (verl's plugin entry point and Ray's tracing hook came
+# then). Above, each hook attaches where its target is still there: a moved one is reported
+# as not attached (`rlotel doctor`), the rest keep working.
+SINCE = {"verl": "0.9.0", "ray": "2.41.0"}
 
 
 def versions_outside(ranges: dict[str, tuple[str, str]]) -> list[str]:
     """`name version (range)` of each installed package outside its range."""
-    from importlib import metadata
-
     from packaging.version import Version
+
+    from rlotel.integrations.registered import installed_version
 
     outside = []
     for name, (low, high) in ranges.items():
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
+        version = installed_version(name)
+        if version is None:
             continue  # verl imports Ray lazily where it is not installed
         if not Version(low) <= Version(version) < Version(high):
             outside.append(f"{name} {version} (>={low},<{high})")
@@ -387,33 +372,41 @@ def versions_outside(ranges: dict[str, tuple[str, str]]) -> list[str]:
 
 
 def install() -> None:
-    """Patch verl's timer hook, Tracking, the agent-loop manager, the trainers and Ray's
-    actor calls (idempotent). Versions rlotel was not tested with: every patch is drift-
-    safe, so it installs, with one warning; outside the supported series nothing is
-    patched. A failure part-way undoes what was already patched."""
-    if "hooks" in _installed:
+    """Attach every hook as its module is imported (idempotent), each on its own: a hook
+    whose target moved is reported and the others work. Versions rlotel was not tested
+    with: one warning; older than the first supported: nothing attached."""
+    from rlotel.integrations.registered import REGISTRY
+
+    if REGISTRY.active:
         return
-    unsupported = versions_outside(SUPPORTED)
-    if unsupported:
+    too_old = versions_outside({name: (low, "999") for name, low in SINCE.items()})
+    if too_old:
         log.warning(
-            "rlotel: the verl plugin does not support %s; nothing patched, training runs "
-            "without rlotel",
-            ", ".join(unsupported),
+            "rlotel: the verl plugin needs %s; nothing attached, training runs without rlotel",
+            ", ".join(too_old),
         )
         return
     untested = versions_outside(TESTED)
     if untested:
         log.warning(
-            "rlotel: the verl plugin was not tested with %s; it installs, and any hook that "
-            "no longer fits runs verl's call untraced (rlotel_integration_failures_total)",
+            "rlotel: the verl plugin was not tested with %s; each hook attaches where its "
+            "target is there (`rlotel doctor` says which), and a call it cannot read runs "
+            "verl's code untraced (rlotel_integration_failures_total)",
             ", ".join(untested),
         )
     _own_log_lines()
-    try:
-        _install()
-    except Exception:
-        uninstall()
-        raise
+    REGISTRY.attach_on_import()
+
+
+def not_attached() -> dict[str, str]:
+    """The hooks of this process that could not attach, with why."""
+    from rlotel.integrations.registered import REGISTRY
+
+    return {
+        name: status.why
+        for name, status in REGISTRY.statuses().items()
+        if status.state == State.NOT_ATTACHED
+    }
 
 
 def _own_log_lines() -> None:
@@ -438,113 +431,21 @@ class _Unheard(logging.StreamHandler):
             super().emit(record)
 
 
-def _install() -> None:
-    """Register a post-import hook per module to patch: each runs when verl (or Ray) itself
-    imports that module — at once if it is imported already — so a process pays for what
-    its own role loads, nothing more (`import verl` with the plugin on stays cheap)."""
-    import wrapt
-
-    _installed["hooks"] = set()  # modules patched so far
-    for module, patch in _hooks().items():
-        wrapt.register_post_import_hook(_guarded(module, patch), module)
-
-
-def _hooks() -> dict[str, Callable[[ModuleType], None]]:
-    from rlotel.integrations import verl_cluster, verl_engines, verl_v1, verl_workers
-
-    return {
-        # a job submitted to a running cluster: the entrypoint's RLOTEL_*/OTEL_* reach workers
-        "verl.trainer.constants_ppo": verl_cluster.patch_runtime_env,
-        "verl.utils.profiler.performance": _patch_timer,
-        "verl.utils.profiler.profile": _patch_profiler,  # its finish hook's runs recorded
-        "verl.utils.tracking": _patch_tracking,
-        "ray.actor": verl_workers.install_actor_calls,
-        "ray._private.function_manager": verl_workers.install_worker,
-        "verl.single_controller.ray.base": verl_workers.install_worker_groups,
-        # before V1's `@ray.remote class AgentLoopWorkerTQ` copies its inherited methods
-        "verl.experimental.agent_loop.agent_loop": _patch_agent_loop_module,
-        "verl.trainer.ppo.ray_trainer": _patch_v0_fit,
-        "verl.trainer.ppo.v1.trainer_base": verl_v1.patch_trainer,
-        "verl.trainer.ppo.v1.replay_buffer": verl_v1.patch_replay_buffer,
-        "verl.experimental.fully_async_policy.fully_async_trainer": _patch_fully_async,
-        "verl.checkpoint_engine.base": _patch_weight_sync,  # the weight sync's stages
-        # verl's `rollout.prometheus` writer: its engine targets get a replica and the run
-        "verl.workers.rollout.replica": verl_engines.patch_replica,
-        "verl.workers.rollout.utils": verl_engines.patch_writer,
-        **{module: verl_engines.patch_importer for module in verl_engines.IMPORTERS},
-        # after the writer's importer patch of the same module: the rollouter's run
-        "verl.experimental.fully_async_policy.fully_async_rollouter": _patch_rollouter,
-    }
-
-
-def _guarded(module: str, patch: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
-    def hook(loaded: ModuleType) -> None:
-        patched_modules = _installed.get("hooks")
-        if patched_modules is None or module in patched_modules:
-            return  # uninstalled since, or a hook of an earlier install
-        patched_modules.add(module)
-        try:
-            patch(loaded)
-        except Exception:  # all or nothing: training runs on without rlotel
-            log.exception("rlotel: patching %s failed; the verl plugin is off", module)
-            uninstall()
-
-    return hook
-
-
-def _patch_timer(performance: ModuleType) -> None:
-    _patches.replace(performance, "_timer", traced_timer(performance._timer))
-
-
-def _patch_profiler(profile: ModuleType) -> None:
-    from rlotel.integrations import verl_captures
-
-    verl_captures.patch_profiler(profile, _patches)
-
-
-def _patch_weight_sync(base: ModuleType) -> None:
-    from rlotel.integrations import verl_weights
-
-    verl_weights.patch_manager(base, _patches)
-
-
-def _patch_fully_async(trainer: ModuleType) -> None:
-    from rlotel.integrations import verl_fully_async
-
-    verl_fully_async.patch_trainer(trainer, _patches)
-
-
-def _patch_rollouter(rollouter: ModuleType) -> None:
-    from rlotel.integrations import verl_engines, verl_fully_async
-
-    verl_engines.patch_importer(rollouter)
-    verl_fully_async.patch_rollouter(rollouter, _patches)
-
-
-def _patch_agent_loop_module(agent_loop: ModuleType) -> None:
-    from rlotel.integrations import verl_v1
-
-    verl_v1.patch_agent_loop_worker(agent_loop)
-    _patch_agent_loop(agent_loop)
-
-
 def uninstall() -> None:
-    """Undo every patch and stop the hooks (tests; a process that wants verl back)."""
-    _installed.pop("hooks", None)
-    _patches.undo()
-    tracking = sys.modules.get("verl.utils.tracking")
-    if tracking is not None and BACKEND in tracking.Tracking.supported_backend:
-        tracking.Tracking.supported_backend.remove(BACKEND)
-    from rlotel.integrations import verl_cluster, verl_engines, verl_v1, verl_workers
+    """Undo every hook, each patched object as it was (tests; a process that wants verl
+    back), and forget what the hooks held."""
+    from rlotel.integrations import collectives, verl_engines
+    from rlotel.integrations.registered import REGISTRY
 
-    verl_cluster.uninstall()
-    verl_v1.uninstall()
-    verl_workers.uninstall()
-    verl_engines.uninstall()
+    REGISTRY.detach()
+    verl_engines.reset()
+    collectives.reset()
 
 
 def patched() -> bool:
-    return "hooks" in _installed
+    from rlotel.integrations.registered import REGISTRY
+
+    return REGISTRY.active
 
 
 if env.enabled():

@@ -521,7 +521,7 @@ def command_name(command: str) -> str:
 _spied = threading.local()  # the Popen verl's finish hook started on this thread
 
 
-class _SubprocessSpy:
+class SubprocessSpy:
     """verl's profiler module's `subprocess`: the same, except that it keeps the process
     the finish hook starts (verl prints its exit status but returns nothing)."""
 
@@ -577,10 +577,3 @@ def _record_finish(command: Any, started_ns: int) -> None:
                 f"verl's finish_hook_cmd {attributes[attr.PROFILE_HOOK_COMMAND]} "
                 + (f"exited {status}" if isinstance(status, int) else "did not start"),
             )
-
-
-def patch_profiler(profile_module: Any, patches: Any) -> None:
-    """`verl.utils.profiler.profile`: each run of its finish hook is recorded."""
-    profiler = profile_module.DistProfiler
-    patches.replace(profile_module, "subprocess", _SubprocessSpy(profile_module.subprocess))
-    patches.replace(profiler, "_run_finish_command", finish_command(profiler._run_finish_command))

@@ -31,12 +31,10 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from types import ModuleType
 from typing import Any
 
 from rlotel.base import env
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
 
@@ -53,7 +51,6 @@ PLUGIN_MODULE = "rlotel.integrations.verl"  # what that entry point loads
 RUNTIME_ENV_FACTORY = "get_ppo_ray_runtime_env"
 HOOK = "verl_runtime_env"
 
-_patches = Patches()
 _warned: set[str] = set()
 
 
@@ -94,11 +91,10 @@ def with_forwarded(runtime_env: Any, environ: Mapping[str, str] = os.environ) ->
     return runtime_env
 
 
-def patch_runtime_env(constants_ppo: ModuleType) -> None:
-    """Post-import hook for `verl.trainer.constants_ppo`: its `get_ppo_ray_runtime_env`
-    (looked up by `main_ppo` and the recipes when they import it, after this hook) returns
-    its runtime env with `forwarded()` added."""
-    original = getattr(constants_ppo, RUNTIME_ENV_FACTORY)
+def forwarding_runtime_env(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`verl.trainer.constants_ppo.get_ppo_ray_runtime_env` (looked up by `main_ppo` and the
+    recipes when they import it, after the hook attached) returns its runtime env with
+    `forwarded()` added."""
 
     def get_ppo_ray_runtime_env(*args: Any, **kwargs: Any) -> Any:
         runtime_env = original(*args, **kwargs)
@@ -110,11 +106,7 @@ def patch_runtime_env(constants_ppo: ModuleType) -> None:
             return runtime_env
 
     get_ppo_ray_runtime_env.__wrapped__ = original  # type: ignore[attr-defined]
-    _patches.replace(constants_ppo, RUNTIME_ENV_FACTORY, get_ppo_ray_runtime_env)
-
-
-def uninstall() -> None:
-    _patches.undo()
+    return get_ppo_ray_runtime_env
 
 
 # --- VERL_USE_EXTERNAL_PLUGINS -----------------------------------------------------------

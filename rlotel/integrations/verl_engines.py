@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
 
 log = logging.getLogger("rlotel")
 
@@ -38,12 +37,6 @@ ROLLOUT_JOB = "rollout"  # the job verl's writer lists the engines in
 WRITE_TASK = "write_config_file"  # verl's per-node task that writes the file
 WRITER_HOOK = "verl_prometheus_writer"
 REPLICA_HOOK = "verl_rollout_replica"
-IMPORTERS = (  # modules that import the writer by name: they get the labelling one too
-    "verl.workers.rollout.llm_server",
-    "verl.trainer.ppo.v1.trainer_separate_async",
-    "verl.experimental.fully_async_policy.fully_async_rollouter",
-)
-
 _replicas: weakref.WeakSet = weakref.WeakSet()  # verl's RolloutReplica objects of this process
 _warned: set[str] = set()
 
@@ -214,44 +207,20 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
         log.warning(message, *args)
 
 
-# --- install -----------------------------------------------------------------------------
-
-_patches = Patches()
+# --- hooks -------------------------------------------------------------------------------
 
 
-def patch_writer(utils: types.ModuleType) -> None:
-    """`verl.workers.rollout.utils`: its writer writes the labelled config."""
-    original = utils.update_prometheus_config
-    _patches.replace(utils, "update_prometheus_config", labelling_writer(original))
-    for name in IMPORTERS:  # imported by name before this hook ran
-        module = sys.modules.get(name)
-        if module is not None:
-            patch_importer(module)
-
-
-def patch_importer(module: types.ModuleType) -> None:
-    """A module holding verl's writer under its own name gets the labelling one."""
-    utils = sys.modules.get("verl.workers.rollout.utils")
-    held = getattr(module, "update_prometheus_config", None)
-    if utils is None or held is None or held is utils.update_prometheus_config:
-        return
-    if held is _patches.original(utils, "update_prometheus_config"):
-        _patches.replace(module, "update_prometheus_config", utils.update_prometheus_config)
-
-
-def patch_replica(replica_module: types.ModuleType) -> None:
-    """`verl.workers.rollout.replica`: every replica made is known by its address later."""
-    cls = replica_module.RolloutReplica
-    original = cls.__init__
+def traced_replica_init(original: Callable[..., None]) -> Callable[..., None]:
+    """`RolloutReplica.__init__`: every replica made is known by its address later."""
 
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         guard.attempt(REPLICA_HOOK, note_replica, self)
 
-    _patches.replace(cls, "__init__", __init__)
+    return __init__
 
 
-def uninstall() -> None:
-    _patches.undo()
+def reset() -> None:
+    """Forget the replicas of this process."""
     _replicas.clear()

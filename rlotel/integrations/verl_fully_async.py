@@ -32,11 +32,11 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
-from types import FrameType, ModuleType
+from types import FrameType
 from typing import Any
 
 from rlotel.integrations import guard, process, verl_workers
-from rlotel.integrations.patches import Patches
+from rlotel.integrations.hooks import actor_class
 from rlotel.schema import vocabulary as voc
 
 MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
@@ -50,34 +50,6 @@ SAMPLES_HOOK = "verl_fully_async_samples"
 LOG_HOOK = "verl_fully_async_log"
 PARAM_SYNC_HOOK = "verl_fully_async_param_sync"
 BACKEND = "rlotel"
-_patches: list[Patches] = []  # the verl plugin's registry, once it patched this process
-
-
-def patch_trainer(module: ModuleType, patches: Patches) -> None:
-    """`FullyAsyncTrainer` (under Ray's actor wrapper) and its module's timer and assembly,
-    recorded in the verl plugin's `patches` (its uninstall undoes them)."""
-    _patches[:] = [patches]
-    cls = actor_class(module.FullyAsyncTrainer)
-    patches.replace(cls, "__init__", trainer_init)
-    patches.replace(cls, "fit", trainer_fit)
-    patches.replace(cls, "_fit_postprocess_step", postprocess_step)
-    patches.replace(module, "marked_timer", marked_timer)
-    patches.replace(module, "assemble_batch_from_rollout_samples", assemble_batch)
-
-
-def patch_rollouter(module: ModuleType, patches: Patches) -> None:
-    """`FullyAsyncRollouter` (under Ray's actor wrapper): its process hears the run from
-    its config, so the workers it starts, before the trainer names the run to anyone, get it."""
-    _patches[:] = [patches]
-    patches.replace(actor_class(module.FullyAsyncRollouter), "__init__", rollouter_init)
-
-
-def actor_class(remote: Any) -> type:
-    """The class the actor runs: the one `@ray.remote` made to host verl's, which copied
-    verl's methods into its own dict when the module was imported (patching verl's own class
-    then changes nothing the actor runs)."""
-    metadata = getattr(remote, "__ray_metadata__", None)
-    return getattr(metadata, "modified_class", None) or remote
 
 
 def _original(name: str) -> Any:
@@ -96,7 +68,9 @@ def _module_original(name: str) -> Any:
 def _verl_original(owner: Any, name: str) -> Any:
     """What `owner.name` was before the plugin patched it; as it is where nothing was (an
     uninstalled plugin put verl's own back)."""
-    original = _patches[0].original(owner, name) if _patches else getattr(owner, name)
+    from rlotel.integrations.registered import REGISTRY
+
+    original = REGISTRY.original(owner, name)
     if getattr(original, "__module__", None) == __name__:
         raise RuntimeError(f"verl's own {name} is not known in this process")
     return original
@@ -343,7 +317,7 @@ def sample_fields(
     versions = rebased_versions(low, high, step, param_version)
     if versions is not None:
         fields["min_weight_version"], fields["max_weight_version"] = versions
-    parsed = [verl_v1._stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
+    parsed = [verl_v1.read_stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
     if all(stamp.start_ns is not None for stamp in parsed):
         fields["start_time_ns"] = [stamp.start_ns for stamp in parsed]
         fields["end_time_ns"] = [stamp.end_ns for stamp in parsed]

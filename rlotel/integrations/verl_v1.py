@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 from rlotel.base import clock
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
 from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")
@@ -59,8 +58,7 @@ TRAJECTORY_HOOK = "verl_v1_trajectory"
 SCORE_HOOK = "verl_v1_score"
 TURN_HOOK = "verl_v1_turn"
 TOOL_HOOK = "verl_v1_tool"
-FIT_HOOK = "verl_fit"
-_patches = Patches()
+FIT_HOOK = "verl_v1_fit"
 _trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
 _trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rlotel_trajectory_context"
@@ -79,57 +77,7 @@ _trajectory_tools: contextvars.ContextVar[list[tuple[str, int, int]] | None] = (
 )
 
 
-def install() -> None:
-    """Patch V1 in this process now, from verl's modules (the verl plugin does it through
-    post-import hooks instead, as verl imports them). Idempotent."""
-    if _patches:
-        return
-    from verl.experimental.agent_loop import agent_loop
-    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
-
-    patch_agent_loop_worker(agent_loop)
-    patch_trainer(trainer_base)
-    patch_replay_buffer(replay_buffer)
-
-
-def patch_agent_loop_worker(agent_loop: Any) -> None:
-    """The agent-loop worker, where a trajectory runs: its span and stamp."""
-    worker = agent_loop.AgentLoopWorker
-    _patches.replace(worker, "_run_agent_loop", run_agent_loop)
-    _patches.replace(worker, "_compute_score", compute_score)
-    from verl.workers.rollout import llm_server
-
-    _patch(llm_server.LLMServerClient, "generate", _server_generate)
-    _patch(llm_server.LLMServerClient, "_release_server", _server_release)
-    # imported by the package's __init__ right after this module anyway
-    from verl.experimental.agent_loop import tool_agent_loop
-
-    _patch(tool_agent_loop.ToolAgentLoop, "_call_tool", _tool_call)
-
-
-def patch_trainer(trainer_base: Any) -> None:
-    """V1's `PPOTrainer.fit`: its process is the driver; the trainer mode sets the buckets."""
-    _patch(trainer_base.PPOTrainer, "fit", _fit)
-
-
-def patch_replay_buffer(replay_buffer: Any) -> None:
-    """V1's replay buffer: each training batch's per-sample metrics → record_samples; the
-    groups it evicts (stale, DAPO-filtered, failed) and the finished groups sync DAPO drops
-    beyond its batch (surplus) → record_samples(discarded=...)."""
-    _patch(replay_buffer.ReplayBuffer, "_materialize_batch", _materialize_batch)
-    _patch(replay_buffer.ReplayBuffer, "_evict_terminal_groups", _evict_terminal_groups)
-    _patch(replay_buffer.ReplayBuffer, "_clear_groups", _clear_groups)
-
-
-def uninstall() -> None:
-    _patches.undo()
-
-
-def _patch(owner: Any, name: str, make: Any) -> None:
-    _patches.replace(owner, name, make(getattr(owner, name)))
-
-
-def _materialize_batch(original: Any) -> Any:
+def traced_materialize(original: Any) -> Any:
     def _materialize_batch(self, *args, **kwargs):
         batch = original(self, *args, **kwargs)
         started = time.perf_counter()
@@ -146,7 +94,7 @@ def _materialize_batch(original: Any) -> Any:
     return _materialize_batch
 
 
-def _evict_terminal_groups(original: Any) -> Any:
+def traced_evict(original: Any) -> Any:
     """Record the groups verl is about to evict while TransferQueue still holds them
     (verl's `_clear_groups` deletes them): the step's async-bias reference."""
 
@@ -169,7 +117,7 @@ def _evict_terminal_groups(original: Any) -> Any:
     return _evict_terminal_groups
 
 
-def _clear_groups(original: Any) -> Any:
+def traced_clear(original: Any) -> Any:
     """verl clears groups outside an eviction only where sync DAPO drops the finished groups
     it does not need once its batch is full: recorded as `surplus` before they are gone."""
 
@@ -244,7 +192,7 @@ def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) ->
     keys, tags = [key for key, _ in real], [tag for _, tag in real]
     metrics, extras = (fetch or _fetch)(keys, batch.partition_id)
     identity = [_identity(key) for key in keys]
-    stamps = [_stamp(extra) for extra in extras]
+    stamps = [read_stamp(extra) for extra in extras]
     replica = replicas([extra.get(SERVER_KEY) for extra in extras])
     rewards = [stamp.reward for stamp in stamps]
     scored = {vocabulary.SAMPLE_REWARD: rewards} if all(r is not None for r in rewards) else {}
@@ -319,7 +267,7 @@ class Stamp(NamedTuple):
     tool_times_ns: Any = None
 
 
-def _stamp(extra: dict) -> Stamp:
+def read_stamp(extra: dict) -> Stamp:
     stamp = extra.get(STAMP_KEY)
     if not isinstance(stamp, (list, tuple)) or not 3 <= len(stamp) <= 7:
         return Stamp()
@@ -361,7 +309,9 @@ def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
 def _agent_loop_original(name: str) -> Any:
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    return _patches.original(AgentLoopWorker, name)  # as it is where rlotel patched nothing
+    from rlotel.integrations.registered import REGISTRY
+
+    return REGISTRY.original(AgentLoopWorker, name)  # as it is where rlotel patched nothing
 
 
 async def run_agent_loop(self, *args, **kwargs):
@@ -441,7 +391,7 @@ async def compute_score(self, *args, **kwargs):
     return result
 
 
-def _server_generate(original: Any) -> Any:
+def traced_server_generate(original: Any) -> Any:
     """`LLMServerClient.generate` in an agent-loop worker: one model turn of the trajectory
     this task runs (its times; what verl returns or raises is untouched)."""
 
@@ -461,7 +411,7 @@ def _server_generate(original: Any) -> Any:
     return generate
 
 
-def _tool_call(original: Any) -> Any:
+def traced_tool_call(original: Any) -> Any:
     """`ToolAgentLoop._call_tool(tool_call, ...)` in an agent-loop worker: one tool call of
     the trajectory this task runs (the name the model called and its times; verl's
     response, its errors and what it raises are untouched)."""
@@ -483,7 +433,7 @@ def _tool_call(original: Any) -> Any:
     return call_tool
 
 
-def _server_release(original: Any) -> Any:
+def traced_server_release(original: Any) -> Any:
     """`LLMServerClient._release_server(server_id, ...)`, at the end of each model turn (in
     `generate`'s `finally`): the server the trajectory this task runs was routed to."""
 
@@ -491,6 +441,7 @@ def _server_release(original: Any) -> Any:
         servers = _trajectory_servers.get()
         if servers is not None:
             try:
+                guard.fault(TURN_HOOK)
                 server = args[0] if args else kwargs["server_id"]
                 servers.append(str(server))
             except Exception as error:  # telemetry never stops a rollout
@@ -500,7 +451,7 @@ def _server_release(original: Any) -> Any:
     return release
 
 
-def _fit(original: Any) -> Any:
+def traced_fit(original: Any) -> Any:
     def fit(self, *args, **kwargs):
         from rlotel.integrations import process
 

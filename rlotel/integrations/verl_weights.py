@@ -28,12 +28,10 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import rlotel
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
 from rlotel.schema import vocabulary as voc
 
 HOOK = "verl_checkpoint_engine"
@@ -205,21 +203,19 @@ def traced_execute_all(original: Callable[..., Any]) -> Callable[..., Any]:
     return execute_all
 
 
-def patch_manager(base: ModuleType, patches: Patches) -> None:
-    """Patch `verl.checkpoint_engine.base` (and the worker group's dispatch it uses)."""
-    from verl.single_controller.ray.base import RayWorkerGroup
+def update(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`CheckpointEngineManager.update_weights` (verl's `auto_await` over a coroutine
+    function): the update, its stages timed."""
     from verl.utils.ray_utils import auto_await
 
-    manager = base.CheckpointEngineManager
-    update = manager.update_weights
-    patches.replace(manager, voc.UPDATE_WEIGHTS, auto_await(traced_update(update.__wrapped__)))
-    for name in voc.CKPT_MANAGER_STAGES:  # verl's method names
-        stage = getattr(manager, name)
-        awaited = getattr(stage, "__wrapped__", None)  # `auto_await`'s coroutine function
-        replacement = (
-            auto_await(traced_stage(awaited, name))
-            if awaited is not None
-            else traced_stage(stage, name)
-        )
-        patches.replace(manager, name, replacement)
-    patches.replace(RayWorkerGroup, "execute_all", traced_execute_all(RayWorkerGroup.execute_all))
+    return auto_await(traced_update(original.__wrapped__))
+
+
+def stage(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A manager stage method (`auto_await` over a coroutine function, or sync), by its name."""
+    from verl.utils.ray_utils import auto_await
+
+    awaited = getattr(original, "__wrapped__", None)  # `auto_await`'s coroutine function
+    if awaited is not None:
+        return auto_await(traced_stage(awaited, awaited.__name__))
+    return traced_stage(original, original.__name__)

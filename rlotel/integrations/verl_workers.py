@@ -34,7 +34,6 @@ from typing import Any
 import rlotel
 from rlotel.base import clock, env
 from rlotel.integrations import collectives, guard, verl_captures
-from rlotel.integrations.patches import Patches
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
 from rlotel.schema import attributes as attr
@@ -54,7 +53,6 @@ ACTOR_CLASS_HOOK = "ray_actor_class"
 ACTOR_CALL_HOOK = "ray_actor_call"
 
 _installed: dict[str, Any] = {}  # Ray's tracing switch, read once
-_patches = Patches()
 _init_lock = threading.Lock()
 _call_carrier: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "rlotel_call_carrier", default=None
@@ -329,26 +327,18 @@ def _log_once(key: str, message: str, *args: Any) -> None:
         log.warning(message, *args)
 
 
-def install_actor_calls(ray_actor: Any) -> None:
-    """Every Ray actor call made inside a phase carries its context (`ray.actor`)."""
+def traced_actor_remote(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`ActorMethod._remote`: every Ray actor call made inside a phase carries its context."""
     from ray.util.tracing import tracing_helper
 
     _installed["ray_tracing_on"] = tracing_helper._is_tracing_enabled
-    original = ray_actor.ActorMethod._remote
-    _patches.replace(
-        ray_actor.ActorMethod, "_remote", traced_remote(original, inspect.unwrap(original))
-    )
-
-
-def install_worker_groups(ray_base: Any) -> None:
-    """verl's worker groups bound from now on time each rank's reply and collect each
-    rank's compute seconds."""
-    _patches.replace(ray_base, "func_generator", traced_func_generator(ray_base.func_generator))
+    return traced_remote(original, inspect.unwrap(original))
 
 
 def traced_func_generator(original: Callable[..., Any]) -> Callable[..., Any]:
     """verl's `func_generator(self, method_name, dispatch_fn, collect_fn, execute_fn,
-    blocking)`, given rlotel's execute and collect functions around verl's."""
+    blocking)` (worker groups bound from now on), given rlotel's execute and collect
+    functions around verl's: each rank's reply time and compute seconds."""
     parameters = inspect.signature(original)
 
     def func_generator(*args: Any, **kwargs: Any) -> Any:
@@ -369,17 +359,9 @@ def traced_func_generator(original: Callable[..., Any]) -> Callable[..., Any]:
 # --- worker ------------------------------------------------------------------------------
 
 
-def install_worker(function_manager: Any) -> None:
-    """Wrap the methods of every actor class Ray loads in this process from now on."""
-    _patches.replace(
-        function_manager,
-        "_inject_tracing_into_class",
-        traced_class_loader(function_manager._inject_tracing_into_class),
-    )
-
-
 def traced_class_loader(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Ray's `_inject_tracing_into_class(cls)`, then rlotel's wrappers on `cls`'s methods."""
+    """Ray's `_inject_tracing_into_class(cls)`, then rlotel's wrappers on `cls`'s methods:
+    every actor class Ray loads in this process from now on."""
 
     def _inject_tracing_into_class(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
@@ -388,25 +370,12 @@ def traced_class_loader(original: Callable[..., Any]) -> Callable[..., Any]:
             cls = args[0] if args else kwargs["_cls"]
             if not _worker_class:  # later loads are the classes of actor handles it receives
                 _worker_class.append(cls)
-                _engine_hooks(cls)
             wrap_actor_methods(cls)
         except Exception as error:  # the actor must start even if tracing cannot
             guard.failed(ACTOR_CLASS_HOOK, error)
         return result
 
     return _inject_tracing_into_class
-
-
-def _engine_hooks(cls: type) -> None:
-    """In a vLLM rollout server's process: vLLM's request spans join the trace."""
-    if "vllm" not in sys.modules or not any(c.__name__ == "vLLMHttpServer" for c in cls.__mro__):
-        return
-    try:
-        from rlotel.integrations import vllm_engine
-
-        vllm_engine.install()
-    except Exception as error:  # the server must start even if tracing cannot
-        _log_once("vllm", "rlotel: vLLM engine spans not connected: %r", error)
 
 
 def wrap_actor_methods(cls: type) -> None:
@@ -741,8 +710,3 @@ def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any
 
 
 # --- lifecycle ---------------------------------------------------------------------------
-
-
-def uninstall() -> None:
-    _patches.undo()
-    collectives.uninstall()

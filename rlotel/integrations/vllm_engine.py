@@ -22,7 +22,6 @@ from typing import Any
 
 from rlotel.base import env
 from rlotel.integrations import guard
-from rlotel.integrations.patches import Patches
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary
 
@@ -33,31 +32,9 @@ SERVICE_NAME = attr.SERVICE_NAME
 ENGINE_HOOK = "vllm_engine"
 REQUEST_HOOK = "vllm_request_context"
 EXPORTER_HOOK = "vllm_span_exporter"
-_patches = Patches()
 
 
-def install() -> None:
-    """Patch vLLM's `AsyncLLM` and its span exporter factory (idempotent; needs vLLM)."""
-    if _patches:
-        return
-    from vllm.tracing import otel
-    from vllm.v1.engine import async_llm
-
-    engine = async_llm.AsyncLLM
-    _patch(engine, "__init__", _engine_init)
-    _patch(engine, "generate", _generate)
-    _patch(otel, "get_span_exporter", _checked_exporter)
-
-
-def uninstall() -> None:
-    _patches.undo()
-
-
-def _patch(owner: Any, name: str, make: Any) -> None:
-    _patches.replace(owner, name, make(getattr(owner, name)))
-
-
-def _engine_init(original: Any) -> Any:
+def traced_engine_init(original: Any) -> Any:
     def __init__(self, *args, **kwargs):
         try:
             guard.fault(ENGINE_HOOK)
@@ -93,7 +70,7 @@ def _traced_engine_options(args: tuple, kwargs: dict) -> dict:
     return kwargs
 
 
-def _generate(original: Any) -> Any:
+def traced_generate(original: Any) -> Any:
     def generate(self, *args, **kwargs):  # returns vLLM's own async generator: no per-token cost
         try:
             guard.fault(REQUEST_HOOK)
@@ -120,7 +97,7 @@ def _with_trace_headers(kwargs: dict) -> dict:
     return {**kwargs, "trace_headers": carrier}
 
 
-def _checked_exporter(original: Any) -> Any:
+def checked_exporter(original: Any) -> Any:
     def get_span_exporter(*args, **kwargs):
         exporter = original(*args, **kwargs)
         try:

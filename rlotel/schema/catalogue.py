@@ -219,6 +219,15 @@ INTEGRATION_FAILURES = MetricSpec(
     "ran on as it would without rlotel (one log line per hook).",
     ("hook",),
 )
+INTEGRATION_HOOKS = MetricSpec(
+    "rlotel_integration_hooks",
+    "gauge",
+    "",
+    "1 for each zero-code hook of this process in its state (attached; not_attached: its "
+    "target moved or its patch raised, the telemetry it gives is lost); `rlotel doctor` reads "
+    "it with the events and failures.",
+    ("hook", "state"),
+)
 
 # Weight versions a sample lags or spans: integers, fine where small, coarser further out.
 STEP_COUNT_BUCKETS: tuple[float, ...] = tuple(

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlotel.base.drops import HOOK_FAILURES, Drops, encodable
+from rlotel.base.drops import HOOK_FAILURES, HOOK_STATES, Drops, encodable
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
 
@@ -251,4 +251,6 @@ class SeriesStore:
             scalars.setdefault(cat.INTEGRATION_SECONDS, {})[(hook,)] = seconds
         for hook, count in HOOK_FAILURES.snapshot().items():
             scalars.setdefault(cat.INTEGRATION_FAILURES, {})[(hook,)] = float(count)
+        for hook, state in HOOK_STATES.snapshot().items():
+            scalars.setdefault(cat.INTEGRATION_HOOKS, {})[(hook, state)] = 1.0
         return Snapshot(scalars, histograms, version)
