@@ -260,17 +260,26 @@ def test_bad_config_types_raise_config_error(clean_env, bad):
     assert type(outcome.get("error")) is rlotel.ConfigError, repr(outcome)
 
 
-def test_timeout_beyond_timeout_max_shuts_down(clean_env):
-    try:
-        tel = rlotel.init(
-            run=RUN,
-            prometheus_port=None,
-            span_exporters=[InMemorySpanExporter()],
-            shutdown_timeout_s=2e10,
-        )
-    except rlotel.ConfigError:
-        return  # refusing it is a fine answer too
-    tel.shutdown()
+def test_timeout_beyond_timeout_max_is_refused_at_init_and_bounded_at_shutdown(clean_env):
+    """2e10 s is past `threading.TIMEOUT_MAX` (~9.2e9 s), where a wait raises OverflowError:
+    `init` refuses it, naming the bound; `flush` and `shutdown` given it wait at most the
+    bound, and still flush what closed."""
+    with pytest.raises(
+        rlotel.ConfigError,
+        match=r"shutdown_timeout_s must be a number of seconds in \(0, 3600\], got 20000000000\.0",
+    ):
+        rlotel.init(run=RUN, prometheus_port=None, shutdown_timeout_s=2e10)
+    exporter = InMemorySpanExporter()
+    tel = rlotel.init(run=RUN, prometheus_port=None, span_exporters=[exporter])
+    with tel.step(1):
+        pass
+    assert tel.flush(2e10) is True
+    assert [span.name for span in exporter.get_finished_spans()] == ["step"]
+    with tel.step(2):
+        pass
+    tel.shutdown(2e10)
+    assert [span.name for span in exporter.get_finished_spans()] == ["step", "step"]
+    assert rlotel.current() is None
 
 
 # --- one example per message --------------------------------------------------------------
@@ -395,8 +404,18 @@ def test_thresholds_must_be_thresholds():
         rlotel.init(prometheus_port=None, bottleneck_thresholds={"margin": 2})
 
 
-def test_valid_thresholds_start():
-    tel = rlotel.init(
-        prometheus_port=None, bottleneck_thresholds=rlotel.Thresholds(window=3, margin=1.0)
-    )
-    tel.shutdown()
+def test_valid_thresholds_start_and_judge_the_steps():
+    """The thresholds given are the ones each step's verdict uses: no window can hold the
+    whole of its step, so a dominant share of 1.0 leaves every step balanced (the default
+    0.40 calls a step of one phase rollout-bound)."""
+    thresholds = rlotel.Thresholds(dominant_share=1.0, window=3, margin=1.0)
+    tel = rlotel.init(prometheus_port=None, bottleneck_thresholds=thresholds)
+    try:
+        assert tel.config.bottleneck_thresholds == thresholds
+        with tel.step(1) as step, tel.phase("gen"):
+            sum(range(100_000))
+        assert step.verdict.kind == "balanced"
+        assert step.verdict.evidence["window"] == "rollout-bound"
+        assert step.verdict.evidence["share"] < 1.0
+    finally:
+        tel.shutdown()

@@ -55,25 +55,31 @@ class SlowScalar:
         return 1.0
 
 
-@pytest.mark.parametrize("where", ["flush_arg", "config"])
-def test_unbounded_timeouts_do_not_raise(clean_env, where):
-    try:
-        tel = rlotel.init(
-            run=RUN,
-            prometheus_port=None,
-            span_exporters=[InMemorySpanExporter()],
-            shutdown_timeout_s=INF if where == "config" else 5.0,
-        )
-    except rlotel.ConfigError:
-        return  # refusing an unbounded shutdown is a fine answer too
+def test_an_unbounded_shutdown_timeout_is_refused_at_init(clean_env):
+    with pytest.raises(rlotel.ConfigError, match=r"shutdown_timeout_s .* got inf"):
+        rlotel.init(run=RUN, prometheus_port=None, shutdown_timeout_s=INF)
+
+
+def test_an_unbounded_flush_waits_for_the_work_and_returns(clean_env):
+    """`flush(inf)` waits for what the publisher still holds (a slow conversion) and
+    returns True: it once raised OverflowError."""
+    tel = rlotel.init(run=RUN, prometheus_port=0, span_exporters=[InMemorySpanExporter()])
     try:
         tel.log({"slow": SlowScalar()}, step=1)
-        assert tel.flush(INF if where == "flush_arg" else None)
-        tel.log({"slow": SlowScalar()}, step=2)
+        assert tel.flush(INF) is True
+        assert (
+            series(parse_exposition(scrape(tel.metrics_url)), "rlotel_train_metric", key="slow")
+            == 1.0
+        )
     finally:
         tel.shutdown()
 
 
 @pytest.mark.parametrize("method", ["flush", "shutdown"])
-def test_int_beyond_float_range_as_a_timeout(fuzz_tel, method):
-    getattr(fuzz_tel, method)(HUGE)
+def test_int_beyond_float_range_as_a_timeout(fuzz_tel, span_exporter, method):
+    """An int past float range as the timeout (float() raises OverflowError on it) waits at
+    most the bound, and what closed is exported."""
+    with fuzz_tel.step(1):
+        pass
+    assert getattr(fuzz_tel, method)(HUGE) is (True if method == "flush" else None)
+    assert [span.name for span in span_exporter.get_finished_spans()] == ["step"]

@@ -19,7 +19,6 @@ from tests.fuzzing import (
     HUGE,
     HUGE_INT,
     NON_FINITE,
-    RUN,
     SURROGATE_TEXT,
     WIDE_INT,
     Tagged,
@@ -192,18 +191,20 @@ def test_int_beyond_float_range_is_a_counted_drop(fuzz_tel, case):
     case(fuzz_tel)
 
 
-@pytest.mark.parametrize("where", ["log_key", "phase_name", "mfu_role", "run"])
-def test_lone_surrogate_label_keeps_metrics_endpoint_alive(make_tel, where):
+@pytest.mark.parametrize("where", ["log_key", "phase_name", "mfu_role"])
+def test_lone_surrogate_label_keeps_metrics_endpoint_alive(fuzz_tel, where):
     bad = "x\ud800y"
-    try:
-        tel = make_tel(run=bad if where == "run" else RUN)
-    except rlotel.ConfigError:
-        return  # refusing the run name is a fine answer too
-    tel.log({bad if where == "log_key" else "other": 1.0, "kept": 2.0}, step=1)
-    with tel.step(2) as step:
-        with tel.phase(bad if where == "phase_name" else "gen"):
+    fuzz_tel.log({bad if where == "log_key" else "other": 1.0, "kept": 2.0}, step=1)
+    with fuzz_tel.step(2) as step:
+        with fuzz_tel.phase(bad if where == "phase_name" else "gen"):
             step.set_mfu(**{bad if where == "mfu_role" else "actor": 0.5})
-    assert series(exposition(tel), "rlotel_train_metric", tel.config.run, key="kept") == 2.0
+    assert series(exposition(fuzz_tel), "rlotel_train_metric", key="kept") == 2.0
+
+
+def test_a_lone_surrogate_run_name_is_refused_at_init(make_tel):
+    """Every series carries the run: one no exposition can encode is refused up front."""
+    with pytest.raises(rlotel.ConfigError, match="run must be a non-empty UTF-8 string"):
+        make_tel(run="x\ud800y")
 
 
 @pytest.mark.parametrize("text", [np.array("1.5"), np.array([b"2"])], ids=["0d-str", "bytes"])
