@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 
 import rlotel
 from tests.helpers import parse_exposition, scrape
@@ -343,14 +344,6 @@ def test_v1_trainer_mode_switches_goodput_table():
 
 
 # --- the agent-loop worker's own path: verl's AgentLoopWorkerTQ writing to TransferQueue ---
-
-try:
-    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
-except Exception:  # verl's serving extras missing: the test below skips
-    AgentLoopBase = object
-
-    def register(_name):
-        return lambda cls: cls
 
 
 @register("rlotel_matmul")
