@@ -568,8 +568,76 @@ def main(argv: list[str] | None = None) -> int:
     )
     hang.add_argument("dir", help="the traces directory (RLOTEL_TRACES_DIR)")
     hang.set_defaults(handler=_hangs)
+    doctor = commands.add_parser(
+        "doctor",
+        help="which of rlotel's hooks attach on the verl, Ray, vLLM and torch installed here; "
+        "exit 1 if one that applies does not",
+    )
+    doctor.add_argument(
+        "--metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a running job's /metrics (repeatable): which hooks fired and failed in it",
+    )
+    doctor.add_argument("--json", action="store_true", help="the facts as JSON, for scripts")
+    doctor.set_defaults(handler=_doctor)
     args = parser.parse_args(argv)
     return _checked_path(args) or args.handler(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from rlotel.cli import doctor
+
+    facts = doctor.report(args.metrics)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0 if facts["ok"] else 1
+    versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in facts["versions"].items())
+    console.print(f"rlotel {rlotel.__version__}; {versions}")
+    untested = facts["untested"]
+    console.print(
+        f"[yellow]not tested with {', '.join(untested)}[/yellow]"
+        if untested
+        else "these versions are the ones rlotel's tests run"
+    )
+    run = facts.get("run")
+    table = Table(title="rlotel's hooks")
+    for column in (
+        "hook",
+        "library",
+        "state",
+        "why / what is lost",
+        *(("fired", "failed") if run else ()),
+    ):
+        table.add_column(column)
+    style = {"attached": "green", "not_attached": "red", "not_applicable": "dim"}
+    for row in facts["hooks"]:
+        state = row["state"]
+        why = (
+            row["why"]
+            if state == "not_applicable"
+            else f"{row['why']}; lost: {row['gives']}"
+            if state == "not_attached"
+            else row["gives"]
+        )
+        cells = [row["hook"], row["library"], f"[{style.get(state, '')}]{state}[/]", why]
+        if run:
+            cells += [
+                f"{run['events'].get(row['hook'], 0):g}",
+                f"{run['failures'].get(row['hook'], 0):g}",
+            ]
+        table.add_row(*cells)
+    console.print(table)
+    for failure in facts["failed_imports"]:
+        console.print(f"[yellow]module failed to import: {failure}[/yellow]")
+    missing = [row["hook"] for row in facts["hooks"] if row["state"] == "not_attached"]
+    console.print(
+        f"[red]not attached: {', '.join(missing)}[/red]"
+        if missing
+        else "every hook that applies attached"
+    )
+    return 0 if facts["ok"] else 1
 
 
 def _checked_path(args: argparse.Namespace) -> int:
