@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 import rlotel
 from rlotel.derive.diagnose import Diagnoser, StepFacts, Thresholds, diagnose
+from rlotel.record.samples import SampleBatch, verl_aggregates
 from tests.helpers import finished_spans, parse_exposition, scrape
 
 
-def loop_keys(gen=(0.5, 1.0, 4.0), tools=(0.0, 0.0, 0.0), score=(0.0, 0.0, 0.0), length=None):
+def loop_keys(
+    gen=(0.5, 1.0, 4.0), tools=(0.0, 0.0, 0.0), score=(0.0, 0.0, 0.0), length=None, preempted=None
+):
     """verl agent_loop/* keys from (min, mean, max) per stage; the slowest sample is the max."""
-    keys = {}
+    keys = {} if preempted is None else {"agent_loop/slowest/num_preempted": preempted}
     for stage, (low, mean, high) in (
         ("generate_sequences", gen),
         ("tool_calls", tools),
@@ -46,9 +50,51 @@ CASES = [
         "rollout-bound", "generation-tail", "high",
     ),
     (
-        "generation mild tail",
-        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(40, 50, 60))),
+        "generation tail, max/mean only",
+        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(1, 10, 60))),
         "rollout-bound", "generation-tail", "medium",
+    ),
+    (
+        "generation tail, a long sample only",  # 500 tokens against a mean of 100
+        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(40, 50, 60), length=500)),
+        "rollout-bound", "generation-tail", "medium",
+    ),
+    (
+        "generation tail explained by preemptions",
+        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(1, 10, 60), preempted=3)),
+        "rollout-bound", "generation-tail", "high",
+    ),
+    (
+        "uniform generation: max/mean 1.2, the slowest sample of mean length",
+        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(40, 50, 60), length=100)),
+        "rollout-bound", "uniform-generation", "medium",
+    ),
+    (
+        "uniform tool calls",
+        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(1, 5, 10), tools=(30, 40, 50))),
+        "rollout-bound", "uniform-tool-calls", "medium",
+    ),
+    (
+        "uniform compute_score",
+        facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(1, 5, 10), score=(30, 40, 50))),
+        "rollout-bound", "uniform-compute-score", "medium",
+    ),
+    (
+        "an unknown window dominates",
+        facts(gen=10, update_actor=10, my_timer=70),
+        "window-bound", "my_timer", "medium",
+    ),
+    (
+        "a nested unknown window dominates",
+        facts(gen=10, update_actor=10, **{"dataplane/prefetch_gen": 70}),
+        "window-bound", "dataplane/prefetch_gen", "medium",
+    ),
+    (
+        "one-step-off: the weight sync wraps update_weights; generate_async ran beside",
+        facts(
+            gen=5, sync_rollout_weights=60, update_weights=59, generate_async=90, update_actor=20
+        ),
+        "sync-bound", "", "medium",
     ),
     (
         "tool-call tail",
@@ -115,7 +161,7 @@ CASES = [
     (
         "single sample",
         facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(60, 60, 60))),
-        "rollout-bound", "generation-tail", "medium",
+        "rollout-bound", "uniform-generation", "medium",
     ),
 ]  # fmt: skip
 
@@ -128,8 +174,66 @@ def test_verdicts(facts_, kind, detail, confidence):
     assert verdict.next_read
     if kind != "balanced" and facts_.timing_raw["step"] > 0:
         # never contradicts its evidence: the named window is the largest one
-        assert verdict.evidence["window"] == kind
+        assert verdict.evidence["window"] == verdict.label if kind == "window-bound" else kind
         assert verdict.share >= Thresholds().dominant_share
+
+
+def sampled(seconds: list[float], lengths: list[int]) -> StepFacts:
+    """A step whose gen (40 s of 50) holds these samples, reduced as verl reduces them
+    (`samples.verl_aggregates`: min/max/mean per stage, the slowest sample's fields)."""
+    batch = SampleBatch(
+        {
+            "generate_sequences": np.array(seconds),
+            "tool_calls": np.zeros(len(seconds)),
+            "compute_score": np.zeros(len(seconds)),
+            "response_length": np.array(lengths, dtype=float),
+        }
+    )
+    loop = verl_aggregates([batch])
+    return StepFacts(
+        1,
+        {"gen": 40.0, "update_actor": 8.0, "step": 50.0},
+        response_tokens=float(sum(lengths)),
+        sequences=len(lengths),
+        agent_loop=loop,
+    )
+
+
+def test_uniform_samples_name_the_engine_and_long_tailed_ones_the_tail():
+    """The V1 GRPO recipe's step (8 trajectories, every response 32 tokens, each about as
+    slow) is uniform generation, and what to read next is the engine's throughput; one
+    trajectory 8x as long as the rest makes it a generation tail that its length explains."""
+    uniform = diagnose(sampled([36.0, 37.5, 38.0, 38.5, 39.0, 39.2, 39.5, 39.8], [32] * 8))
+    assert uniform.label == "rollout-bound/uniform-generation"
+    assert uniform.evidence["slowest_length_over_mean"] == 1.0
+    assert uniform.evidence["generate_sequences_max_over_mean"] < Thresholds().tail_ratio
+    assert "decode speed" in uniform.next_read and "slowest samples" not in uniform.next_read
+
+    tailed = diagnose(sampled([4.0] * 7 + [39.8], [32] * 7 + [256]))
+    assert tailed.label == "rollout-bound/generation-tail"
+    assert tailed.confidence == "high"  # max/mean 4.7 and a response 4.3x the mean
+    assert tailed.evidence["slowest_length_over_mean"] > Thresholds().tail_length
+    assert "slowest samples" in tailed.next_read
+
+
+def test_the_response_length_verl_logged_is_the_mean_when_tokens_are_unknown():
+    """`rlotel analyze` of verl's logs: no token counts, verl's `response_length/mean`."""
+    metrics = {**loop_keys(gen=(30, 35, 39), length=512), "response_length/mean": 128.0}
+    timing = {"gen": 40.0, "update_actor": 8.0, "step": 50.0}
+    verdict = diagnose(StepFacts.from_metrics(1, timing, metrics))
+    assert verdict.label == "rollout-bound/generation-tail"
+    assert verdict.evidence["slowest_length_over_mean"] == 4.0
+
+
+def test_a_rollout_reading_holds_only_while_update_actor_is_steady():
+    diagnoser = Diagnoser()
+    tail = loop_keys(gen=(1, 10, 60), length=900)
+    for number in range(1, 5):
+        steady = diagnoser.observe(facts(number=number, gen=70, update_actor=10, agent_loop=tail))
+    assert (steady.detail, steady.confidence) == ("generation-tail", "high")
+    grew = diagnoser.observe(facts(number=5, gen=70, update_actor=25, step=115, agent_loop=tail))
+    assert (grew.detail, grew.confidence) == ("generation-tail", "medium")
+    assert grew.evidence["update_grew"] == 2.5
 
 
 def test_token_structure_changed_vs_system_slower():

@@ -22,23 +22,26 @@ from rlotel.base.errors import ConfigError
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
 
-# Top-level windows by the verdict they point to (verl names).
+# Top-level windows by the verdict they point to (verl names); any other window of the step
+# (`adv`, a timer rlotel has no word for) competes under its own name: `window-bound/<name>`.
 GROUPS: dict[str, tuple[str, ...]] = {
     "rollout-bound": (voc.GEN,),
     "update-bound": (voc.UPDATE_ACTOR, voc.UPDATE_CRITIC),
     "logprob-bound": (voc.OLD_LOG_PROB, voc.REF, voc.VALUES),
-    "sync-bound": (voc.UPDATE_WEIGHTS,),
+    "sync-bound": (voc.UPDATE_WEIGHTS, voc.SYNC_ROLLOUT_WEIGHTS, voc.PARAM_SYNC),
     "reward-bound": (voc.REWARD,),
     "checkpoint": (voc.SAVE_CHECKPOINT,),
     "switch-bound": (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT),
 }
-TOP_LEVEL = (
-    frozenset(name for names in GROUPS.values() for name in names)
-    | {voc.ADV, voc.DUMP_ROLLOUT_GENERATIONS}
-    | frozenset(voc.VERL_ASYNC_STAGES)
-)
+GROUPED = frozenset(name for names in GROUPS.values() for name in names)
+WINDOW_BOUND = "window-bound"
 STAGES = voc.AGENT_LOOP_STAGES
-
+# The slowest sample's longest stage → the detail with tail evidence, and without it.
+STAGE_DETAILS = {
+    voc.GENERATE_SEQUENCES: ("generation-tail", "uniform-generation"),
+    voc.TOOL_CALLS: ("tool-call-tail", "uniform-tool-calls"),
+    voc.COMPUTE_SCORE: ("compute-score-tail", "uniform-compute-score"),
+}
 NEXT_READ = {
     "rollout-bound": "per-sample tail in rlotel_agent_loop_duration_seconds (p99 vs p50), "
     "the slowest sample's trace, response-length distribution, rollout engine batching",
@@ -64,12 +67,21 @@ NEXT_READ = {
     "samples (rlotel_samples_discarded_total by reason) are the long or hard ones; allow more "
     "staleness, partial rollouts, or re-queue stale prompts instead of dropping them",
     "balanced": "no single window dominates: look at trends across steps instead",
+    WINDOW_BOUND: "verl's `{name}` timer, a window rlotel has no reading for: its span's "
+    'children and the worker calls inside it (rlotel_step_phase_seconds{{phase="{name}"}})',
 }
 SUB_NEXT_READ = {
     "generation-tail": "the slowest samples' traces (exemplars) and their response lengths; "
     "max_tokens, partial rollout / over-sampling",
     "tool-call-tail": "tool latency of the slowest samples; tool timeouts and concurrency",
     "compute-score-tail": "compute_score of the slowest samples; async or batched rewards",
+    "uniform-generation": "every sample takes about as long (no tail): the engine's own "
+    "throughput — decode speed (timing_per_token_ms/gen), batch size (max_num_seqs, "
+    "max_num_batched_tokens), rollout replicas and tensor parallelism",
+    "uniform-tool-calls": "every sample's tool calls take about as long (no tail): the tool "
+    "service's own latency and concurrency",
+    "uniform-compute-score": "every sample's compute_score takes about as long (no tail): the "
+    "reward function's own cost; async or batched rewards",
     "rollout-tail": "the rollout sat mostly empty waiting for its last long trajectories "
     "(rlotel_rollout_occupancy_ratio): partial rollouts, over-sampling and dropping the "
     "slowest, length caps, or async rollout",
@@ -88,6 +100,7 @@ class Thresholds:
     dominant_share: float = 0.40  # a window must hold at least this share of the step...
     margin: float = 1.3  # ...and beat the runner-up by this factor, else "balanced"
     tail_ratio: float = 3.0  # max/mean of a per-sample stage that counts as a tail
+    tail_length: float = 2.0  # slowest sample's response length ÷ the mean: a long sample
     samples_cover: float = 0.5  # slowest sample / gen window below this: samples don't explain it
     high_mfu: float = 0.35
     low_mfu: float = 0.15
@@ -158,6 +171,10 @@ class StepFacts:
     discarded: Mapping[str, float] = field(default_factory=dict)  # reason → share generated
     rollout_tail_seconds: float | None = None  # measured (rlotel.derive.occupancy)
     rollout_occupancy: float | None = None
+    response_length_mean: float | None = None  # verl's `response_length/mean`, when logged
+    # the step's own windows when the trace says which (its direct children); else read
+    # from the flat `timing_raw` by `vocabulary.step_windows`
+    top_level: frozenset[str] | None = None
 
     @classmethod
     def from_metrics(
@@ -184,6 +201,7 @@ class StepFacts:
         stale = metrics.get(voc.TRAJECTORY_STALENESS + "max")
         tail = metrics.get(voc.ROLLOUT_TAIL_SECONDS)
         occupancy = metrics.get(voc.ROLLOUT_OCCUPANCY)
+        length = metrics.get(voc.RESPONSE_LENGTH_MEAN)
         return cls(
             number,
             dict(timing_raw),
@@ -196,6 +214,7 @@ class StepFacts:
             discarded=discarded,
             rollout_tail_seconds=None if tail is None else float(tail),
             rollout_occupancy=None if occupancy is None else float(occupancy),
+            response_length_mean=None if length is None else float(length),
             **extra,
         )
 
@@ -231,14 +250,21 @@ class Verdict:
 
 
 def windows(facts: StepFacts) -> dict[str, float]:
-    """Seconds per verdict group, plus `overhead-bound` for the unaccounted time."""
+    """Seconds per verdict group, `window-bound/<name>` for each other window of the step
+    (known or not), and `overhead-bound` for the unaccounted time."""
     timing = facts.timing_raw
-    step = timing.get("step", 0.0)
-    grouped = {kind: sum(timing.get(n, 0.0) for n in names) for kind, names in GROUPS.items()}
+    step = timing.get(voc.STEP, 0.0)
+    own = voc.step_windows(timing)
+    names = own.keys() if facts.top_level is None else facts.top_level
+    grouped = {
+        kind: sum(timing.get(n, 0.0) for n in group if n in names) for kind, group in GROUPS.items()
+    }
+    for name in names:
+        if name not in GROUPED and name in timing:
+            grouped[f"{WINDOW_BOUND}/{name}"] = timing[name]
     unaccounted = facts.unaccounted
     if unaccounted is None:
-        covered = sum(v for n, v in timing.items() if n in TOP_LEVEL)
-        unaccounted = max(0.0, step - covered)
+        unaccounted = voc.unaccounted(step, sum(own.values()))
     grouped["overhead-bound"] = unaccounted
     return grouped
 
@@ -290,7 +316,11 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         confidence = "medium"
     elif share >= limits.dominant_share and seconds >= 2 * runner_up:
         confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
-    next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + straggler
+    if kind.startswith(WINDOW_BOUND):
+        kind, detail = WINDOW_BOUND, kind[len(WINDOW_BOUND) + 1 :]
+        next_read = NEXT_READ[WINDOW_BOUND].format(name=detail) + straggler
+    else:
+        next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + straggler
     return Verdict(kind, detail, confidence, share, evidence, next_read)
 
 
@@ -396,6 +426,13 @@ def _async(facts: StepFacts, step: float, limits: Thresholds) -> Verdict | None:
 def _rollout(
     facts: StepFacts, gen_seconds: float, limits: Thresholds, evidence: dict
 ) -> tuple[str, str]:
+    """gen's share is the start; the per-sample evidence says whether a tail explains it.
+    The slowest sample must account for gen (else the controller does); the stage it spent
+    longest in names the detail, which claims a tail only with tail evidence: that stage's
+    max ÷ mean, or, for generation, the slowest sample's response length well above the
+    mean. Without it every sample is about as slow: the stage's own throughput. Confidence
+    is high when the tail is also explained (a long response or preemptions behind a long
+    generation; the tool or score stage itself)."""
     loop = facts.agent_loop
     slowest = {s: loop.get(f"{voc.AGENT_LOOP_SLOWEST}{s}") for s in STAGES}
     tail = facts.rollout_tail_seconds
@@ -406,7 +443,7 @@ def _rollout(
         if tail >= limits.tail_share * gen_seconds:
             return "rollout-tail", "high"  # measured: most of gen waited for a few samples
     if slowest[voc.GENERATE_SEQUENCES] is None:
-        return "", "low"  # no per-sample evidence
+        return "", "low"  # gen's share alone: no per-sample evidence
     total = sum(v for v in slowest.values() if v is not None)
     evidence["slowest_sample_s"] = round(total, 6)
     tails = {}
@@ -416,19 +453,34 @@ def _rollout(
         if peak is not None and mean:
             tails[stage] = peak / mean
             evidence[f"{stage}_max_over_mean"] = round(tails[stage], 3)
-    length = loop.get(voc.AGENT_LOOP_SLOWEST + voc.RESPONSE_LENGTH)
-    if length is not None and facts.response_tokens and facts.sequences:
-        ratio = length / (facts.response_tokens / facts.sequences)
-        evidence["slowest_length_over_mean"] = round(ratio, 3)
+    long_sample = _long_sample(facts, limits, evidence)
+    preempted = loop.get(voc.AGENT_LOOP_SLOWEST + voc.NUM_PREEMPTED)
+    if preempted is not None and preempted > 0:
+        evidence["slowest_preempted"] = preempted
     if total < limits.samples_cover * gen_seconds:
         return "controller-overhead", "medium"
     stage = max(STAGES, key=lambda s: slowest[s] or 0.0)
-    detail = {
-        voc.GENERATE_SEQUENCES: "generation-tail",
-        voc.TOOL_CALLS: "tool-call-tail",
-        voc.COMPUTE_SCORE: "compute-score-tail",
-    }[stage]
-    return detail, "high" if tails.get(stage, 0.0) >= limits.tail_ratio else "medium"
+    tailed, uniform = STAGE_DETAILS[stage]
+    spread = tails.get(stage, 0.0) >= limits.tail_ratio
+    if stage != voc.GENERATE_SEQUENCES:  # the stage itself explains its tail
+        return (tailed, "high") if spread else (uniform, "medium")
+    if not (spread or long_sample):
+        return uniform, "medium"
+    explained = (spread and long_sample) or "slowest_preempted" in evidence
+    return tailed, "high" if explained else "medium"
+
+
+def _long_sample(facts: StepFacts, limits: Thresholds, evidence: dict) -> bool:
+    """The slowest sample's response length ÷ the step's mean, when both are known."""
+    length = facts.agent_loop.get(voc.AGENT_LOOP_SLOWEST + voc.RESPONSE_LENGTH)
+    mean = facts.response_length_mean
+    if facts.response_tokens and facts.sequences:
+        mean = facts.response_tokens / facts.sequences
+    if length is None or not mean:
+        return False
+    ratio = length / mean
+    evidence["slowest_length_over_mean"] = round(ratio, 3)
+    return ratio >= limits.tail_length
 
 
 def _update(facts: StepFacts, limits: Thresholds, evidence: dict) -> tuple[str, str]:
@@ -463,15 +515,24 @@ class Diagnoser:
         trends = _trends(facts, seconds, history, self.thresholds)
         if not trends:
             return verdict
+        confidence, evidence = verdict.confidence, verdict.evidence
+        update = trends.get("update-bound")
+        if verdict.kind == "rollout-bound" and update is not None:
+            # the chain's last link: a rollout reading holds while update_actor is steady
+            confidence = LOWER[confidence]
+            evidence = {**evidence, "update_grew": update["ratio"]}
         return Verdict(
             verdict.kind,
             verdict.detail,
-            verdict.confidence,
+            confidence,
             verdict.share,
-            verdict.evidence,
+            evidence,
             verdict.next_read,
             trends,
         )
+
+
+LOWER = {"high": "medium", "medium": "low", "low": "low"}
 
 
 def _trend_windows(facts: StepFacts) -> dict[str, float]:

@@ -95,6 +95,7 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
         unaccounted=unaccounted,
         response_tokens=step.response_tokens,
         sequences=step.sequences,
+        top_level=frozenset(name for name, _, _ in top_level),
         stragglers={
             spread.phase: (spread.slowest_rank, spread.spread)
             for spread in ranks.spreads(step.rank_seconds).values()

@@ -87,6 +87,31 @@ CKPT_STAGES: tuple[str, ...] = (
     CKPT_RESUME_KV_CACHE,
     CKPT_RESUME_GENERATION,
 )
+# verl 0.9.1's one-step-off policy (experimental/one_step_off_policy/ray_trainer.py): the next
+# batch is generated (`generate_async`) while this step trains; its seconds are merged into the
+# step that consumes it, so they overlap the step before and cover none of this one. `gen` is
+# the trainer awaiting that batch; `sync_rollout_weights` wraps verl's `update_weights`.
+GENERATE_ASYNC = "generate_async"
+SYNC_ROLLOUT_WEIGHTS = "sync_rollout_weights"
+# verl's fully-async rollouter (experimental/fully_async_policy/fully_async_rollouter.py): its
+# validation timer, and what it logs at each parameter sync under `fully_async/rollouter/`
+# (`active_time`, `version_time` seconds; `idle_ratio`; `step_generated_samples`), all outside
+# the trainer's step and not under `timing_s/`.
+ROLLOUTER_VALIDATE = "rollouter/validate_time"
+FULLY_ASYNC_ROLLOUTER = "fully_async/rollouter/"
+# verl's next data plane (its `neo` branch, trainer/ppo/ray_trainer.py): `dataplane/*` timers,
+# three before the step's timer, one after it, one nested in `adv`; `materialize` adds up the
+# data plane's reads across every window, `materialize_calls` counts them (not seconds).
+DATAPLANE = "dataplane/"
+DATAPLANE_OUTSIDE_STEP = frozenset(
+    DATAPLANE + name
+    for name in ("from_single_dict", "get_gen_batch", "repeat_prepare", "prefetch_metrics")
+)
+DATAPLANE_MATERIALIZE = DATAPLANE + "materialize"
+DATAPLANE_NOT_SECONDS = DATAPLANE + "materialize_calls"
+# verl 0.9.1's teacher loop (experimental/teacher_loop, on-policy distillation) has no timer of
+# its own: teacher log-probs are computed per sample inside the agent loop, within `gen`.
+
 # Windows a concurrent rollout (thread, task) opens next to the trainer: rlotel's names,
 # role `rollout` (rlotel.derive.goodput), e.g. the `rlotel demo --async` rollout thread.
 ROLLOUT_GENERATE = "rollout_generate"
@@ -117,6 +142,7 @@ AGENT_LOOP_STAGES: tuple[str, ...] = (GENERATE_SEQUENCES, TOOL_CALLS, COMPUTE_SC
 NUM_PREEMPTED = "num_preempted"  # int, -1 = unknown
 PROMPT_LENGTH = "prompt_length"
 RESPONSE_LENGTH = "response_length"
+RESPONSE_LENGTH_MEAN = "response_length/mean"  # verl's data metrics: tokens a sample, mean
 TIME_PER_STEP = "perf/time_per_step"
 THROUGHPUT = "perf/throughput"
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
@@ -164,11 +190,18 @@ def is_validation_key(key: str) -> bool:
 
 
 def phase_of_timing_key(key: str) -> str | None:
-    """`timing_s/gen` → `gen`; None for other keys and nested ones (`timing_s/agent_loop/…`)."""
+    """`timing_s/gen` → `gen`, `timing_s/dataplane/prefetch_gen` → `dataplane/prefetch_gen`:
+    every timer verl logs is a window of its own name. None for other keys and for what verl
+    logs under `timing_s/` that is no timer: its agent loop's per-sample reductions
+    (`timing_s/agent_loop/…`: min/max/mean, lengths, counts) and counts. The fully-async
+    trainer's timer named `timing_s/param_sync` (logged `timing_s/timing_s/param_sync`) is
+    `param_sync`."""
     if not key.startswith(TIMING_S):
         return None
-    name = key[len(TIMING_S) :]
-    return name if name and "/" not in name else None
+    name = key[len(TIMING_S) :].removeprefix(TIMING_S)
+    if not name or name.startswith(AGENT_LOOP) or name == DATAPLANE_NOT_SECONDS:
+        return None
+    return name
 
 
 def timing_from_metrics(data: Mapping[str, object]) -> dict[str, float]:
@@ -194,9 +227,40 @@ def unaccounted(step_seconds: float, covered_seconds: float) -> float:
     return max(0.0, step_seconds - covered_seconds)
 
 
-def covered_by_stages(timing: Mapping[str, float]) -> float:
-    """Seconds of verl's top-level stages, for a flat dict where nesting is unknown."""
-    return sum(value for name, value in timing.items() if name in VERL_STEP_STAGES)
+# Where a flat `timing_raw` (nesting unknown) says a timer did not run inside the step's own
+# time: verl times these outside its `step` timer, or beside it (a concurrent rollout), or
+# inside another window when that window is in the same dict.
+OUTSIDE_STEP = frozenset(
+    {TESTING, START_PROFILE, STOP_PROFILE, ROLLOUTER_VALIDATE, *DATAPLANE_OUTSIDE_STEP}
+)
+CONCURRENT = frozenset({GENERATE_ASYNC, *ROLLOUT_WINDOWS})
+_WEIGHT_SYNCS = (UPDATE_WEIGHTS, PARAM_SYNC, SYNC_ROLLOUT_WEIGHTS)
+NESTED_IN: dict[str, tuple[str, ...]] = {
+    UPDATE_WEIGHTS: (SYNC_ROLLOUT_WEIGHTS,),  # one-step-off's sync wraps verl's
+    **{stage: _WEIGHT_SYNCS for stage in (*CKPT_STAGES, CKPT_PREPARE, CKPT_INIT_PROCESS_GROUP)},
+    DATAPLANE + "prefetch_adv": (ADV,),
+    **{stage: (GEN, GENERATE_ASYNC, ROLLOUT_GENERATE) for stage in AGENT_LOOP_STAGES},
+}
+
+
+def step_windows(timing: Mapping[str, float]) -> dict[str, float]:
+    """The windows of a flat `timing_raw` that cover the step: every timer, known or not
+    (`dataplane/prefetch_gen`, a user's own), but the step itself and those known to lie
+    outside it, beside it or nested in another window of the same dict."""
+    return {
+        name: seconds
+        for name, seconds in timing.items()
+        if name != STEP
+        and name not in OUTSIDE_STEP
+        and name not in CONCURRENT
+        and name != DATAPLANE_MATERIALIZE  # spread over the other windows
+        and not any(parent in timing for parent in NESTED_IN.get(name, ()))
+    }
+
+
+def covered_by_windows(timing: Mapping[str, float]) -> float:
+    """Seconds the windows of a flat `timing_raw` cover (`step_windows`)."""
+    return sum(step_windows(timing).values())
 
 
 def covered_by_intervals(intervals: Iterable[tuple[int, int]]) -> float:

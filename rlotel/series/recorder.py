@@ -258,7 +258,7 @@ class Recorder(Sink):
         if seconds is not None:
             self.store.set(cat.STEP_TIME, seconds)
             self.store.observe(cat.STEP_DURATION, np.array([seconds]))
-            covered = voc.covered_by_stages(phases)
+            covered = voc.covered_by_windows(phases)
             self.store.set(cat.STEP_UNACCOUNTED, voc.unaccounted(seconds, covered))
         for name, value in phases.items():
             self.store.observe(cat.PHASE_DURATION, np.array([value]), name)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from rlotel.derive import occupancy
-from rlotel.derive.diagnose import TOP_LEVEL, Diagnoser, Verdict, windows
+from rlotel.derive.diagnose import Diagnoser, Verdict, windows
 from rlotel.offline import otlp_json
 from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path, without_gc
 from rlotel.offline.otlp_json import SpanRecord
@@ -272,8 +272,9 @@ def _mfu(
 
 
 def _stacked_phases(steps: Sequence[StepRecord], trees: _SpanIndex) -> dict[str, list[float]]:
-    """Seconds per top-level window per step: a traced step's direct children, else verl's
-    top-level stage names (nested timers would count twice in a stack)."""
+    """Seconds per top-level window per step: a traced step's direct children, else every
+    timer of the flat dict but those known to nest or lie outside the step
+    (`vocabulary.step_windows`: nested timers would count twice in a stack)."""
     per_step: list[dict[str, float]] = []
     for step in steps:
         if step.span is not None:
@@ -281,7 +282,7 @@ def _stacked_phases(steps: Sequence[StepRecord], trees: _SpanIndex) -> dict[str,
                 child.name for child in trees.children(step.span) if child.name != attr.SAMPLE_SPAN
             }
         else:
-            names = {n for n in step.timing_raw if n in TOP_LEVEL}
+            names = set(voc.step_windows(step.timing_raw))
         per_step.append({n: step.timing_raw[n] for n in names if n in step.timing_raw})
     order = list(dict.fromkeys(n for s in steps for n in s.timing_raw if n != "step"))
     present = {n for seconds in per_step for n in seconds}
