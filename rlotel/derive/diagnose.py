@@ -255,7 +255,7 @@ def windows(facts: StepFacts) -> dict[str, float]:
     timing = facts.timing_raw
     step = timing.get(voc.STEP, 0.0)
     own = voc.step_windows(timing)
-    names = own.keys() if facts.top_level is None else facts.top_level
+    names = own.keys() if facts.top_level is None else facts.top_level - voc.CONCURRENT
     grouped = {
         kind: sum(timing.get(n, 0.0) for n in group if n in names) for kind, group in GROUPS.items()
     }
