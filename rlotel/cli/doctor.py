@@ -9,10 +9,12 @@ hook the installed libraries need attached, 1 otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import logging
 import os
+import sys
 import urllib.request
 from typing import Any, NamedTuple
 
@@ -105,7 +107,8 @@ def run_counts(url: str) -> dict[str, dict[str, float]]:
 
 def report(metrics_urls: list[str]) -> dict[str, Any]:
     """Everything the command prints, as data (`--json`)."""
-    versions, rows, failed_imports = examine()
+    with contextlib.redirect_stdout(sys.stderr):  # what the imported libraries print
+        versions, rows, failed_imports = examine()
     facts: dict[str, Any] = {
         "versions": versions,
         "untested": tested(versions),

@@ -167,9 +167,9 @@ class Registry:
             return  # attached already
         try:
             owner, name = _owner_and_name(module, target)
-        except AttributeError as error:
+        except AttributeError:
             if not target.optional:
-                self._give_up(hook, target, self._missing(target, error))
+                self._give_up(hook, target, self._missing(target))
             return
         try:
             current = getattr(owner, name)
@@ -187,11 +187,11 @@ class Registry:
         )
         self._status[hook.name] = Status(State.ATTACHED)
 
-    def _missing(self, target: Target, error: BaseException) -> Status:
+    def _missing(self, target: Target) -> Status:
         library = next(h.library for h in self.hooks.values() if target in h.targets)
         if target.since is not None and _older(self._version(library), target.since):
             return Status(State.NOT_APPLICABLE, f"{target.where} came with {target.since}")
-        return Status(State.NOT_ATTACHED, f"{target.where} is missing ({error})")
+        return Status(State.NOT_ATTACHED, f"{target.where} is missing")
 
     def _give_up(self, hook: Hook, target: Target, status: Status) -> None:
         """This hook stays off in this process; what of it was attached is put back."""

@@ -21,7 +21,8 @@ CHECKPOINT_ENGINE = "verl.checkpoint_engine.base"
 LLM_SERVER = "verl.workers.rollout.llm_server"
 ASYNC_LLM = "vllm.v1.engine.async_llm"
 C10D = "torch.distributed.distributed_c10d"
-# modules that import verl's Prometheus writer by name: they get the labelling one too
+# modules that import verl's Prometheus writer by name get the labelling one too (where one
+# does not, it has nothing to relabel)
 WRITER_IMPORTERS = (
     LLM_SERVER,
     "verl.trainer.ppo.v1.trainer_separate_async",
@@ -207,7 +208,12 @@ HOOKS: tuple[Hook, ...] = (
                 "verl_engines:labelling_writer",
             ),
             *(
-                _t(module, "update_prometheus_config", "verl_engines:labelling_writer")
+                _t(
+                    module,
+                    "update_prometheus_config",
+                    "verl_engines:labelling_writer",
+                    optional=True,
+                )
                 for module in WRITER_IMPORTERS
             ),
         ),
