@@ -133,6 +133,7 @@ with tel.phase("trajectory", context=carrier):  # under the trainer's step span
 
 
 @pytest.mark.slow  # a second Python process
+@pytest.mark.timing  # heartbeats and polls every 0.2 s against stall_after_s, in wall time
 def test_the_driver_hears_remote_progress_under_its_step_and_gen_stalls_when_it_stops(
     make_tel, kv, monkeypatch
 ):
@@ -224,6 +225,7 @@ def test_a_malformed_or_oversized_progress_entry_costs_nothing_but_a_count(make_
         directory.close()
 
 
+@pytest.mark.timing  # a call done every 0.6x stall_after_s in wall time: a late wake-up stalls it
 def test_calls_served_one_at_a_time_are_not_stalled_while_the_queue_moves(make_tel):
     """A reward worker serves every trajectory's call at once, one runs at a time: the
     last in line waits far past stall_after_s while calls keep completing."""
