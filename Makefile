@@ -25,8 +25,14 @@ MAKEFLAGS += --jobs=3
 # removed it). ~2 min and ~4 GB, cached.
 ENGINE_VENV  := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
-ENGINE_WHEEL := $(ENGINE_VENV)/.rlotel-wheel
-PACKAGE      := pyproject.toml README.md $(shell find rlotel -type f -not -path '*/__pycache__/*')
+# The wheel's sources (rlotel/, the collector/ and dashboards/ stack setup.py maps in, the
+# metadata) as tests/e2e/wheel_sources.py lists them; ENGINE_WHEEL records their digests, and
+# the real runs refuse a wheel whose record differs from the tree (tests/e2e/conftest.py).
+ENGINE_WHEEL := $(ENGINE_VENV)/.rlotel-wheel.sha256
+PACKAGE      := $(shell python3 tests/e2e/wheel_sources.py --list)
+ifeq ($(PACKAGE),)
+$(error tests/e2e/wheel_sources.py listed no package sources)
+endif
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,14 +53,16 @@ $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	touch $@
 
 # The wheel of the current tree, rebuilt and reinstalled whenever the package's sources change;
-# the check runs from / so that it imports the installed rlotel, not this checkout's.
+# the check runs from / so that it imports the installed rlotel, not this checkout's. The
+# digests are taken before the build, so an edit made during it leaves the record stale.
 $(ENGINE_WHEEL): $(ENGINE_STAMP) $(PACKAGE)
 	rm -rf dist
+	python3 tests/e2e/wheel_sources.py > $@.new
 	$(ENGINE_VENV)/bin/python -m build -q --outdir dist .
 	$(ENGINE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/rlotel-*.whl
 	cd / && $(abspath $(ENGINE_VENV))/bin/python -c \
 	  "import rlotel, sysconfig; assert rlotel.__file__.startswith(sysconfig.get_paths()['purelib']), rlotel.__file__"
-	touch $@
+	mv $@.new $@
 
 engine-venv: $(ENGINE_WHEEL)
 

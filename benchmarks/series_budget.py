@@ -37,7 +37,7 @@ KEY_CAP = Config.max_log_keys + Config.max_val_log_keys
 MIMIR_SERIES_PER_TENANT = 150_000
 MIMIR_SAMPLES_PER_SECOND = 10_000
 OTEL_SDK_ATTRIBUTE_SETS = 2_000
-SCRAPE_INTERVAL_S = 15  # rlotel/offline/stack/collector/prometheus.yml's scrape_interval
+SCRAPE_INTERVAL_S = 15  # collector/prometheus.yml's scrape_interval
 # What Prometheus adds per target: up, scrape_duration_seconds, scrape_samples_scraped,
 # scrape_samples_post_metric_relabeling, scrape_series_added.
 SCRAPE_SERIES_PER_TARGET = 5

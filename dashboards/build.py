@@ -9,8 +9,9 @@ queries; units come from those entries. The check parses every PromQL expression
 (`promql_names`) and fails when a target queries a series other than the ones it names,
 or a name that neither rlotel, an engine nor a recording rule in the shipped stack's
 `collector/rules/` provides. The Grafana alert takes its query, threshold, `for` and severity
-from the Prometheus rule file, so the two cannot drift. The outputs live in the package
-(`rlotel/offline/stack/`), the one copy `rlotel stack DIR` and docker-compose.yml use.
+from the Prometheus rule file, so the two cannot drift. The outputs are written beside this
+file (and the alert into `collector/`): the one copy docker-compose.yml mounts and the wheel
+carries (`rlotel stack DIR`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
 # gives its targets the same labels, so either spelling of the scrape ends with both).
 RANK_SELECTOR = 'run=~"$run", rank!=""'
 STEP_UID, TAIL_UID = "rlotel-step-breakdown", "rlotel-rollout-tail"
-STACK = promql_names.STACK  # shipped in the wheel: `rlotel stack DIR`
+STACK = promql_names.STACK  # the repository: collector/ and dashboards/
 RULES = promql_names.RULES_DIR / "rlotel.rules.yml"
 OUTPUTS = {
     STEP_UID: STACK / "dashboards" / "rl-step-breakdown.json",

@@ -20,8 +20,9 @@ import yaml
 
 from rlotel.schema import catalogue, engine_metrics
 
-# The shipped stack (`rlotel stack DIR`): its rules, dashboards and configs live in the package.
-STACK = Path(__file__).resolve().parents[1] / "rlotel" / "offline" / "stack"
+# The shipped stack's one source (`rlotel stack DIR`, docker-compose.yml): the repository's
+# top-level collector/ (rules, configs) and dashboards/ (the generated JSON).
+STACK = Path(__file__).resolve().parents[1]
 RULES_DIR = STACK / "collector" / "rules"
 
 # Grafana's interval macros stand where PromQL wants a duration; any duration parses alike.

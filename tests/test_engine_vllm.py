@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow  # builds a model, starts vLLM and Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
-DASHBOARD = ROOT / "rlotel" / "offline" / "stack" / "dashboards" / "rl-rollout-tail.json"
+DASHBOARD = ROOT / "dashboards" / "rl-rollout-tail.json"
 
 BUILD_MODEL = textwrap.dedent(
     """

@@ -1,7 +1,9 @@
 """What users install is what is tested: `python -m build` makes the sdist and, from it, the
 wheel; the wheel's metadata is what pyproject.toml declares; installed into a fresh venv, its
-`rlotel stack DIR` writes the repository's dashboards, rules and configs, byte for byte,
-and promtool and amtool accept them where they land."""
+`rlotel stack DIR` writes the repository's top-level collector/ and dashboards/*.json (the
+stack's one source, mapped into the wheel by setup.py), byte for byte, and promtool and
+amtool accept them where they land. The real runs refuse an engine wheel older than the
+tree (`tests.e2e.wheel_sources`)."""
 
 from __future__ import annotations
 
@@ -17,20 +19,27 @@ from pathlib import Path
 import pytest
 
 from rlotel.cli import commands as cli
+from tests.e2e import wheel_sources
 
 ROOT = Path(__file__).resolve().parents[1]
-STACK = ROOT / "rlotel" / "offline" / "stack"
+# In the wheel, the stack sits in the package; in the repository, at the top level.
+PACKAGED = "rlotel/offline/stack/"
 
 
 def repo_stack() -> dict[str, bytes]:
-    """The repository's shipped files by path under the stack (discovery files a local
-    stack writes into engines/ and workers/ are not shipped)."""
-    return {
-        path.relative_to(STACK).as_posix(): path.read_bytes()
-        for part in ("collector", "dashboards")
-        for path in sorted((STACK / part).rglob("*"))
+    """The repository's shipped files by path under the stack: collector/ but the discovery
+    files a local stack writes into engines/ and workers/, and dashboards/*.json but the
+    builder beside them (spelled out here, not taken from the code under test)."""
+    collector = [
+        path
+        for path in (ROOT / "collector").rglob("*")
         if path.is_file()
         and not (path.parent.name in ("engines", "workers") and path.suffix == ".json")
+    ]
+    dashboards = list((ROOT / "dashboards").glob("*.json"))
+    return {
+        path.relative_to(ROOT).as_posix(): path.read_bytes()
+        for path in sorted(collector + dashboards)
     }
 
 
@@ -100,6 +109,8 @@ def test_the_wheel_carries_the_declared_metadata_and_only_the_package(dists):
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert metadata["License-Expression"] == "Apache-2.0"
     assert {name.split("/")[0] for name in names} == {"rlotel", info}
+    stack = {name.removeprefix(PACKAGED) for name in names if name.startswith(PACKAGED)}
+    assert stack == {"__init__.py", *repo_stack()}  # no builder, no discovery file
     assert "[verl.plugins]\nrlotel = rlotel.integrations.verl" in entry_points
     assert "rlotel = rlotel.cli.commands:main" in entry_points
 
@@ -144,4 +155,45 @@ def test_stack_refuses_to_replace_files_unless_forced(tmp_path, capsys):
     assert prometheus.read_text() == "# edited\n"
     assert "--force" in capsys.readouterr().err
     assert cli.main(["stack", "--force", str(tmp_path)]) == 0
-    assert prometheus.read_bytes() == (STACK / "collector" / "prometheus.yml").read_bytes()
+    assert prometheus.read_bytes() == (ROOT / "collector" / "prometheus.yml").read_bytes()
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == set(repo_stack())  # the editable install reads the checkout's stack
+
+
+def test_the_real_runs_refuse_a_wheel_older_than_the_tree(tmp_path):
+    """The record `make engine-venv` writes holds while the tree is unchanged; an edit to the
+    package or its stack makes it stale, naming the file and `make engine-venv`; files the
+    wheel does not carry (the dashboards' builder, discovery files, caches) do not."""
+    shutil.copytree(ROOT / "rlotel" / "offline" / "stack", tmp_path / "rlotel/offline/stack")
+    files = {
+        "pyproject.toml": "[project]\n",
+        "setup.py": "",
+        "README.md": "# r\n",
+        "rlotel/base/ids.py": "A = 1\n",
+        "collector/prometheus.yml": "global: {}\n",
+        "dashboards/board.json": "{}",
+        "dashboards/build.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    record = tmp_path / "record.sha256"
+    assert "run `make engine-venv`" in wheel_sources.stale(tmp_path, record)  # none yet
+    record.write_text(wheel_sources.render(wheel_sources.digests(tmp_path)))
+    assert wheel_sources.stale(tmp_path, record) is None
+
+    (tmp_path / "dashboards/build.py").write_text("# edited\n")
+    (tmp_path / "collector/workers").mkdir()
+    (tmp_path / "collector/workers/rlotel-1.json").write_text("[]")
+    (tmp_path / "rlotel/base/__pycache__").mkdir()
+    (tmp_path / "rlotel/base/__pycache__/ids.cpython-311.pyc").write_bytes(b"\0")
+    assert wheel_sources.stale(tmp_path, record) is None
+
+    for name in ("rlotel/base/ids.py", "collector/prometheus.yml", "dashboards/board.json"):
+        before = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(before + " ")
+        stale = wheel_sources.stale(tmp_path, record)
+        assert stale is not None and name in stale and "run `make engine-venv`" in stale
+        (tmp_path / name).write_text(before)
+    (tmp_path / "rlotel/base/new.py").write_text("")
+    assert "rlotel/base/new.py" in wheel_sources.stale(tmp_path, record)

@@ -1,4 +1,4 @@
-"""The observability stack's configs (docker-compose.yml, rlotel/offline/stack/) hold together.
+"""The observability stack's configs (docker-compose.yml, collector/) hold together.
 
 No container runs here: each test checks what local tools and parsing can prove.
 """
@@ -19,7 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
-COLLECTOR = ROOT / "rlotel" / "offline" / "stack" / "collector"  # `rlotel stack DIR`
+COLLECTOR = ROOT / "collector"  # `rlotel stack DIR`
 OTELCOL = COLLECTOR / "otelcol.yaml"
 DATASOURCES = COLLECTOR / "grafana" / "provisioning" / "datasources" / "datasources.yaml"
 

@@ -71,7 +71,7 @@ def test_a_config_of_another_shape_is_left_as_it_is(config):
 
 def test_the_shipped_engine_job_restores_the_same_names():
     config = yaml.safe_load(
-        (ROOT / "rlotel" / "offline" / "stack" / "collector" / "prometheus.yml").read_text()
+        (ROOT / "collector" / "prometheus.yml").read_text()
     )
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "rollout-engines"]
     assert job["metric_relabel_configs"] == [eng.COLON_NAMES_RELABEL]

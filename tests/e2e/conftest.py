@@ -1,12 +1,15 @@
 """The real runs start ahead (`tests.e2e.ahead`): the tests that read them go last, and their
 runs start, in the order those tests need them, as soon as collection ends; quiet runs and
-`timing` tests last of all."""
+`timing` tests last of all. They run the engine venv's rlotel wheel: one older than the tree
+(`tests.e2e.wheel_sources`) starts no run, and each test that reads one fails saying so."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.e2e import ahead
+from tests.e2e import ahead, wheel_sources
+
+STALE_WHEEL = pytest.StashKey[str]()
 
 
 def run_keys(item: pytest.Item) -> list[str]:
@@ -35,11 +38,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.option.collectonly:
         return
     keys = dict.fromkeys(key for item in items for key in run_keys(item))
-    if keys:
-        ahead.start(list(keys))
+    if not keys:
+        return
+    stale = wheel_sources.stale(wheel_sources.ROOT, wheel_sources.RECORD)
+    if stale:
+        config.stash[STALE_WHEEL] = stale
+        return
+    ahead.start(list(keys))
 
 
+@pytest.hookimpl(tryfirst=True)  # before the fixtures that wait for a run
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    stale = item.config.stash.get(STALE_WHEEL, None)
+    if stale and run_keys(item):
+        pytest.fail(stale, pytrace=False)
     if run_keys(item) or item.get_closest_marker("timing"):
         ahead.mark_rest_done()  # the tests that read no run are done: quiet runs may start
 

@@ -269,7 +269,7 @@ def hold(port: int) -> socket.socket:
     return listener
 
 
-PROMETHEUS_CONFIG = ROOT / "rlotel" / "offline" / "stack" / "collector" / "prometheus.yml"
+PROMETHEUS_CONFIG = ROOT / "collector" / "prometheus.yml"
 SHIPPED_JOBS = ("rlotel", "rlotel-workers", "rollout-engines")  # trainer, workers, vLLM
 VERL_PROMETHEUS = "verl-prometheus.yml"  # where verl's rollout.prometheus writer writes
 
