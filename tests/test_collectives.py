@@ -27,6 +27,7 @@ import rlotel
 from rlotel.base.drops import HOOK_FAILURES
 from rlotel.derive.diagnose import StepFacts, diagnose
 from rlotel.integrations import collectives, verl_workers
+from rlotel.integrations.registered import REGISTRY
 from rlotel.record.ranks import RankReply
 from rlotel.schema import attributes as attr
 from tests.helpers import parse_exposition, scrape
@@ -76,6 +77,22 @@ def late_peer(groups) -> Iterator[Callable[..., None]]:
     yield join
     for thread in threads:
         thread.join(30)
+
+
+@pytest.fixture
+def timed_begins(monkeypatch) -> threading.Event:
+    """Set once a timed collective has begun its count: a peer that waits for it and then
+    sleeps joins at least that long after the count began, however loaded the host."""
+    begun = threading.Event()
+    begin = collectives._begin
+
+    def counted(args: tuple, kwargs: dict) -> tuple[int, bool]:
+        began = begin(args, kwargs)
+        begun.set()
+        return began
+
+    monkeypatch.setattr(collectives, "_begin", counted)
+    return begun
 
 
 def allreduce(pg):
@@ -180,7 +197,7 @@ def test_a_collective_from_another_thread_counts(groups, late_peer):
 
 
 def test_a_failing_collective_raises_what_it_raises_without_rlotel(groups):
-    original = collectives._patches.original(dist.distributed_c10d, "all_reduce")
+    original = REGISTRY.original(dist.distributed_c10d, "all_reduce")
     with pytest.raises(Exception) as plain:
         original("not a tensor", group=groups[0])
     tally = collectives.open_tally()
@@ -224,25 +241,37 @@ def worker_call(name: str, carrier: dict[str, str]) -> Any:
 
 
 def test_a_worker_call_records_compute_and_collective_seconds_and_replies_with_them(
-    groups, late_peer, make_tel, span_exporter, a_rank
+    groups, late_peer, timed_begins, make_tel, span_exporter, a_rank
 ):
     tel = make_tel(resource_attributes={attr.ROLE: "actor", attr.RANK: 1})
     carrier = {
         "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         verl_workers.REPLY_KEY: "1",
     }
-    late_peer(allreduce)
+
+    def late_rank(pg):
+        timed_begins.wait(30)  # rank 0 is in the collective: LATE_S more before rank 1 joins
+        time.sleep(LATE_S)
+        return allreduce(pg)
+
+    late_peer(late_rank, 0.0)
     call = worker_call("update_actor", carrier)
     time.sleep(0.1)  # stands for this rank's compute (a sleep: only the split is tested)
+    started = time.perf_counter()
     dist.all_reduce(torch.ones(4), group=groups[0])
+    in_collective = time.perf_counter() - started
     reply = call.end(None, "result")
     assert type(reply) is RankReply and reply.value == "result"
-    assert reply.collective_s >= LATE_S * 0.8 - 0.1  # waited for the late rank
-    assert 0.1 <= reply.compute_s < reply.collective_s
+    # the split, by construction: the wait for the late rank is collective, the sleep before
+    # it compute; neither bound depends on how long a sleep took
+    assert LATE_S <= reply.collective_s <= in_collective
+    assert reply.compute_s >= 0.1
     assert worker_call("_plumbing", carrier).end(None, 3) == 3
     assert tel.flush(10)
     (span,) = [s for s in span_exporter.get_finished_spans() if s.name == "update_actor"]
     assert span.attributes[attr.COLLECTIVE_CALLS] == 1
+    # the two parts of the call's wall, measured before its span closed: neither holds the other
+    assert reply.compute_s + reply.collective_s <= (span.end_time - span.start_time) / 1e9
     assert span.attributes[attr.COMPUTE_S] == pytest.approx(reply.compute_s)
     assert span.attributes[attr.COLLECTIVE_S] == pytest.approx(reply.collective_s)
     series = parse_exposition(scrape(tel.metrics_url))
