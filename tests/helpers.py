@@ -6,10 +6,13 @@ so tests import them from `tests.helpers`, never from `tests.conftest`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import re
 import threading
 import urllib.request
+from collections.abc import Iterator
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -143,3 +146,31 @@ def serve_engine(engine: str) -> tuple[object, threading.Event, int]:
 
     threading.Thread(target=feed, daemon=True).start()
     return server, stop, port
+
+
+def attach_hooks(*names: str) -> None:
+    """The named hooks of the registry attached in this process (their modules imported)."""
+    from rlotel.integrations.registered import REGISTRY
+
+    for name in names:
+        for target in REGISTRY.hooks[name].targets:
+            if not target.optional:
+                importlib.import_module(target.module)
+        assert REGISTRY.attach(name), REGISTRY.status(name)
+
+
+def detach_hooks(*names: str) -> None:
+    """The named hooks undone; every other hook stays as it was."""
+    from rlotel.integrations.registered import REGISTRY
+
+    for name in names:
+        REGISTRY.detach_hook(name)
+
+
+@contextlib.contextmanager
+def hooks_attached(*names: str) -> Iterator[None]:
+    try:
+        attach_hooks(*names)
+        yield
+    finally:
+        detach_hooks(*names)

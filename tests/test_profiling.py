@@ -430,22 +430,19 @@ def test_a_worker_call_links_what_its_process_wrote_during_it(make_tel, span_exp
 
 
 def test_the_finish_hook_run_is_an_event_without_its_arguments(make_tel, span_exporter, tmp_path):
-    from verl.utils.profiler import profile
-
-    from rlotel.integrations.patches import Patches
+    from tests.helpers import attach_hooks, detach_hooks
 
     script = tmp_path / "upload"
     script.write_text("#!/bin/sh\nexit 3\n")
     script.chmod(0o755)
-    patches = Patches()
-    verl_captures.patch_profiler(profile, patches)
+    attach_hooks(verl_captures.FINISH_HOOK)
     try:
         tel = make_tel(run="verl")
         worker = _Worker(tmp_path / "profile", f"TOKEN=s3cret {script} --key=s3cret")
         worker.profiler.start(profile_step=2)
         worker_call(tel, worker, "stop_profile", lambda: worker.profiler.stop(run_command=True))
     finally:
-        patches.undo()
+        detach_hooks(verl_captures.FINISH_HOOK)
     spans = finished_spans(tel, span_exporter)
     stop = next(s for s in spans if s.name == "stop_profile")
     (event,) = [e for e in stop.events if e.name == "rl.profile.finish_hook"]

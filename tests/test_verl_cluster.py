@@ -5,11 +5,13 @@ for the workers, and the warning when `VERL_USE_EXTERNAL_PLUGINS` leaves the plu
 from __future__ import annotations
 
 import json
+import sys
 import types
 
 import pytest
 
 from rlotel.integrations import verl_cluster as cluster
+from tests.helpers import attach_hooks, detach_hooks, hooks_attached
 
 ON = {"RLOTEL_ENABLE": "1"}
 
@@ -75,7 +77,8 @@ def test_the_patched_factory_adds_them_and_uninstall_puts_verl_back(monkeypatch)
             monkeypatch.delenv(name)
     monkeypatch.setenv("RLOTEL_ENABLE", "1")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
-    cluster.patch_runtime_env(constants_ppo)
+    monkeypatch.setitem(sys.modules, "verl.trainer.constants_ppo", constants_ppo)
+    attach_hooks(cluster.HOOK)
     try:
         assert constants_ppo.get_ppo_ray_runtime_env(config=None) == {
             "env_vars": {
@@ -86,19 +89,17 @@ def test_the_patched_factory_adds_them_and_uninstall_puts_verl_back(monkeypatch)
             "working_dir": None,
         }
     finally:
-        cluster.uninstall()
+        detach_hooks(cluster.HOOK)
     assert constants_ppo.get_ppo_ray_runtime_env is get_ppo_ray_runtime_env
 
 
 def test_a_failing_addition_leaves_verls_runtime_env_as_it_was(monkeypatch) -> None:
-    constants_ppo = types.ModuleType("constants_ppo")
+    constants_ppo = types.ModuleType("verl.trainer.constants_ppo")
     constants_ppo.get_ppo_ray_runtime_env = lambda config=None: {"env_vars": {"A": "1"}}
+    monkeypatch.setitem(sys.modules, "verl.trainer.constants_ppo", constants_ppo)
     monkeypatch.setattr(cluster, "with_forwarded", lambda runtime_env: 1 / 0)
-    cluster.patch_runtime_env(constants_ppo)
-    try:
+    with hooks_attached(cluster.HOOK):
         assert constants_ppo.get_ppo_ray_runtime_env() == {"env_vars": {"A": "1"}}
-    finally:
-        cluster.uninstall()
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,24 @@ import rlotel
 from rlotel.base.drops import HOOK_FAILURES
 from rlotel.integrations import guard, verl_v1
 from rlotel.integrations import verl_fully_async as fully_async
-from rlotel.integrations.patches import Patches
+from rlotel.integrations.hooks import actor_class
 from rlotel.schema import vocabulary as voc
-from tests.helpers import parse_exposition, scrape
+from tests.helpers import (
+    attach_hooks,
+    detach_hooks,
+    hooks_attached,
+    parse_exposition,
+    scrape,
+)
+
+# the hooks on the trainer's actor class and its module
+TRAINER_HOOKS = (
+    "verl_fully_async_init",
+    "verl_fully_async_fit",
+    "verl_fully_async_log",
+    "verl_fully_async_param_sync",
+    "verl_fully_async_samples",
+)
 
 pytestmark = pytest.mark.slow  # verl's real classes: its import and torch's, ~5 s
 
@@ -87,13 +102,8 @@ class Trainer:
 def patched_module():
     from verl.experimental.fully_async_policy import fully_async_trainer as module
 
-    patches = Patches()
-    fully_async.patch_trainer(module, patches)
-    try:
+    with hooks_attached(*TRAINER_HOOKS):
         yield module
-    finally:
-        patches.undo()
-        fully_async._patches.clear()
 
 
 def test_queue_samples_are_recorded_and_verls_batch_stays_verls(make_tel, patched_module):
@@ -162,12 +172,11 @@ def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
 
     from rlotel.integrations import verl_workers
 
-    patches = Patches()
-    fully_async.patch_rollouter(module, patches)
+    attach_hooks("verl_fully_async_init")
     heard: list[str] = []
     monkeypatch.setattr(verl_workers, "_heard_run", heard)
     try:
-        hosted = fully_async.actor_class(module.FullyAsyncRollouter)
+        hosted = actor_class(module.FullyAsyncRollouter)
         assert cloudpickle.loads(cloudpickle.dumps(hosted)).__init__ is fully_async.rollouter_init
         config = OmegaConf.create({"trainer": {"experiment_name": "fa-run"}})
         with pytest.raises(TypeError, match="tokenizer"):  # verl's own __init__, called
@@ -178,8 +187,7 @@ def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
     finally:
         if rlotel.current() is not None:
             rlotel.current().shutdown()
-        patches.undo()
-        fully_async._patches.clear()
+        detach_hooks("verl_fully_async_init")
 
 
 def test_each_step_is_logged_once_under_its_step(make_tel) -> None:

@@ -11,7 +11,19 @@ import pytest
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 
 import rlotel
-from tests.helpers import parse_exposition, scrape
+from rlotel.integrations.registered import REGISTRY
+from tests.helpers import attach_hooks, detach_hooks, parse_exposition, scrape
+
+# V1's hooks (the trainer, its replay buffer, the agent-loop worker and its model turns)
+V1_HOOKS = (
+    "verl_v1_fit",
+    "verl_v1_replay_batch",
+    "verl_v1_evict",
+    "verl_v1_trajectory",
+    "verl_v1_score",
+    "verl_v1_turn",
+    "verl_v1_tool",
+)
 
 STEP = 5
 # (uid, session, min_global_steps, max_global_steps, generate, tools, score, preempted, resp)
@@ -123,8 +135,6 @@ def _verl_off_policy(tags: list[dict], global_steps: int) -> dict[str, float]:
 def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tmp_path):
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-    from rlotel.integrations import verl_v1
-
     _write_trajectories(transfer_queue)
     buffer = ReplayBuffer(
         trainer_mode="sync",
@@ -137,7 +147,7 @@ def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tm
         gen_batch_size=2,
     )
     tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
-    verl_v1.install()
+    attach_hooks(*V1_HOOKS)
     try:
         with tel.step(STEP) as step:
             with tel.phase("gen"):
@@ -162,7 +172,7 @@ def test_v1_replay_buffer_batch_becomes_samples_and_staleness(transfer_queue, tm
         assert series[(stale, frozenset({run, ("le", "1.0")}))] == 4
         assert series[("rlotel_sample_weight_span_steps_sum", frozenset({run}))] == 1 + 3 + 3 + 1
     finally:
-        verl_v1.uninstall()
+        detach_hooks(*V1_HOOKS)
         tel.shutdown()
 
 
@@ -189,7 +199,7 @@ def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
         gen_batch_size=1,
     )
     tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
-    verl_v1.install()
+    attach_hooks(*V1_HOOKS)
     try:
         with tel.step(STEP) as step:
             with tel.phase("gen"):
@@ -233,7 +243,7 @@ def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
         assert failed[verl_v1.EVICT_HOOK] >= 1  # each poll of the wait: its own call
     finally:
         guard.inject([])
-        verl_v1.uninstall()
+        detach_hooks(*V1_HOOKS)
         tel.shutdown()
 
 
@@ -242,8 +252,6 @@ def test_v1_groups_verl_filters_dapo_style_are_discarded_as_filtered(transfer_qu
     """verl's DAPO group filter (`filter_groups_metric`): p1's trajectories share one `acc`,
     so verl evicts the group; rlotel records its 2 trajectories as `filtered`."""
     from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
-
-    from rlotel.integrations import verl_v1
 
     acc = {"p0_0_0": 0.0, "p0_1_0": 1.0, "p1_0_0": 1.0, "p1_1_0": 1.0}
     extra = {key: {"reward_extra_info": {"acc": value}} for key, value in acc.items()}
@@ -261,7 +269,7 @@ def test_v1_groups_verl_filters_dapo_style_are_discarded_as_filtered(transfer_qu
         gen_batch_size=1,
     )
     tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
-    verl_v1.install()
+    attach_hooks(*V1_HOOKS)
     try:
         with tel.step(STEP) as step:
             batch, evicted = buffer.sample(global_steps=STEP, partition_id="train", batch_size=1)
@@ -270,7 +278,7 @@ def test_v1_groups_verl_filters_dapo_style_are_discarded_as_filtered(transfer_qu
         assert step.metrics["rlotel/samples_discarded/filtered"] == 0.5
         assert step.metrics["rlotel/samples_discarded/stale"] == 0
     finally:
-        verl_v1.uninstall()
+        detach_hooks(*V1_HOOKS)
         tel.shutdown()
 
 
@@ -282,8 +290,6 @@ def test_v1_finished_groups_sync_dapo_drops_beyond_its_batch_are_discarded_as_su
     one, and verl clears the other as surplus (`filter_groups/discarded_surplus_samples`);
     rlotel records its 2 trajectories as `surplus` before they are gone, and nothing twice."""
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-
-    from rlotel.integrations import verl_v1
 
     acc = {"p0_0_0": 0.0, "p0_1_0": 1.0, "p1_0_0": 1.0, "p1_1_0": 0.0}
     extra = {key: {"reward_extra_info": {"acc": value}} for key, value in acc.items()}
@@ -301,7 +307,7 @@ def test_v1_finished_groups_sync_dapo_drops_beyond_its_batch_are_discarded_as_su
         gen_batch_size=1,
     )
     tel = rlotel.init(run="v1", prometheus_port=0, traces_file=tmp_path / "traces.jsonl")
-    verl_v1.install()
+    attach_hooks(*V1_HOOKS)
     try:
         with tel.step(STEP) as step:
             batch, dropped = buffer.sample(global_steps=STEP, partition_id="train", batch_size=1)
@@ -317,7 +323,7 @@ def test_v1_finished_groups_sync_dapo_drops_beyond_its_batch_are_discarded_as_su
         )
         assert series[surplus] == 2
     finally:
-        verl_v1.uninstall()
+        detach_hooks(*V1_HOOKS)
         tel.shutdown()
 
 
@@ -328,18 +334,16 @@ def test_v1_trainer_mode_switches_goodput_table():
     from rlotel.integrations import verl_v1
 
     tel = rlotel.init(run="mode", prometheus_port=None)
-    verl_v1.install()
+    attach_hooks(*V1_HOOKS)
     try:
-        assert trainer_base.PPOTrainer.fit is not verl_v1._patches.original(
-            trainer_base.PPOTrainer, "fit"
-        )
+        assert trainer_base.PPOTrainer.fit is not REGISTRY.original(trainer_base.PPOTrainer, "fit")
         verl_v1.set_mode("separate_async")
         with tel.step(1) as step, tel.phase("gen"):
             pass
         assert step.metrics["rlotel/bucket_seconds/idle"] > 0  # V1 async gen = waiting
         assert "rlotel/idle_ratio/trainer" in step.metrics
     finally:
-        verl_v1.uninstall()
+        detach_hooks(*V1_HOOKS)
         tel.shutdown()
 
 
@@ -399,13 +403,12 @@ def test_v1_worker_trajectories_reach_the_consuming_step_with_identity_times_and
 
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-    from rlotel.integrations import verl_v1
     from tests.helpers import file_spans
 
     tel = rlotel.init(
         run="v1w", prometheus_port=None, traces_file=tmp_path / "t.jsonl", max_sample_spans=4
     )
-    verl_v1.install()
+    attach_hooks(*V1_HOOKS)
     worker = _tq_worker()
     generated = STEP - 1
     try:
@@ -440,7 +443,7 @@ def test_v1_worker_trajectories_reach_the_consuming_step_with_identity_times_and
         assert sorted(batch.keys) == ["q0_0_0", "q0_1_0", "q1_0_0", "q1_1_0"]
         assert step.metrics["training/off_policy/trajectory_staleness/max"] == (STEP - 1) - 4
     finally:
-        verl_v1.uninstall()
+        detach_hooks(*V1_HOOKS)
         tel.shutdown()
     spans = file_spans(tmp_path / "t.jsonl", run="v1w")
     steps = {s["attrs"]["rl.step"]: s for s in spans if s["name"] == "step"}

@@ -118,8 +118,11 @@ def install() -> bool:
     return REGISTRY.attach(HOOK)
 
 
-def reset() -> None:
-    """No account stays open across installs."""
+def uninstall() -> None:
+    """torch.distributed as it was; no account stays open."""
+    from rlotel.integrations.registered import REGISTRY
+
+    REGISTRY.detach_hook(HOOK)
     _open.clear()
 
 

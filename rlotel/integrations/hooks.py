@@ -146,8 +146,8 @@ class Registry:
         self._publish()
 
     def attach(self, name: str) -> bool:
-        """Attach an on-demand hook now, from the modules this process has imported; whether
-        it is attached."""
+        """Attach hook `name` now, from the modules this process has imported (an on-demand
+        hook where wanted; one hook alone in a test); whether it is attached."""
         import sys
 
         hook = self.hooks[name]
@@ -215,6 +215,13 @@ class Registry:
                 self._undo(name)
             self._status.clear()
             self._by_replacement.clear()
+        self._publish()
+
+    def detach_hook(self, name: str) -> None:
+        """Hook `name` undone and forgotten (the rest stay as they are)."""
+        with self._lock:
+            self._undo(name)
+            self._status.pop(name, None)
         self._publish()
 
     def _undo(self, name: str) -> None:

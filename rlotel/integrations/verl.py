@@ -439,7 +439,7 @@ def uninstall() -> None:
 
     REGISTRY.detach()
     verl_engines.reset()
-    collectives.reset()
+    collectives.uninstall()
 
 
 def patched() -> bool:
