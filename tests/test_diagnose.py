@@ -236,6 +236,21 @@ def test_a_rollout_reading_holds_only_while_update_actor_is_steady():
     assert grew.evidence["update_grew"] == 2.5
 
 
+def test_a_window_that_appears_later_is_judged_and_trends_from_zero():
+    """A timer a step runs for the first time (a checkpoint, verl's next data plane's)
+    has no past: no trend, no error; once it has one it trends like any window."""
+    diagnoser = Diagnoser()
+    for number in range(1, 5):
+        diagnoser.observe(facts(number=number, gen=40, update_actor=40))
+    new = diagnoser.observe(facts(number=5, gen=40, update_actor=40, **{"dataplane/x": 10}))
+    assert "window-bound/dataplane/x" not in new.trends
+    for number in range(6, 9):
+        diagnoser.observe(facts(number=number, gen=40, update_actor=40, **{"dataplane/x": 10}))
+    grew = diagnoser.observe(facts(number=9, gen=40, update_actor=40, **{"dataplane/x": 30}))
+    # against the median of its trailing steps, 0 s before it ran: (0, 0, 0, 0, 10, …) → 5 s
+    assert grew.trends["window-bound/dataplane/x"]["ratio"] == 6.0
+
+
 def test_token_structure_changed_vs_system_slower():
     diagnoser = Diagnoser()
     for number in range(1, 6):

@@ -35,6 +35,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 GROUPED = frozenset(name for names in GROUPS.values() for name in names)
 WINDOW_BOUND = "window-bound"
+LOWER = {"high": "medium", "medium": "low", "low": "low"}  # one notch less sure
 STAGES = voc.AGENT_LOOP_STAGES
 # The slowest sample's longest stage → the detail with tail evidence, and without it.
 STAGE_DETAILS = {
@@ -67,8 +68,8 @@ NEXT_READ = {
     "samples (rlotel_samples_discarded_total by reason) are the long or hard ones; allow more "
     "staleness, partial rollouts, or re-queue stale prompts instead of dropping them",
     "balanced": "no single window dominates: look at trends across steps instead",
-    WINDOW_BOUND: "verl's `{name}` timer, a window rlotel has no reading for: its span's "
-    'children and the worker calls inside it (rlotel_step_phase_seconds{{phase="{name}"}})',
+    WINDOW_BOUND: "`{name}`, a window rlotel has no reading for: its span's children and "
+    'the worker calls inside it (rlotel_step_phase_seconds{{phase="{name}"}})',
 }
 SUB_NEXT_READ = {
     "generation-tail": "the slowest samples' traces (exemplars) and their response lengths; "
@@ -532,9 +533,6 @@ class Diagnoser:
         )
 
 
-LOWER = {"high": "medium", "medium": "low", "low": "low"}
-
-
 def _trend_windows(facts: StepFacts) -> dict[str, float]:
     """What trends compare: the verdict windows and the step (throughput)."""
     return {**windows(facts), "step": facts.timing_raw.get("step", 0.0)}
@@ -559,7 +557,7 @@ def _trends(
         tokens_now / statistics.median(tokens_past) if tokens_now and tokens_past else None
     )
     for kind, seconds in now.items():
-        baseline = statistics.median(w[kind] for w in past)
+        baseline = statistics.median(w.get(kind, 0.0) for w in past)  # a window new now: 0
         if baseline <= 0 or seconds < limits.growth * baseline:
             continue
         ratio = seconds / baseline
