@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tests.e2e import wheel_sources
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 COLLECTOR = ROOT / "collector"  # `rlotel stack DIR`
@@ -132,6 +134,28 @@ def test_every_bind_mount_source_exists():
         if not (ROOT / source).expanduser().exists()
     ]
     assert not missing, f"bind-mounted paths absent from the repository: {missing}"
+
+
+def test_the_stack_is_mounted_from_the_top_level_collector_and_dashboards():
+    """One source: every stack service mounts the repository's collector/ or dashboards/."""
+    stack = {name: bind_sources(s) for name, s in services().items() if name != "demo"}
+    assert all(stack.values()), stack
+    outside = [
+        f"{name}: {source}"
+        for name, sources in stack.items()
+        for source in sources
+        if Path(source).parts[0] not in ("collector", "dashboards")
+    ]
+    assert not outside, outside
+    assert "./dashboards" in stack["grafana"] and "./collector" in stack["prometheus"]
+
+
+def test_the_demo_service_mounts_what_the_package_build_reads():
+    """The demo container builds the wheel from its mounts: each top-level file or folder the
+    wheel's sources come from (tests/e2e/wheel_sources.py) is mounted into /src."""
+    needed = {name.split("/")[0] for name in wheel_sources.sources(ROOT)}
+    mounted = {Path(source).parts[0] for source in bind_sources(services()["demo"])}
+    assert needed == mounted, f"missing {needed - mounted}, extra {mounted - needed}"
 
 
 def test_every_image_is_pinned():
