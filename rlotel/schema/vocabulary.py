@@ -98,7 +98,6 @@ SYNC_ROLLOUT_WEIGHTS = "sync_rollout_weights"
 # (`active_time`, `version_time` seconds; `idle_ratio`; `step_generated_samples`), all outside
 # the trainer's step and not under `timing_s/`.
 ROLLOUTER_VALIDATE = "rollouter/validate_time"
-FULLY_ASYNC_ROLLOUTER = "fully_async/rollouter/"
 # verl's next data plane (its `neo` branch, trainer/ppo/ray_trainer.py): `dataplane/*` timers,
 # three before the step's timer, one after it, one nested in `adv`; `materialize` adds up the
 # data plane's reads across every window, `materialize_calls` counts them (not seconds).
