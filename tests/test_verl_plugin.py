@@ -228,7 +228,7 @@ def test_verl_nvtx_timer_is_one_range_per_window(make_tel, recording_nvtx, monke
     assert set(timing_raw) == {"gen", "generate_sequences", "update_actor"}
 
 
-def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
+def test_a_verl_older_than_supported_gets_nothing_patched(monkeypatch, caplog):
     from importlib import metadata
 
     from verl.utils.profiler import performance
@@ -236,19 +236,20 @@ def test_outside_the_supported_versions_nothing_is_patched(monkeypatch, caplog):
     from rlotel.integrations import verl as plugin
 
     real = metadata.version
-    monkeypatch.setattr(
-        metadata, "version", lambda name: "0.12.0" if name == "verl" else real(name)
-    )
+    monkeypatch.setattr(metadata, "version", lambda name: "0.8.5" if name == "verl" else real(name))
     before = performance._timer
     plugin.install()
     try:
         assert not plugin.patched() and performance._timer is before
-        assert "does not support verl 0.12.0 (>=0.9.0,<0.10.0)" in caplog.text
+        assert "needs verl >= 0.9.0 (found 0.8.5)" in caplog.text
     finally:
         plugin.uninstall()
 
 
-def test_an_untested_version_of_the_series_installs_with_one_warning(monkeypatch, caplog):
+@pytest.mark.parametrize("version", ["0.9.7", "0.10.0.dev0", "0.12.0"])
+def test_an_untested_later_verl_attaches_with_one_warning(version, monkeypatch, caplog):
+    """Each hook degrades alone, so a later verl (a build of verl's main included) gets every
+    hook whose target is still there, and one line saying it was not tested."""
     from importlib import metadata
 
     from verl.utils.profiler import performance
@@ -256,36 +257,49 @@ def test_an_untested_version_of_the_series_installs_with_one_warning(monkeypatch
     from rlotel.integrations import verl as plugin
 
     real = metadata.version
-    monkeypatch.setattr(metadata, "version", lambda name: "0.9.7" if name == "verl" else real(name))
+    monkeypatch.setattr(metadata, "version", lambda name: version if name == "verl" else real(name))
     before = performance._timer
     plugin.install()
     try:
         assert plugin.patched() and performance._timer is not before
-        assert "not tested with verl 0.9.7 (>=0.9.1,<0.9.2)" in caplog.text
+        assert f"not tested with verl {version} (>=0.9.1,<0.9.2)" in caplog.text
         assert "ray" not in caplog.text.split("not tested with")[1].split(";")[0]  # 2.60 tested
     finally:
         plugin.uninstall()
 
 
-def test_a_failing_patch_undoes_the_others(monkeypatch, caplog):
-    import verl.experimental.agent_loop.agent_loop  # noqa: F401  (imported: hooks run now)
+def test_a_hook_whose_target_moved_is_not_attached_and_the_others_are(monkeypatch, caplog):
+    from verl.experimental.agent_loop import agent_loop
     from verl.utils import tracking
     from verl.utils.profiler import performance
 
     from rlotel.integrations import verl as plugin
+    from rlotel.integrations.hooks import State
+    from rlotel.integrations.registered import REGISTRY
 
-    def broken(module):
-        raise RuntimeError("verl moved")
-
-    monkeypatch.setattr(plugin, "_patch_agent_loop", broken)
+    monkeypatch.delattr(agent_loop.AgentLoopManager, "_performance_metrics")  # verl moved it
+    monkeypatch.setattr(plugin, "tracking_finish", lambda original: 1 / 0)  # a patch raising
     before_timer, before_init = performance._timer, tracking.Tracking.__init__
     plugin.install()  # never raises into `import verl`
     try:
-        assert not plugin.patched()
-        assert performance._timer is before_timer and tracking.Tracking.__init__ is before_init
-        assert "patching verl.experimental.agent_loop.agent_loop failed" in caplog.text
+        assert plugin.patched() and performance._timer is not before_timer
+        states = REGISTRY.statuses()
+        assert states["verl_agent_loop_metrics"] == (
+            State.NOT_ATTACHED,
+            f"{agent_loop.__name__}.AgentLoopManager._performance_metrics is missing",
+        )
+        assert states["verl_tracking"].state == State.NOT_ATTACHED
+        assert "its patch raised ZeroDivisionError" in states["verl_tracking"].why
+        # the tracking hook is all or nothing: its __init__ (patched before finish) is back
+        assert tracking.Tracking.__init__ is before_init
+        assert "rlotel" not in tracking.Tracking.supported_backend
+        assert states["verl_timer"].state == State.ATTACHED
+        assert plugin.not_attached().keys() == {"verl_agent_loop_metrics", "verl_tracking"}
+        assert "the verl_agent_loop_metrics hook is not attached" in caplog.text
+        assert "lost: V0 agent-loop per-sample timings" in caplog.text
     finally:
         plugin.uninstall()
+    assert performance._timer is before_timer
 
 
 def test_patched_agent_loop_workers_still_pickle_for_ray():

@@ -371,6 +371,20 @@ def versions_outside(ranges: dict[str, tuple[str, str]]) -> list[str]:
     return outside
 
 
+def too_old_for(since: dict[str, str]) -> list[str]:
+    """`name >= low (found version)` of each installed package older than it needs."""
+    from packaging.version import Version
+
+    from rlotel.integrations.registered import installed_version
+
+    found = {name: installed_version(name) for name in since}
+    return [
+        f"{name} >= {low} (found {found[name]})"
+        for name, low in since.items()
+        if found[name] is not None and Version(found[name]) < Version(low)
+    ]
+
+
 def install() -> None:
     """Attach every hook as its module is imported (idempotent), each on its own: a hook
     whose target moved is reported and the others work. Versions rlotel was not tested
@@ -379,7 +393,7 @@ def install() -> None:
 
     if REGISTRY.active:
         return
-    too_old = versions_outside({name: (low, "999") for name, low in SINCE.items()})
+    too_old = too_old_for(SINCE)
     if too_old:
         log.warning(
             "rlotel: the verl plugin needs %s; nothing attached, training runs without rlotel",
