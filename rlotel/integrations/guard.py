@@ -93,12 +93,6 @@ def exit_context(hook: str, context: Any, raised: BaseException | None) -> bool:
     return True
 
 
-def unexpected(hook: str, args: tuple, kwargs: dict) -> None:
-    """A call with arguments rlotel does not read: passed through untraced, counted."""
-    names = ", ".join([*(type(arg).__name__ for arg in args), *kwargs])
-    failed(hook, UnexpectedCall(f"arguments rlotel does not know: {names}"))
-
-
 def argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
     """An argument given by position or by name; `UnexpectedCall` when it is neither."""
     if len(args) > position:

@@ -71,25 +71,29 @@ def _caller_global_step(frame: FrameType | None) -> int | None:
 def traced_timer(original: Callable[..., Iterator[None]]) -> Callable[..., Iterator[None]]:
     """Drop-in for `verl.utils.profiler.performance._timer` (a generator verl's timers
     `yield from`), recording into the ledger; `original` is verl's own, which runs instead
-    when rlotel's part fails or verl passes arguments rlotel does not know."""
+    when rlotel's part fails, and inside rlotel's window when verl passes arguments rlotel
+    does not know."""
 
     def _timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any):
-        if args or kwargs:
-            guard.unexpected(TIMER_HOOK, args, kwargs)
-            return (yield from original(name, timing_raw, *args, **kwargs))
         started = time.perf_counter()
         try:
             scope, record = _open_timer(name, sys._getframe(1))
             scope.__enter__()
         except Exception as error:
             guard.failed(TIMER_HOOK, error)
-            return (yield from original(name, timing_raw))
+            return (yield from original(name, timing_raw, *args, **kwargs))
+        # options rlotel does not know (a newer verl): verl's own timer runs with them,
+        # inside rlotel's window, and keeps timing_raw itself
+        verl_times = bool(args or kwargs)
         try:
-            yield
+            if verl_times:
+                yield from original(name, timing_raw, *args, **kwargs)
+            else:
+                yield
         except BaseException as raised:  # a raising body keeps its timing (verl's loses it)
-            _close_timer(name, timing_raw, scope, record, started, raised)
+            _close_timer(name, timing_raw, scope, record, started, raised, verl_times)
             raise
-        _close_timer(name, timing_raw, scope, record, started, None)
+        _close_timer(name, timing_raw, scope, record, started, None, verl_times)
 
     return _timer
 
@@ -123,16 +127,19 @@ def _close_timer(
     record: Any,
     started: float,
     raised: BaseException | None,
+    verl_times: bool = False,
 ) -> None:
-    """verl's `timing_raw[name]` gains the window's seconds whatever rlotel's close does."""
+    """verl's `timing_raw[name]` gains the window's seconds whatever rlotel's close does
+    (unless verl's own timer ran and counted them)."""
     seconds = time.perf_counter() - started
     if guard.exit_context(TIMER_HOOK, scope, raised):
         try:
             seconds = record.seconds
         except Exception as error:
             guard.failed(TIMER_HOOK, error)
-    timing_raw[name] = timing_raw.get(name, 0) + seconds
-    _count_codetiming(name, seconds)
+    if not verl_times:
+        timing_raw[name] = timing_raw.get(name, 0) + seconds
+        _count_codetiming(name, seconds)
     try:
         tel = telemetry()
         tel.drops.fired(TIMER_HOOK)

@@ -98,10 +98,12 @@ def traced_evict(original: Any) -> Any:
     """Record the groups verl is about to evict while TransferQueue still holds them
     (verl's `_clear_groups` deletes them): the step's async-bias reference."""
 
-    def _evict_terminal_groups(self, global_steps, partition_id, eviction_reasons, *args, **kw):
+    def _evict_terminal_groups(self, *args, **kwargs):
         started = time.perf_counter()
         try:
             guard.fault(EVICT_HOOK)
+            partition_id = guard.argument(args, kwargs, 1, "partition_id")
+            eviction_reasons = guard.argument(args, kwargs, 2, "eviction_reasons")
             if partition_id == TRAIN_PARTITION and any(eviction_reasons[:3]):
                 reasons = dict(zip(EVICTION_REASONS, eviction_reasons[:3], strict=True))
                 record_evicted(self.partitions[partition_id], reasons)
@@ -110,7 +112,7 @@ def traced_evict(original: Any) -> Any:
             guard.failed(EVICT_HOOK, error)
         token = _evicting.set(True)  # its `_clear_groups` call is recorded above
         try:
-            return original(self, global_steps, partition_id, eviction_reasons, *args, **kw)
+            return original(self, *args, **kwargs)
         finally:
             _evicting.reset(token)
 
@@ -121,16 +123,18 @@ def traced_clear(original: Any) -> Any:
     """verl clears groups outside an eviction only where sync DAPO drops the finished groups
     it does not need once its batch is full: recorded as `surplus` before they are gone."""
 
-    def _clear_groups(self, partition_id, uids, *args, **kwargs):
+    def _clear_groups(self, *args, **kwargs):
         started = time.perf_counter()
         try:
             guard.fault(EVICT_HOOK)
+            partition_id = guard.argument(args, kwargs, 0, "partition_id")
+            uids = guard.argument(args, kwargs, 1, "uids")
             if partition_id == TRAIN_PARTITION and uids and not _evicting.get():
                 record_evicted(self.partitions[partition_id], {SURPLUS: uids})
                 _spent(EVICT_HOOK, time.perf_counter() - started)
         except Exception as error:  # telemetry never stops training
             guard.failed(EVICT_HOOK, error)
-        return original(self, partition_id, uids, *args, **kwargs)
+        return original(self, *args, **kwargs)
 
     return _clear_groups
 
