@@ -185,6 +185,17 @@ def increase(metric: Metric, legend: str, by: str, match: str = "") -> Target:
     )
 
 
+def increase_from_zero(metric: Metric, legend: str, by: str) -> Target:
+    """`increase` of a counter that appears at its first increment (verl logs a count only
+    at a step that has one): the whole value while the series is younger than the rate
+    interval, so that first increment is counted; `increase` alone has no sample before it."""
+    series = select(metric)
+    young = f"{series} unless {series} offset $__rate_interval"
+    return Target(
+        f"sum by ({by}) (({young}) or increase({series}[$__rate_interval]))", legend, (metric,)
+    )
+
+
 def quantile(
     metric: Metric,
     q: float,
@@ -296,7 +307,7 @@ STEP_BREAKDOWN = Board(
                 ),
                 Panel(
                     "Replay-buffer evictions by reason",
-                    (increase(cat.REPLAY_EVICTED, "{{reason}}", by="reason"),),
+                    (increase_from_zero(cat.REPLAY_EVICTED, "{{reason}}", by="reason"),),
                     empty_when=("no_replay_buffer",),
                 ),
             ),

@@ -18,7 +18,7 @@ import yaml
 from dashboards import build, promql_names
 from rlotel.schema import catalogue as cat
 from rlotel.schema import engine_metrics as eng
-from tests.helpers import parse_exposition, scrape, serve_engine
+from tests.helpers import file_spans, parse_exposition, scrape, serve_engine
 from tests.promserver import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,11 @@ VARIABLES = {
 # Panels and recording rules the demo cannot answer yet, and why. Each must still run on the
 # real Prometheus and come back empty: once the demo feeds one, the test asks to drop it here.
 ENGINES = "the rollout engines' own metrics: the demo runs no vLLM or SGLang"
-ASYNC = "idle per role and evictions: async runs only, and this live demo is sync (no --async)"
+ASYNC = (
+    "idle per role and evictions: async runs only, and this live demo is sync; verl's real "
+    "colocate_async run answers them (tests/e2e/test_main_ppo_modes.py, "
+    "test_async_panels_answer_on_the_colocate_async_run)"
+)
 RANKS = (
     "per-rank series: the demo runs no worker processes; real verl workers answer them "
     "(test_rank_panels_answer_on_real_verl_workers)"
@@ -234,6 +238,60 @@ def test_straggler_and_async_panels_use_the_new_catalogue_entries():
     assert matrix["type"] == "table"
     options = matrix["transformations"][0]["options"]
     assert (options["rowField"], options["columnField"]) == ("worker", "phase")  # role + rank
+
+
+@pytest.mark.slow  # the demo, run once for the session (tests/conftest.py)
+def test_the_tempo_panel_selects_the_capture_span_of_the_demos_profiled_step(demo_run):
+    """The one panel no Prometheus answers reads Tempo, and no Tempo runs here (the test
+    machine has no Tempo binary): its TraceQL is read and matched against the spans the
+    demo exported for its profiled step, by name and by the run it is filtered on."""
+    tables = [
+        (board.title, panel)
+        for board in build.BOARDS
+        for section in board.sections
+        for panel in section.panels
+        if isinstance(panel, build.TraceTable)
+    ]
+    assert [(board, panel.title) for board, panel in tables] == [
+        ("RL step breakdown", "profile.capture spans (Tempo)")
+    ]
+    traceql = tables[0][1].traceql
+    selects = re.fullmatch(r'\{ name = "([^"]+)" && resource\.rl\.run =~ "\$run" \}', traceql)
+    assert selects, traceql
+    spans = file_spans(demo_run / "traces.jsonl", run="rep")  # every span's resource: rl.run
+    captures = [span for span in spans if span["name"] == selects.group(1)]
+    assert len(captures) == 1, [span["name"] for span in spans]  # --profile-steps 2
+
+
+def step_panel(title: str) -> dict:
+    """A panel of the generated step-breakdown dashboard, as Grafana reads it."""
+    (panel,) = [
+        panel
+        for panel in json.loads(build.OUTPUTS[build.STEP_UID].read_text())["panels"]
+        if panel["title"] == title
+    ]
+    return panel
+
+
+@pytest.mark.slow  # a real Prometheus
+def test_the_evictions_panel_counts_each_reasons_first_evictions(make_tel, prometheus_for):
+    """verl logs an eviction count only at a step that evicted, so a reason's counter
+    appears at its first evictions: the panel counts them, where `increase` alone (no sample
+    before them) shows 0."""
+    tel = make_tel(run="demo")
+    prometheus = prometheus_for(tel.metrics_url)
+    (target,) = step_panel("Replay-buffer evictions by reason")["targets"]
+    tel.log(
+        {"training/off_policy/evicted_samples": 3, "training/filter_groups/evicted_samples": 2},
+        step=1,
+    )
+    assert tel.flush(10)
+    prometheus.wait_for('count(rlotel_replay_evicted_samples_total{run="demo"})', 2)
+    answer = {
+        r["metric"]["reason"]: float(r["value"][1])
+        for r in prometheus.query(substitute(target["expr"]))
+    }
+    assert answer == {"staleness": 3.0, "filter_groups": 2.0}
 
 
 # --- the Grafana alert and the Prometheus rules ------------------------------------------
@@ -482,14 +540,16 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
             table[f"{role} {1 - SLOW_RANK}", "update_policy"],
             table[f"{role} {SLOW_RANK}", "update_policy"],
         )
-        assert 0.05 <= fast < 0.3 and 0.4 <= slow < 1.0, table  # each rank's own seconds
+        # each rank's own seconds: at least what it slept, the slow rank the slower (no upper
+        # margin: a real run beside this test stretches every sleep)
+        assert fast >= 0.05 and slow >= 0.4 and slow > fast, table
         (spread,) = answers["RL step breakdown / Rank spread by phase (slowest ÷ median)"]
         # slowest ÷ median of the ranks' own seconds (the median of two is their mean); a
         # loaded machine stretches the fast rank's 0.05 s, so no fixed threshold
         expected = slow / ((fast + slow) / 2)
         assert spread["metric"]["phase"] == "update_actor"
         ratio = float(spread["value"][1])
-        assert ratio > 1.1 and abs(ratio / expected - 1) < 0.1, (spread, table)
+        assert ratio > 1 and abs(ratio / expected - 1) < 0.1, (spread, table)
         series = prometheus.query('rlotel_rank_phase_seconds{run="demo"}')
         for found in series:  # bounded: the worker's identity and the method, nothing per call
             assert set(found["metric"]) == {

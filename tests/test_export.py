@@ -144,6 +144,7 @@ def test_traces_file_parses_with_protobuf_after_id_decoding(tmp_path):
         assert names == {"step", "gen"}
 
 
+@pytest.mark.timing  # training's and shutdown's wall time against fixed bounds (2 s, 3.5 s)
 def test_shutdown_is_bounded_against_a_blackhole(monkeypatch):
     """A collector that accepts connections and never answers cannot hold training."""
     import socket

@@ -64,6 +64,7 @@ def otlp_env(monkeypatch):
     return point_at
 
 
+@pytest.mark.timing  # a step's and shutdown's wall time against fixed bounds (1 s, 5 s)
 @pytest.mark.parametrize("mode", ["refused", "blackhole", "unavailable"])
 def test_failing_collector_is_counted_and_never_blocks(mode, otlp_env):
     receiver = FaultyReceiver(mode)
@@ -88,6 +89,7 @@ def test_failing_collector_is_counted_and_never_blocks(mode, otlp_env):
     assert receiver.spans() == []
 
 
+@pytest.mark.timing  # a step's wall time against a fixed bound (1 s)
 def test_slow_collector_gets_everything(otlp_env):
     receiver = FaultyReceiver("slow", slow_s=0.3)
     otlp_env(receiver.endpoint)

@@ -38,7 +38,11 @@ from tests.helpers import scrape
 from tests.otlp_receiver import HttpReceiver
 from tests.promserver import Prometheus
 
-pytestmark = pytest.mark.slow  # a Ray cluster of several raylets and verl worker processes
+# A Ray cluster of several raylets and verl worker processes (slow), judged in wall time
+# (timing): the clock offset's uncertainty (half a round trip, < 0.1 s), a dead node's call
+# failing (< 30 s) and the shutdown after it (≤ 5 s). The whole module, so the cluster
+# starts once, after the real runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 SHIFT_S = 2.0  # the worker node's clock is this far ahead (rlotel's test-only hook)
 REPO = str(Path(rlotel.__file__).resolve().parents[1])
