@@ -66,6 +66,13 @@ $(ENGINE_WHEEL): $(ENGINE_STAMP) $(PACKAGE)
 
 engine-venv: $(ENGINE_WHEEL)
 
+# verl 0.9.0 beside the engine venv's 0.9.1 (the same dependencies, so none installed): the
+# hook registry's test imports its hooked modules with the plugin on (tests/test_hook_registry.py)
+VERL_090 := $(ENGINE_VENV)/verl-0.9.0
+$(VERL_090)/.installed: $(ENGINE_STAMP)
+	$(ENGINE_VENV)/bin/python -m pip install -q --no-deps --target $(VERL_090) verl==0.9.0
+	touch $@
+
 # Prometheus, promtool and amtool from Debian: the tests start a real server on loopback
 # and check the shipped rules and configs. Chromium from Debian: the report tests open the
 # HTML report from file:// in headless Chromium.
@@ -80,7 +87,7 @@ system-deps:
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo
 
-test: $(STAMP) system-deps $(ENGINE_WHEEL)
+test: $(STAMP) system-deps $(ENGINE_WHEEL) $(VERL_090)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q --durations=30

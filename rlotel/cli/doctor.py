@@ -13,12 +13,9 @@ import contextlib
 import importlib
 import io
 import logging
-import os
 import sys
 import urllib.request
 from typing import Any, NamedTuple
-
-from rlotel.base import env
 
 EVENTS = "rlotel_integration_events_total"
 FAILURES = "rlotel_integration_failures_total"
@@ -35,8 +32,6 @@ class Row(NamedTuple):
 
 def examine() -> tuple[dict[str, str | None], list[Row], list[str]]:
     """(installed versions, a row per hook, the modules that failed to import)."""
-    os.environ[env.RLOTEL_ENABLE] = "1"
-    logging.getLogger("rlotel").setLevel(logging.ERROR)  # the table says it once
     from rlotel.integrations import verl as plugin
     from rlotel.integrations.hooks import State
     from rlotel.integrations.registered import LIBRARIES, REGISTRY, installed_version
@@ -107,6 +102,7 @@ def run_counts(url: str) -> dict[str, dict[str, float]]:
 
 def report(metrics_urls: list[str]) -> dict[str, Any]:
     """Everything the command prints, as data (`--json`)."""
+    logging.getLogger("rlotel").setLevel(logging.ERROR)  # the table says it, once
     with contextlib.redirect_stdout(sys.stderr):  # what the imported libraries print
         versions, rows, failed_imports = examine()
     facts: dict[str, Any] = {

@@ -126,7 +126,7 @@ class Registry:
         )
         if self._registered:  # attached again after a detach: the modules imported since
             for module in modules:
-                if module in sys.modules:
+                if sys.modules.get(module) is not None:
                     self._imported(sys.modules[module])
             return
         self._registered = True

@@ -1,0 +1,252 @@
+"""The hook registry: each hook attaches and is undone on its own, a verl that moved a target
+loses that hook alone, and `rlotel doctor` says so, on verl 0.9.1 and on verl 0.9.0."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlotel.integrations import verl as plugin
+from rlotel.integrations.hooks import Hook, Registry, State, Target
+from rlotel.integrations.registered import HOOKS, REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
+VERL_090 = ROOT / ".venv-engine" / "verl-0.9.0"  # `make test` installs it (Makefile)
+VERL_TARGETS = [
+    (hook.name, target)
+    for hook in HOOKS
+    if hook.library == "verl"
+    for target in hook.targets
+    if not target.optional
+]
+
+
+def wrapped(original: Any) -> Any:
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        return ("wrapped", original(*args, **kwargs))
+
+    return replacement
+
+
+def registry_over(module: types.ModuleType, *hooks: Hook, version: str = "1.0") -> Registry:
+    sys.modules[module.__name__] = module
+    return Registry(hooks, lambda library: version)
+
+
+def test_detach_leaves_each_object_exactly_as_it_was() -> None:
+    class Base:
+        def inherited(self) -> str:
+            return "base"
+
+    class Child(Base):
+        def own(self) -> str:
+            return "own"
+
+    module = types.ModuleType("rlotel_test_target")
+    module.Child = Child  # type: ignore[attr-defined]
+    here = f"{__name__}:wrapped"
+    registry = registry_over(
+        module,
+        Hook("h", "lib", "test", (Target(module.__name__, "Child.own", here),)),
+        Hook("g", "lib", "test", (Target(module.__name__, "Child.inherited", here),)),
+    )
+    own = vars(Child)["own"]
+    try:
+        registry.attach_on_import()
+        assert Child().own() == ("wrapped", "own") and Child().inherited() == ("wrapped", "base")
+        assert registry.original(Child, "own") is own
+        registry.detach()
+        assert vars(Child)["own"] is own
+        assert "inherited" not in vars(Child)  # not shadowed by a copy of Base's
+        assert registry.statuses()["h"].state != State.ATTACHED
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_a_missing_target_loses_its_hook_alone_and_older_versions_are_not_applicable() -> None:
+    class Thing:
+        def there(self) -> str:
+            return "there"
+
+    module = types.ModuleType("rlotel_test_moved")
+    module.Thing = Thing  # type: ignore[attr-defined]
+    here = f"{__name__}:wrapped"
+    registry = registry_over(
+        module,
+        Hook(
+            "both",
+            "lib",
+            "test",
+            (
+                Target(module.__name__, "Thing.there", here),
+                Target(module.__name__, "Thing.gone", here),
+            ),
+        ),
+        Hook("new", "lib", "test", (Target(module.__name__, "Thing.later", here, since="2.0"),)),
+        Hook("kept", "lib", "test", (Target(module.__name__, "Thing.there", here),)),
+        Hook("spare", "lib", "test", (Target(module.__name__, "Thing.gone", here, optional=True),)),
+    )
+    try:
+        registry.attach_on_import()
+        states = registry.statuses()
+        assert states["both"] == (State.NOT_ATTACHED, f"{module.__name__}.Thing.gone is missing")
+        assert states["new"] == (
+            State.NOT_APPLICABLE,
+            f"{module.__name__}.Thing.later came with 2.0",
+        )
+        assert states["kept"].state == State.ATTACHED
+        assert states["spare"].state != State.NOT_ATTACHED  # nothing there to lose
+        assert Thing().there() == ("wrapped", "there")  # "kept"'s; "both" put its own back
+    finally:
+        registry.detach()
+        del sys.modules[module.__name__]
+    assert Thing().there() == "there"
+
+
+def _verl_modules() -> None:
+    for hook in HOOKS:
+        if hook.library in ("verl", "ray"):
+            for target in hook.targets:
+                importlib.import_module(target.module)
+
+
+@pytest.mark.slow  # a doctor's examination per target: ~1 s each
+@pytest.mark.parametrize(
+    "hook,target", VERL_TARGETS, ids=[f"{name}:{t.attribute}" for name, t in VERL_TARGETS]
+)
+def test_a_verl_without_one_target_keeps_every_other_hook(
+    hook: str, target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl 0.9.1 with one registered target deleted (as a verl that moved it; a dunder's
+    class, renamed, as a dunder is always there): the plugin installs without raising into
+    verl, the hooks on what was deleted alone are not attached, and the doctor names them."""
+    from rlotel.cli import doctor
+
+    _verl_modules()
+    owner: Any = sys.modules[target.module]
+    *path, name = target.attribute.split(".")
+    if name.startswith("__"):  # the class goes
+        path, name = path[:-1], path[-1]
+    for part in path:
+        owner = getattr(owner, part)
+    if target.actor and path:  # from the class Ray made to host verl's, and verl's
+        from rlotel.integrations.hooks import actor_class
+
+        hosted = actor_class(owner)
+        for cls in (hosted, hosted.__mro__[1]):  # Ray's class copied verl's methods
+            if name in vars(cls):
+                monkeypatch.delattr(cls, name)
+        still_there = hasattr(hosted, name)  # inherited: the hook wraps what verl inherits
+    else:
+        monkeypatch.delattr(owner, name)
+        still_there = False
+    deleted = ".".join((*path, name))
+    lost = {
+        h.name
+        for h in HOOKS
+        for t in h.targets
+        if not t.optional
+        and t.module == target.module
+        and (t.attribute == deleted or t.attribute.startswith(deleted + "."))
+    }
+    assert hook in lost
+    if still_there:
+        lost = set()
+    plugin.uninstall()
+    try:
+        _, rows, _ = doctor.examine()
+    finally:
+        plugin.uninstall()
+    states = {row.hook: row for row in rows}
+    for name in lost:
+        assert states[name].state == "not_attached", states[name]
+        assert states[name].why.endswith(" is missing"), states[name]
+    others = {n: row.state for n, row in states.items() if n not in lost and row.library == "verl"}
+    assert set(others.values()) == {"attached"}, others
+
+
+def test_a_verl_without_a_hooked_module_says_not_applicable(monkeypatch) -> None:
+    """A module verl no longer has (V1 on verl's next data plane): its hooks are not
+    applicable, every other hook attaches."""
+    _verl_modules()
+    monkeypatch.setitem(sys.modules, "verl.trainer.ppo.v1.replay_buffer", None)
+    plugin.uninstall()
+    plugin.install()
+    try:
+        states = REGISTRY.statuses()
+    finally:
+        plugin.uninstall()
+    assert states["verl_v1_replay_batch"] == (
+        State.NOT_APPLICABLE,
+        "no module verl.trainer.ppo.v1.replay_buffer in this verl",
+    )
+    assert states["verl_timer"].state == State.ATTACHED
+
+
+def doctor_json(*pythonpath: Path) -> tuple[int, dict]:
+    """`rlotel doctor --json` of this tree in the engine venv (verl, Ray, vLLM, torch)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*pythonpath, ROOT))}
+    result = subprocess.run(
+        [str(ENGINE_PYTHON), "-m", "rlotel.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=300,
+    )
+    return result.returncode, json.loads(result.stdout)
+
+
+def _states(facts: dict) -> dict[str, tuple[str, str]]:
+    return {row["hook"]: (row["state"], row["why"]) for row in facts["hooks"]}
+
+
+@pytest.mark.slow
+def test_doctor_on_verl_0_9_1_every_hook_attached() -> None:
+    code, facts = doctor_json()
+    assert facts["versions"]["verl"] == "0.9.1" and facts["versions"]["vllm"].startswith("0.27")
+    assert facts["untested"] == []
+    states = _states(facts)
+    assert states.keys() == {hook.name for hook in HOOKS}
+    assert {state for state, _ in states.values()} == {"attached"}, states
+    assert code == 0 and facts["ok"]
+
+
+@pytest.mark.slow
+def test_doctor_on_verl_0_9_0_every_hook_with_a_target_there_attached() -> None:
+    assert (VERL_090 / "verl").is_dir(), "run `make test` (it installs verl 0.9.0 beside 0.9.1)"
+    code, facts = doctor_json(VERL_090)
+    assert facts["versions"]["verl"] == "0.9.0"
+    assert facts["untested"] == ["verl 0.9.0 (>=0.9.1,<0.9.2)"]
+    states = _states(facts)
+    # verl 0.9.0's profiler has no finish-hook command (it came with 0.9.1)
+    assert states.pop("verl_profile_finish_hook") == (
+        "not_applicable",
+        "verl.utils.profiler.profile.subprocess came with 0.9.1",
+    )
+    assert {state for state, _ in states.values()} == {"attached"}, states
+    assert code == 0 and facts["ok"]
+
+
+def test_doctor_reads_which_hooks_fired_and_failed_from_a_live_metrics(make_tel) -> None:
+    from rlotel.base.drops import HOOK_FAILURES
+    from rlotel.cli import doctor
+
+    tel = make_tel(run="doctor", prometheus_port=0)
+    tel.drops.fired("verl_timer")
+    tel.drops.fired("verl_timer")
+    before = HOOK_FAILURES.snapshot().get("verl_tracking", 0)
+    HOOK_FAILURES.add("verl_tracking")
+    tel.flush()
+    counts = doctor.run_counts(tel.metrics_url)
+    assert counts["events"]["verl_timer"] == 2
+    assert counts["failures"]["verl_tracking"] == before + 1
