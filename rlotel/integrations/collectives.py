@@ -10,7 +10,7 @@ waits least.
 Only while at least one is open do the wrapped functions time anything; otherwise each
 call costs one list check. Wrapped (once per process, `install`): the collectives and
 point-to-point functions of `torch.distributed` and `torch.distributed.distributed_c10d`
-(`COLLECTIVES`), and `Work.wait` — an `async_op=True` call counts its issue, and its
+(the registry's `COLLECTIVES`), and `Work.wait` — an `async_op=True` call counts its issue, and its
 handle's `.wait()` counts until it returns. A collective that calls another (the
 deprecated `all_gather_into_tensor` → `all_gather_single`, a sync call → its own
 `work.wait()`) is counted once, as the outermost. Time goes to every account open in the
@@ -43,37 +43,6 @@ from rlotel.base import waits
 from rlotel.integrations import guard
 
 HOOK = "torch_collective"
-
-COLLECTIVES = (
-    "all_reduce",
-    "all_reduce_coalesced",
-    "reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_single",
-    "all_gather_into_tensor",
-    "_all_gather_base",
-    "all_gather_coalesced",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "_reduce_scatter_base",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "monitored_barrier",
-    "all_gather_object",
-    "gather_object",
-    "broadcast_object_list",
-    "scatter_object_list",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "batch_isend_irecv",
-)
 
 
 class Tally:

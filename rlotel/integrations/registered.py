@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from rlotel.integrations.collectives import COLLECTIVES
 from rlotel.integrations.hooks import Hook, Registry, Target
 from rlotel.schema.vocabulary import CKPT_MANAGER_STAGES
 
@@ -18,6 +17,37 @@ FULLY_ASYNC_TRAINER = "verl.experimental.fully_async_policy.fully_async_trainer"
 FULLY_ASYNC_ROLLOUTER = "verl.experimental.fully_async_policy.fully_async_rollouter"
 REPLAY_BUFFER = "verl.trainer.ppo.v1.replay_buffer"
 CHECKPOINT_ENGINE = "verl.checkpoint_engine.base"
+# torch.distributed's collectives (a build without one of them times the rest)
+COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "all_gather_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+)
 LLM_SERVER = "verl.workers.rollout.llm_server"
 ASYNC_LLM = "vllm.v1.engine.async_llm"
 C10D = "torch.distributed.distributed_c10d"
