@@ -131,27 +131,27 @@ class AgentLoopWorkerTQ:
 
 def model_turn() -> Case:
     """`LLMServerClient.generate` awaited inside a trajectory: the turn's times are taken."""
-    token = verl_v1._trajectory_turns.set([])
+    token = verl_v1._trajectory.set(verl_v1.Trajectory(0))
     try:
         return awaited(verl_v1.traced_server_generate, "request-id")
     finally:
-        verl_v1._trajectory_turns.reset(token)
+        verl_v1._trajectory.reset(token)
 
 
 def server_release() -> Case:
-    token = verl_v1._trajectory_servers.set([])
+    token = verl_v1._trajectory.set(verl_v1.Trajectory(0))
     try:
         return method(verl_v1.traced_server_release, "server-1")
     finally:
-        verl_v1._trajectory_servers.reset(token)
+        verl_v1._trajectory.reset(token)
 
 
 def tool_call() -> Case:
-    token = verl_v1._trajectory_tools.set([])
+    token = verl_v1._trajectory.set(verl_v1.Trajectory(0))
     try:
         return awaited(verl_v1.traced_tool_call, types.SimpleNamespace(name="search"))
     finally:
-        verl_v1._trajectory_tools.reset(token)
+        verl_v1._trajectory.reset(token)
 
 
 class Partitioned:

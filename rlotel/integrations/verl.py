@@ -24,7 +24,7 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -270,13 +270,14 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
     are recorded before verl reduces them."""
 
     def _performance_metrics(self, *args, **kwargs):
+        columns = _take_rlotel_columns(args, kwargs)  # whatever else fails: verl's data only
         try:
             tel = telemetry()
             guard.fault(AGENT_LOOP_HOOK)
             metrics = guard.argument(args, kwargs, 0, "metrics")
             output = guard.argument(args, kwargs, 1, "output")
             tel.drops.fired(AGENT_LOOP_HOOK)
-            stamped = _trajectories(output)
+            stamped = _trajectories(*columns)
             if _is_validation(tel, output):  # `testing`: never in the training histograms
                 tel.drops.fired("verl_agent_loop_validation")
             else:
@@ -295,21 +296,32 @@ def _is_validation(tel: Any, output: Any) -> bool:
     return bool(meta_info.get("validate")) or tel.current_step is None
 
 
-def _trajectories(output: Any) -> dict[str, Any]:
-    """What rlotel's agent-loop workers stamped on each trajectory (`verl_v1.compute_score`):
-    its real times, model turns and the replica that served it; taken out of verl's batch
-    (verl copies every `extra_fields` entry into `non_tensor_batch`), so the trainer's data
-    is verl's own."""
+def _take_rlotel_columns(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(stamps, servers): the columns rlotel's agent-loop workers added to each trajectory
+    (`verl_v1.compute_score`), taken out of verl's batch — verl copies every `extra_fields`
+    entry into `non_tensor_batch` — so the trainer gets exactly verl's columns. Read through
+    the Mapping interface: verl's next data plane (NeoProto) hands a Mapping, not a dict."""
     from rlotel.integrations import verl_v1
 
-    columns = getattr(output, "non_tensor_batch", None)
-    if not isinstance(columns, dict):
-        return {}
-    stamps = columns.pop(verl_v1.STAMP_KEY, None)
-    servers = columns.pop(verl_v1.SERVER_KEY, None)
+    try:
+        output = guard.argument(args, kwargs, 1, "output")
+        columns = getattr(output, "non_tensor_batch", None)
+        if not isinstance(columns, MutableMapping):
+            return None, None
+        return columns.pop(verl_v1.STAMP_KEY, None), columns.pop(verl_v1.SERVER_KEY, None)
+    except Exception as error:  # verl's call goes on with what it was given
+        guard.failed(AGENT_LOOP_HOOK, error)
+        return None, None
+
+
+def _trajectories(stamps: Any, servers: Any) -> dict[str, Any]:
+    """Each trajectory's real times, model turns and the replica that served it, from the
+    stamps rlotel's agent-loop workers put on it."""
+    from rlotel.integrations import verl_v1
+
     if stamps is None:
         return {}
-    parsed = [verl_v1.read_stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
+    parsed = [verl_v1.Stamp.read(stamp) for stamp in stamps]
     return {
         "start_time_ns": [stamp.start_ns for stamp in parsed],
         "end_time_ns": [stamp.end_ns for stamp in parsed],

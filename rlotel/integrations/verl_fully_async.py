@@ -317,7 +317,7 @@ def sample_fields(
     versions = rebased_versions(low, high, step, param_version)
     if versions is not None:
         fields["min_weight_version"], fields["max_weight_version"] = versions
-    parsed = [verl_v1.read_stamp({verl_v1.STAMP_KEY: stamp}) for stamp in stamps]
+    parsed = [verl_v1.Stamp.read(stamp) for stamp in stamps]
     if all(stamp.start_ns is not None for stamp in parsed):
         fields["start_time_ns"] = [stamp.start_ns for stamp in parsed]
         fields["end_time_ns"] = [stamp.end_ns for stamp in parsed]

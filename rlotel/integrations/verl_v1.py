@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rlotel.base import clock
@@ -59,21 +60,21 @@ SCORE_HOOK = "verl_v1_score"
 TURN_HOOK = "verl_v1_turn"
 TOOL_HOOK = "verl_v1_tool"
 FIT_HOOK = "verl_v1_fit"
-_trajectory_start: contextvars.ContextVar[int] = contextvars.ContextVar("rlotel_trajectory")
-_trajectory_context: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "rlotel_trajectory_context"
-)
-# The model turns of the trajectory this asyncio task runs: (start ns, end ns) each.
-_trajectory_turns: contextvars.ContextVar[list[tuple[int, int]] | None] = contextvars.ContextVar(
-    "rlotel_trajectory_turns", default=None
-)
-# The servers its model turns were routed to, in order (verl's sticky sessions: one).
-_trajectory_servers: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "rlotel_trajectory_servers", default=None
-)
-# Its tool calls (verl's tool agent loop): (tool name, start ns, end ns) each.
-_trajectory_tools: contextvars.ContextVar[list[tuple[str, int, int]] | None] = (
-    contextvars.ContextVar("rlotel_trajectory_tools", default=None)
+
+
+@dataclass
+class Trajectory:
+    """The trajectory this asyncio task runs, as its stamp will carry it."""
+
+    start_ns: int
+    traceparent: str | None = None  # its span's, for the stamp
+    turns: list[tuple[int, int]] = field(default_factory=list)  # each model turn's start, end
+    servers: list[str] = field(default_factory=list)  # where its turns went (sticky: one)
+    tools: list[tuple[str, int, int]] = field(default_factory=list)  # name, start, end
+
+
+_trajectory: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
+    "rlotel_trajectory", default=None
 )
 
 
@@ -196,7 +197,7 @@ def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) ->
     keys, tags = [key for key, _ in real], [tag for _, tag in real]
     metrics, extras = (fetch or _fetch)(keys, batch.partition_id)
     identity = [_identity(key) for key in keys]
-    stamps = [read_stamp(extra) for extra in extras]
+    stamps = [Stamp.read(extra.get(STAMP_KEY)) for extra in extras]
     replica = replicas([extra.get(SERVER_KEY) for extra in extras])
     rewards = [stamp.reward for stamp in stamps]
     scored = {vocabulary.SAMPLE_REWARD: rewards} if all(r is not None for r in rewards) else {}
@@ -260,32 +261,32 @@ def _number(text: str) -> int | None:
 
 
 class Stamp(NamedTuple):
-    """What the agent-loop worker stamped on a trajectory (all None: no stamp)."""
+    """What the agent-loop worker stamped on a trajectory (all None: no stamp). It travels in
+    verl's `extra_fields` (TransferQueue, numpy object columns) as a plain list, `wire()`;
+    `read` is the one reader of that list."""
 
     start_ns: Any = None
     end_ns: Any = None
     turns: Any = None
-    context: dict[str, str] | None = None
+    traceparent: str | None = None
     turn_times_ns: Any = None
     reward: Any = None
     tool_times_ns: Any = None
 
+    def wire(self) -> list[Any]:
+        return list(self)
 
-def read_stamp(extra: dict) -> Stamp:
-    stamp = extra.get(STAMP_KEY)
-    if not isinstance(stamp, (list, tuple)) or not 3 <= len(stamp) <= 7:
-        return Stamp()
-    start, end, turns, *more = stamp
-    traceparent = more[0] if more else None
-    return Stamp(
-        start,
-        end,
-        turns,
-        {"traceparent": traceparent} if traceparent else None,
-        more[1] if len(more) > 1 else None,
-        more[2] if len(more) > 2 else None,
-        more[3] if len(more) > 3 else None,
-    )
+    @classmethod
+    def read(cls, value: Any) -> Stamp:
+        """The stamp in `value` (a stamp's list; 3 to 7 fields, older workers wrote fewer)."""
+        if not isinstance(value, (list, tuple)) or not 3 <= len(value) <= len(cls._fields):
+            return cls()
+        return cls(*value)
+
+    @property
+    def context(self) -> dict[str, str] | None:
+        """Its trajectory's span as a trace-context carrier."""
+        return {"traceparent": self.traceparent} if self.traceparent else None
 
 
 def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
@@ -343,10 +344,8 @@ def _open_trajectory(worker: Any) -> Any:
     dispatches fire-and-forget), its engine calls nest in it. None outside V1's TQ worker
     or a traced call. Every worker (V0's too) keeps the trajectory's start, turns and
     servers for its stamp."""
-    _trajectory_start.set(clock.unix_ns())  # this trajectory's own asyncio task
-    _trajectory_turns.set([])
-    _trajectory_tools.set([])
-    _trajectory_servers.set([])
+    trajectory = Trajectory(clock.unix_ns())
+    _trajectory.set(trajectory)  # this trajectory's own asyncio task
     if not any(cls.__name__ == TQ_WORKER for cls in type(worker).__mro__):
         return None
     import rlotel
@@ -360,7 +359,7 @@ def _open_trajectory(worker: Any) -> Any:
     phase = tel.phase(vocabulary.TRAJECTORY, context=carrier)
     phase.__enter__()
     try:
-        _trajectory_context.set(tel.current_context().get("traceparent"))
+        trajectory.traceparent = tel.current_context().get("traceparent")
     except Exception:
         phase.__exit__(None, None, None)
         raise
@@ -373,20 +372,22 @@ async def compute_score(self, *args, **kwargs):
     result = await _agent_loop_original("_compute_score")(self, *args, **kwargs)
     try:
         guard.fault(SCORE_HOOK)
-        start = _trajectory_start.get(None)
-        if start is not None:
+        trajectory = _trajectory.get()
+        if trajectory is not None:
             outputs = args[0] if args else kwargs["outputs"]
             end = clock.unix_ns()
-            context, turns = _trajectory_context.get(None), _trajectory_turns.get()
-            tools = _trajectory_tools.get()
             for output in outputs:
-                output.extra_fields[STAMP_KEY] = [
-                    *(start, end, output.num_turns, context),
-                    [list(turn) for turn in turns] if turns else None,
+                stamp = Stamp(
+                    trajectory.start_ns,
+                    end,
+                    output.num_turns,
+                    trajectory.traceparent,
+                    [list(turn) for turn in trajectory.turns] or None,
                     output.reward_score,
-                    [list(call) for call in tools] if tools else None,
-                ]
-                servers = _trajectory_servers.get()
+                    [list(call) for call in trajectory.tools] or None,
+                )
+                output.extra_fields[STAMP_KEY] = stamp.wire()
+                servers = trajectory.servers
                 output.extra_fields[SERVER_KEY] = servers[-1] if servers else None
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
@@ -400,14 +401,14 @@ def traced_server_generate(original: Any) -> Any:
     this task runs (its times; what verl returns or raises is untouched)."""
 
     async def generate(self, *args, **kwargs):
-        turns = _trajectory_turns.get()
-        if turns is None:
+        trajectory = _trajectory.get()
+        if trajectory is None:
             return await original(self, *args, **kwargs)
         start = clock.unix_ns()
         result = await original(self, *args, **kwargs)
         try:
             guard.fault(TURN_HOOK)
-            turns.append((start, clock.unix_ns()))
+            trajectory.turns.append((start, clock.unix_ns()))
         except Exception as error:  # telemetry never stops a rollout
             guard.failed(TURN_HOOK, error)
         return result
@@ -421,15 +422,15 @@ def traced_tool_call(original: Any) -> Any:
     response, its errors and what it raises are untouched)."""
 
     async def call_tool(self, *args, **kwargs):
-        tools = _trajectory_tools.get()
-        if tools is None:
+        trajectory = _trajectory.get()
+        if trajectory is None:
             return await original(self, *args, **kwargs)
         start = clock.unix_ns()
         result = await original(self, *args, **kwargs)
         try:
             guard.fault(TOOL_HOOK)
             call = args[0] if args else kwargs["tool_call"]
-            tools.append((str(call.name), start, clock.unix_ns()))
+            trajectory.tools.append((str(call.name), start, clock.unix_ns()))
         except Exception as error:  # telemetry never stops a rollout
             guard.failed(TOOL_HOOK, error)
         return result
@@ -442,12 +443,12 @@ def traced_server_release(original: Any) -> Any:
     `generate`'s `finally`): the server the trajectory this task runs was routed to."""
 
     def release(self, *args, **kwargs):
-        servers = _trajectory_servers.get()
-        if servers is not None:
+        trajectory = _trajectory.get()
+        if trajectory is not None:
             try:
                 guard.fault(TURN_HOOK)
                 server = args[0] if args else kwargs["server_id"]
-                servers.append(str(server))
+                trajectory.servers.append(str(server))
             except Exception as error:  # telemetry never stops a rollout
                 guard.failed(TURN_HOOK, error)
         return original(self, *args, **kwargs)
