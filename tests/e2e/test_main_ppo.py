@@ -384,7 +384,7 @@ def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path)
 # The hooks the V1 trainer's processes reach with every rlotel part failing at its start
 # (a hook downstream of a failed one is not reached: no carrier, no phase, no wrapped class).
 REACHED_FAILING = {
-    "verl_fit",  # the trainer: not declared the driver, so its telemetry is a worker's
+    "verl_v1_fit",  # the trainer: not declared the driver, so its telemetry is a worker's
     "verl_timer",
     "verl_tracking",
     "verl_worker_group",
@@ -541,10 +541,11 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
     # MFU: verl logged 0.0 every step on CPU → unknown, said, no line and no MFU axis
     zero = sorted(k.removeprefix(voc.MFU) for k in logged[1] if k.startswith(voc.MFU)
                   if all(logged[n][k] == 0.0 for n in logged))  # fmt: skip
+    assert zero, "verl 0.9.1 logs perf/mfu/<role> 0.0 on CPU: this run has no unknown MFU"
     assert data["mfu_unknown"] == zero and not set(zero) & set(data["mfu"])
-    if zero:
-        assert dom["mfu"] and all(role in dom["mfu"] for role in zero) and "unknown" in dom["mfu"]
-    assert dom["y2ticks"] == [] or all(float(t.rstrip("%")) >= 0 for t in dom["y2ticks"])
+    assert dom["mfu"] and all(role in dom["mfu"] for role in zero) and "unknown" in dom["mfu"]
+    # no MFU line, so no MFU axis (its bounds: test_report's demo test, a run with MFU)
+    assert data["mfu"] == {} and dom["y2ticks"] == []
     assert dom["yticks"][0] == "0" and all(float(t) >= 0 for t in dom["yticks"])
     for number in logged:
         assert math.isclose(data["throughput"][number - 1], logged[number][voc.THROUGHPUT],
@@ -557,9 +558,10 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
     assert [t for t in dom["tailLegend"] if t.startswith("p")] == [
         f"{q} (every trajectory span)" for q in ("p50", "p90", "p99")
     ]
+    # vLLM 0.27's outputs carry no num_preempted: verl logs -1 for every sample, shown unknown
     samples = [s for s in spans_by_role(plugin_on)["trainer"] if s["name"] == "sample"]
-    if all(s["attrs"].get("rl.sample.num_preempted") == -1 for s in samples):
-        assert dom["preempted"] and set(dom["preempted"]) == {"unknown"}
+    assert samples and {s["attrs"].get("rl.sample.num_preempted") for s in samples} == {-1}
+    assert dom["preempted"] and set(dom["preempted"]) == {"unknown"}
     # roles per span: the legend names the roles the spans carry, each drawn in its colour
     assert {"trainer", "actor", "agent_loop", "rollout"} <= set(dom["roles"]), dom["roles"]
     rows = data["trees"][str(data["default_step"])]["rows"]

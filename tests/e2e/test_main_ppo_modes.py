@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from itertools import pairwise
@@ -81,7 +82,7 @@ MODES = {
     # colocate_async: verl runs its finish hook (a stand-in upload) after profiling step 2;
     # every trajectory runs verl's tool agent loop with a toy tool and format (stand-ins);
     # its buffer drops groups generated for an earlier step (the one-batch warm-up ahead) and,
-    # filtering DAPO-style, the groups whose `acc` agree
+    # filtering DAPO-style, the groups whose `acc` agree; a real Prometheus scrapes it
     "colocate_async": [
         "trainer.v1.trainer_mode=colocate_async",
         *STALE_DROP,
@@ -90,6 +91,7 @@ MODES = {
         *ACTOR_PROFILER,
         "global_profiler.steps=[2]",
         f'global_profiler.finish_hook_cmd="{STAND_INS}/ship_captures --token={SECRET}"',
+        "--prometheus",  # scraped by a real one as shipped: the async panels read its TSDB
     ],
 }
 
@@ -429,3 +431,61 @@ def test_groups_verl_evicts_are_the_async_bias_reference(mode_run: tuple[str, Pa
     }
     assert ks and all(max(figures.values()) > 0 for figures in ks.values()), ks
     figure(f"evicted groups by step {evicted}; discarded {discarded}; KS {ks}")
+
+
+ASYNC_PANELS = ("Idle ratio by role", "Replay-buffer evictions by reason")
+
+
+@pytest.mark.parametrize("mode_run", ["colocate_async"], indirect=True)
+def test_async_panels_answer_on_the_colocate_async_run(
+    mode_run: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The step-breakdown panels a synchronous run and the demo leave empty answer on
+    verl's colocate_async run, scraped by a real Prometheus as shipped, each query over the
+    run's window: the idle ratio of the trainer and of the rollout, within [0, 1], and the
+    groups verl's buffer evicted by reason, each at least its largest count of a step."""
+    from tests.promserver import Prometheus
+    from tests.test_dashboards import VARIABLES, step_panel
+
+    _, work = mode_run
+    shutil.copytree(work / "prometheus" / "data", tmp_path / "data")
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": []}  # reads, scrapes none
+    prometheus = Prometheus(tmp_path, [], config=config)
+    variables = {**VARIABLES, "$run": EXPERIMENT, "${run}": EXPERIMENT}
+    try:
+        head = prometheus.api("status/tsdb")["headStats"]  # the run's first and last sample
+        window = {"start": str(head["minTime"] / 1000), "end": str(head["maxTime"] / 1000)}
+
+        def over_the_run(promql: str) -> list[dict]:
+            for name, value in variables.items():
+                promql = promql.replace(name, value)
+            return prometheus.api("query_range", query=promql, step="1", **window)["result"]
+
+        answers = {}
+        for title in ASYNC_PANELS:
+            (target,) = step_panel(title)["targets"]
+            answers[title] = over_the_run(target["expr"])
+        (seen,) = over_the_run(f'rlotel_step{{run="{EXPERIMENT}"}}')
+    finally:
+        prometheus.stop()
+    idle = {
+        series["metric"]["role"]: [float(v) for _, v in series["values"]]
+        for series in answers["Idle ratio by role"]
+    }
+    assert set(idle) == {"trainer", "rollout"}, idle
+    assert all(0 <= v <= 1 for values in idle.values() for v in values), idle
+    last = max(int(float(v)) for _, v in seen["values"])  # the last step Prometheus saw
+    logged: dict[str, list[float]] = {}  # reason → verl's count at each step that had one
+    for number, data in trained(work).items():
+        for key, count in data.items():
+            reason = voc.eviction_reason(key)
+            if reason is not None and number <= last:
+                logged.setdefault(reason, []).append(float(count))
+    peaks = {
+        series["metric"]["reason"]: max(float(v) for _, v in series["values"])
+        for series in answers["Replay-buffer evictions by reason"]
+    }
+    assert logged and set(peaks) == set(logged), (peaks, logged)
+    assert all(peaks[reason] >= max(counts) for reason, counts in logged.items()), (peaks, logged)
+    ranges = {role: (round(min(v), 3), round(max(v), 3)) for role, v in idle.items()}
+    figure(f"async panels: idle ratio by role (min, max) {ranges}; evictions peak {peaks}")
