@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -397,3 +400,69 @@ def test_v0_trajectories_count_for_their_replicas_and_leave_verls_batch_as_verls
         "0": 1.0,
         "1": pytest.approx(0.75),
     }
+
+
+class NeoColumns(MutableMapping):
+    """A stand-in of verl's next data plane's `non_tensor_batch` (NeoProto): a Mapping that
+    is not a dict."""
+
+    def __init__(self, columns: dict) -> None:
+        self._columns = dict(columns)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._columns[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._columns[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._columns[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["rlotel working", "rlotel failing"])
+@pytest.mark.parametrize("columns", [dict, NeoColumns])
+def test_verls_batch_holds_exactly_verls_columns(columns, failing, make_tel) -> None:
+    """V0's agent-loop output carries rlotel's stamp columns (verl copies `extra_fields`
+    into `non_tensor_batch`): verl's own call sees exactly the columns it would without
+    rlotel, whether rlotel's part works or fails, on a dict or a NeoProto Mapping."""
+    from rlotel.base.drops import HOOK_FAILURES
+    from rlotel.integrations import guard, verl_v1
+    from rlotel.integrations import verl as plugin
+
+    tel = make_tel(run="columns")
+    stamp = verl_v1.Stamp(1_000, 5_000, 1, None, [[1_000, 4_000]], None, None)
+    output = types.SimpleNamespace(
+        non_tensor_batch=columns(
+            {
+                "uid": ["a"],
+                verl_v1.STAMP_KEY: [stamp.wire()],
+                verl_v1.SERVER_KEY: ["10.0.0.1:8000"],
+            }
+        ),
+        batch=None,
+        meta_info={},
+    )
+    seen: list[set[str]] = []
+    wrapped = plugin.performance_metrics(
+        lambda self, metrics, output: seen.append(set(output.non_tensor_batch))
+    )
+    before = HOOK_FAILURES.snapshot().get(plugin.AGENT_LOOP_HOOK, 0)
+    guard.inject([plugin.AGENT_LOOP_HOOK] if failing else [])
+    try:
+        with tel.step(1) as step, tel.phase("gen"):
+            wrapped(object(), [[{"generate_sequences": 0.004}]], output)
+    finally:
+        guard.inject([])
+    assert seen == [{"uid"}]
+    failures = HOOK_FAILURES.snapshot().get(plugin.AGENT_LOOP_HOOK, 0) - before
+    assert failures == (1 if failing else 0)
+    batches = step.trace.samples or []
+    assert len(batches) == (0 if failing else 1)
+    if not failing:  # the stamp was read: the (only) replica that served it
+        assert list(np.atleast_1d(batches[0].replica)) == ["0"]
