@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -466,3 +467,44 @@ def test_verls_batch_holds_exactly_verls_columns(columns, failing, make_tel) -> 
     assert len(batches) == (0 if failing else 1)
     if not failing:  # the stamp was read: the (only) replica that served it
         assert list(np.atleast_1d(batches[0].replica)) == ["0"]
+
+
+def test_a_trainer_that_overrides_fit_is_the_driver_from_its_tracking(monkeypatch):
+    """verl's one-step-off and separation trainers (or a user's subclass) override `fit`,
+    where no hook declares the driver: the process whose trainer makes verl's `Tracking`
+    with the `rlotel` logger runs the step loop, and is declared the driver there — its run
+    name, the documented /metrics, the GPU count of its trainer."""
+    from verl.utils.tracking import Tracking
+
+    import rlotel
+    from rlotel.integrations import process
+    from tests.helpers import hooks_attached
+
+    with socket.socket() as probe:  # a free loopback port for the documented /metrics
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+    monkeypatch.setattr(process, "_driver", [])
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(free_port))
+
+    class OneStepOffTrainer:  # its own fit, as verl's OneStepOffRayTrainer
+        resource_pool_manager = types.SimpleNamespace(get_n_gpus=lambda: 3)
+
+        def fit(self) -> Tracking:
+            return Tracking(
+                project_name="rlotel",
+                experiment_name="one-step-off",
+                default_backend=["rlotel"],
+                config={"trainer": {"experiment_name": "one-step-off"}},
+            )
+
+    with hooks_attached("verl_tracking"):
+        tracking = OneStepOffTrainer().fit()
+        try:
+            assert process.is_driver()
+            tel = rlotel.current()
+            assert tel.config.run == "one-step-off"
+            assert tel.metrics_url == f"http://127.0.0.1:{free_port}/metrics"
+            assert process._driver[0].n_gpus == 3
+        finally:
+            tracking.finish()
+    assert rlotel.current() is None

@@ -34,6 +34,7 @@ from rlotel.integrations.hooks import State
 from rlotel.integrations.process import (
     declare_verl_driver,
     flush_driver,
+    is_driver,
     telemetry,
     verl_profile_config,
 )
@@ -223,7 +224,9 @@ def with_rlotel_backend(supported: list[str]) -> list[str]:
 
 
 def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
-    """`Tracking.__init__`: verl's loggers first, then the `rlotel` one when named."""
+    """`Tracking.__init__`: verl's loggers first, then the `rlotel` one when named. The
+    process that makes it is the one running the step loop: the driver, declared here when
+    no hook on its trainer's `fit` did (one-step-off, separation, a user's subclass)."""
     parameters = inspect.signature(original)
 
     def __init__(self, *args, **kwargs):
@@ -236,6 +239,8 @@ def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
             backends = options.get("default_backend") or ()
             backends = [backends] if isinstance(backends, str) else list(backends)
             if BACKEND in backends:
+                if not is_driver():  # a trainer whose `fit` no hook wraps: it logs the steps
+                    declare_verl_driver(options.get("config"), _trainer_gpus(sys._getframe(1)))
                 backend = RlotelBackend(
                     options.get("project_name"),
                     options.get("experiment_name"),
@@ -246,6 +251,23 @@ def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
             guard.failed(TRACKING_HOOK, error)
 
     return __init__
+
+
+def _trainer_gpus(frame: FrameType | None) -> int | None:
+    """The GPU count verl divides throughput by, from the trainer that made the Tracking
+    (`frame`: its caller, a trainer's `fit`)."""
+    for _ in range(4):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        count = getattr(owner, "_get_n_gpus_for_throughput", None)
+        if callable(count):
+            return count()
+        pools = getattr(owner, "resource_pool_manager", None)
+        if pools is not None:
+            return pools.get_n_gpus()
+        frame = frame.f_back
+    return None
 
 
 def tracking_finish(original: Callable[..., Any]) -> Callable[..., Any]:
