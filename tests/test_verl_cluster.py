@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from rlotel.integrations import guard
 from rlotel.integrations import verl_cluster as cluster
 from tests.helpers import attach_hooks, detach_hooks, hooks_attached
 
@@ -146,7 +147,7 @@ def test_excluded_says_what_to_do_and_only_when_rlotel_is_asked_for() -> None:
 
 
 def test_warns_once_per_process(monkeypatch) -> None:
-    monkeypatch.setattr(cluster, "_warned", set())
+    monkeypatch.setattr(guard, "_said", set())
     said: list[str] = []
     environ = {**ON, "VERL_USE_EXTERNAL_PLUGINS": "none"}
     assert cluster.warn_if_excluded(environ, said.append)

@@ -70,9 +70,7 @@ def test_a_config_of_another_shape_is_left_as_it_is(config):
 
 
 def test_the_shipped_engine_job_restores_the_same_names():
-    config = yaml.safe_load(
-        (ROOT / "collector" / "prometheus.yml").read_text()
-    )
+    config = yaml.safe_load((ROOT / "collector" / "prometheus.yml").read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "rollout-engines"]
     assert job["metric_relabel_configs"] == [eng.COLON_NAMES_RELABEL]
 
@@ -100,8 +98,8 @@ def test_verls_own_writer_gives_its_engine_targets_a_replica(tmp_path, monkeypat
     from verl.workers.rollout import llm_server, utils
     from verl.workers.rollout.replica import RolloutReplica
 
-    assert llm_server.update_prometheus_config is utils.update_prometheus_config  # labelling
-    original = utils.update_prometheus_config.__rlotel_original__
+    original = utils.update_prometheus_config.__rlotel_original__  # labelling, both
+    assert llm_server.update_prometheus_config.__rlotel_original__ is original
 
     class StandInReplica(RolloutReplica):  # verl's base class: its __init__, its attributes
         async def launch_servers(self) -> None:

@@ -38,6 +38,7 @@ class UnexpectedCall(TypeError):
 
 
 _faults: frozenset[str] = env.test_faults()
+_said: set[str] = set()  # what this process's integrations have said once already
 
 
 def inject(hooks: Iterable[str]) -> None:
@@ -67,6 +68,21 @@ def failed(hook: str, error: BaseException) -> None:
             log.debug("rlotel: the %s hook's failure", hook, exc_info=error)
     except Exception:  # the logging setup of the host process is not ours to break
         pass
+
+
+def once(key: str) -> bool:
+    """True the first time `key` is asked for in this process: a warning said once, not per
+    call."""
+    if key in _said:
+        return False
+    _said.add(key)
+    return True
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    """`message` logged the first time `key` comes up in this process."""
+    if once(key):
+        log.warning(message, *args)
 
 
 def attempt(hook: str, function: Callable[..., Any], *args: Any) -> None:

@@ -151,7 +151,7 @@ def _close_timer(
             and voc.GEN in timing_raw
             and not scope.trace.samples
         ):
-            _warn_once(
+            guard.warn_once(
                 "no_samples",
                 "rlotel: step %s ran gen but no per-sample metrics were captured (verl's agent "
                 "loop or replay buffer hook did not fire): the tail histograms stay empty",
@@ -159,15 +159,6 @@ def _close_timer(
             )
     except Exception as error:
         guard.failed(TIMER_HOOK, error)
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message, *args)
 
 
 def _count_codetiming(name: str, seconds: float) -> None:

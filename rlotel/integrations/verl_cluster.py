@@ -51,8 +51,6 @@ PLUGIN_MODULE = "rlotel.integrations.verl"  # what that entry point loads
 RUNTIME_ENV_FACTORY = "get_ppo_ray_runtime_env"
 HOOK = "verl_runtime_env"
 
-_warned: set[str] = set()
-
 
 # --- forwarding --------------------------------------------------------------------------
 
@@ -156,7 +154,6 @@ def warn_if_excluded(
     message = excluded_by_verl(environ)
     if message is None:
         return False
-    if message not in _warned:
-        _warned.add(message)
+    if guard.once(message):
         (warn or log.warning)(message)
     return True

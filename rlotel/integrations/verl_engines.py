@@ -38,7 +38,6 @@ WRITE_TASK = "write_config_file"  # verl's per-node task that writes the file
 WRITER_HOOK = "verl_prometheus_writer"
 REPLICA_HOOK = "verl_rollout_replica"
 _replicas: weakref.WeakSet = weakref.WeakSet()  # verl's RolloutReplica objects of this process
-_warned: set[str] = set()
 
 
 # --- what the targets are ----------------------------------------------------------------
@@ -189,7 +188,7 @@ def labelling_writer(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         result = writer(*args, **kwargs)
         if not labelled:
-            _warn_once(
+            guard.warn_once(
                 "shape",
                 "rlotel: verl's Prometheus writer did not write through %s as expected; its "
                 "rollout targets have no replica or run label",
@@ -199,12 +198,6 @@ def labelling_writer(original: Callable[..., Any]) -> Callable[..., Any]:
 
     update_prometheus_config.__rlotel_original__ = original  # type: ignore[attr-defined]
     return update_prometheus_config
-
-
-def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message, *args)
 
 
 # --- hooks -------------------------------------------------------------------------------

@@ -285,7 +285,9 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
                     self, args, {**(kwargs or {}), RAY_CONTEXT_KWARG: carrier}, *rest, **options
                 )
             except TypeError as error:  # a method whose signature lacks Ray's slot
-                _log_once("no_slot", "rlotel: actor call sent without trace context: %r", error)
+                guard.warn_once(
+                    "no_slot", "rlotel: actor call sent without trace context: %r", error
+                )
             else:
                 if stamped:
                     guard.attempt(ACTOR_SUBMIT_HOOK, _note_stamped, ref, actor)
@@ -316,15 +318,6 @@ def _submit_carrier(method: Any, kwargs: Any) -> tuple[dict[str, str] | None, bo
 def _note_stamped(ref: Any, actor: Any) -> None:
     if hasattr(ref, "binary"):
         _clock_refs[ref.binary()] = actor
-
-
-_logged: set[str] = set()
-
-
-def _log_once(key: str, message: str, *args: Any) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(message, *args)
 
 
 def traced_actor_remote(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -480,7 +473,7 @@ class _Call:
         try:
             collectives.close_tally(tally)
             if tally.device_calls:  # asynchronous to the host: its clock cannot split them
-                _log_once(
+                guard.warn_once(
                     "device_collectives",
                     "rlotel: %s made collectives on device tensors; compute vs collective "
                     "time is measured for CPU (gloo) collectives only, not reported here",
