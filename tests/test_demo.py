@@ -1,4 +1,5 @@
-"""`rlotel demo` end to end: scraped while it runs, spans, series and real work checked."""
+"""`rlotel demo` end to end: scraped while it runs, spans, series and real work checked;
+Ctrl-C ends it cleanly at each point (held there by `--hold-at`, not raced)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ NOT_IN_THE_SYNC_DEMO = {
     "rlotel_integration_events": "the demo calls rlotel's API: no zero-code integration hooks",
     "rlotel_integration_seconds": "the demo calls rlotel's API: no zero-code integration hooks",
     "rlotel_integration_failures": "the demo calls rlotel's API: no zero-code hook to fail",
+    "rlotel_integration_hooks": "the demo calls rlotel's API: no zero-code hook attaches",
     "rlotel_async_bias_ks": "trained vs generated is an async question (rlotel demo --async)",
     "rlotel_samples_discarded": "the sync demo trains every sample (--async --max-staleness)",
 }
@@ -37,15 +39,29 @@ VERL_PHASES = {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "u
 
 
 def wait_for_url(process: subprocess.Popen, timeout_s: float = 60.0) -> str:
+    line = wait_for_line(process, "metrics at", timeout_s)
+    match = re.search(r"metrics at (http://\S+/metrics)", line)
+    assert match
+    return match.group(1)
+
+
+def wait_for_line(process: subprocess.Popen, text: str, timeout_s: float = 120.0) -> str:
+    """The first line of the demo's stdout holding `text` (the lines before are read)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = process.stdout.readline()
-        match = re.search(r"metrics at (http://\S+/metrics)", line)
-        if match:
-            return match.group(1)
-        if process.poll() is not None:
+        if text in line:
+            return line
+        if not line and process.poll() is not None:
             break
-    pytest.fail("the demo never printed its metrics URL")
+    pytest.fail(f"the demo never printed {text!r}")
+
+
+def interrupted(process: subprocess.Popen) -> tuple[int, list[str], str]:
+    """SIGINT, then (exit code, the rest of stdout's lines, stderr)."""
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out.splitlines(), err
 
 
 @pytest.mark.slow
@@ -55,7 +71,9 @@ def test_demo_end_to_end(tmp_path):
         "--runs-dir", str(tmp_path), "--serve-seconds", "120", "--profile-steps", "2",
     ]  # fmt: skip
     env = {**os.environ, "COLUMNS": "200"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         url = wait_for_url(process)
         deadline = time.monotonic() + 90
@@ -69,8 +87,11 @@ def test_demo_end_to_end(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail("the demo did not reach 3 steps")
-        process.send_signal(signal.SIGINT)  # ends --serve-seconds early, then shuts down
-        assert process.wait(30) == 0
+        wait_for_line(process, "serving for")
+        code, lines, err = interrupted(process)  # Ctrl-C ends serving: a finished run
+        assert code == 0, err
+        assert "Traceback" not in "\n".join(lines) + err
+        assert lines[-1] == "stopped serving (Ctrl-C)"
     finally:
         if process.poll() is None:
             process.kill()
@@ -210,3 +231,83 @@ def test_async_demo_flips_who_is_idle(tmp_path, knob, starved):
             assert link["rl.step"] == attrs["rl.sample.generated_step"] < attrs["rl.step"]
             linked += 1
     assert linked, "no sample consumed after the step that generated it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "steps_done", "written"),
+    [
+        ("starting", 0, ["traces.jsonl"]),  # telemetry up, no step yet
+        ("training", 1, ["traces.jsonl"]),  # after step 1 of 3
+        ("printing", 3, ["traces.jsonl", "summary.json"]),  # after the first table
+        ("report", 3, ["traces.jsonl", "summary.json"]),  # before report.html
+    ],
+)
+def test_ctrl_c_ends_the_demo_cleanly_at_each_point(tmp_path, point, steps_done, written):
+    run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    for name in ("summary.json", "report.html"):  # an earlier run's: never passed off as new
+        (run_dir / name).write_text("from an earlier run")
+    command = [
+        sys.executable, "-m", "rlotel.cli", "demo", "--steps", "3", "--port", "0",
+        "--runs-dir", str(tmp_path), "--hold-at", point,
+    ]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "400"}  # a path on one line
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        wait_for_line(process, f"holding at {point}")
+        code, lines, err = interrupted(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert code == 130, err
+    assert "Traceback" not in "\n".join(lines) + err
+    promised = ["traces.jsonl", "summary.json", "report.html"]
+    missing = [name for name in promised if name not in written]
+    assert lines[-3:] == [
+        f"interrupted (Ctrl-C) at {point}, after {steps_done} of 3 steps",
+        "written: " + ", ".join(str(run_dir / name) for name in written),
+        "not written: " + ", ".join(str(run_dir / name) for name in missing),
+    ]
+    assert [name for name in promised if (run_dir / name).exists()] == written
+    spans = file_spans(run_dir / "traces.jsonl", run="demo")
+    steps = sorted(s["attrs"]["rl.step"] for s in spans if s["name"] == "step")
+    assert steps == list(range(1, steps_done + 1))  # every finished step, whole
+    summary = run_dir / "summary.json"
+    summarised = len(json.loads(summary.read_text())["steps"]) if summary.exists() else None
+    assert summarised == (steps_done if "summary.json" in written else None)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_exits_at_once():
+    """The first Ctrl-C asks the demo to stop at its next safe point; a second, while it
+    is still busy (a shutdown that hangs), exits straight away with 130."""
+    script = (
+        "import signal\n"
+        "from rlotel.demo.interrupt import CtrlC\n"
+        "with CtrlC(print) as ctrl_c:\n"
+        "    print('ready', flush=True)\n"
+        "    while not ctrl_c.requested:\n"
+        "        signal.pause()\n"
+        "    print('asked to stop', flush=True)\n"
+        "    signal.pause()  # busy, not at a safe point: the handler only notes Ctrl-C\n"
+        "print('never reached', flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_line(process, "ready")
+        process.send_signal(signal.SIGINT)
+        wait_for_line(process, "asked to stop")
+        code, lines, err = interrupted(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert code == 130
+    assert lines == []
+    assert err == "rlotel demo: Ctrl-C again: exiting now, files may be incomplete\n"

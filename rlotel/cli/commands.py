@@ -8,49 +8,119 @@ writes the shipped dashboards, alert rules and Prometheus/Collector configs into
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import rlotel
+from rlotel.demo.interrupt import EXIT_INTERRUPTED, POINTS, CtrlC, Interrupted
 from rlotel.derive import goodput
 from rlotel.derive.diagnose import Diagnoser, Verdict
 from rlotel.schema import vocabulary as voc
+
+if TYPE_CHECKING:
+    from rlotel.demo.loop import DemoResult
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rlotel.demo.loop import DemoConfig, StepResult, train
+    """Exit 0 once every file is written (Ctrl-C while serving included), 1 when the report
+    failed, 2 on a bad option, 130 when Ctrl-C cut the run short (`rlotel.demo.interrupt`):
+    then telemetry still shuts down whole and the last lines say what was written."""
+    run_dir = Path(args.runs_dir) / args.run
+    files = _DemoFiles(run_dir)
+    with CtrlC(console.print, args.hold_at) as ctrl_c:
+        tel: rlotel.Telemetry | None = None
+        point = "starting"
+        try:
+            tel = _demo_start(args, files)
+            if tel is None:
+                return 2
+            ctrl_c.checkpoint(point)
+            point = "training"
+            outcome = _demo_train(args, tel, ctrl_c, files)
+            point = "printing"
+            return _demo_finish(args, tel, ctrl_c, files, outcome)
+        except Interrupted as stop:
+            point = stop.point
+        except KeyboardInterrupt:  # Ctrl-C in the instant a wait ends: where it was
+            pass
+        except Exception:
+            if not ctrl_c.requested:  # a crash, not something Ctrl-C broke (Ray's workers)
+                raise
+        finally:
+            if tel is not None:
+                tel.shutdown()  # the finished steps' spans into traces.jsonl
+        files.say_interrupted(point, args.steps)
+        return EXIT_INTERRUPTED
 
-    traces = Path(args.runs_dir) / args.run / "traces.jsonl"
-    for old in traces.parent.glob("traces*.jsonl"):  # a new run: this run's traces only
-        old.unlink()
+
+class _DemoFiles:
+    """The files the demo promises and which of them it has written; a new run first
+    removes the ones an earlier run of the same name left."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.traces = run_dir / "traces.jsonl"
+        self.summary = run_dir / "summary.json"
+        self.report = run_dir / "report.html"
+        self.steps_done = 0
+        self.written: set[Path] = set()
+
+    def clear(self) -> None:
+        for old in [*self.traces.parent.glob("traces*.jsonl"), self.summary, self.report]:
+            old.unlink(missing_ok=True)
+
+    def say_interrupted(self, point: str, steps: int) -> None:
+        if self.traces.exists():  # telemetry writes it from its start, step by step
+            self.written.add(self.traces)
+        promised = (self.traces, self.summary, self.report)
+        made = [str(path) for path in promised if path in self.written]
+        missing = [str(path) for path in promised if path not in self.written]
+        console.print(
+            f"interrupted (Ctrl-C) at {point}, after {self.steps_done} of {steps} steps"
+            f"\nwritten: {', '.join(made) or 'nothing'}\nnot written: {', '.join(missing)}",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _demo_start(args: argparse.Namespace, files: _DemoFiles) -> rlotel.Telemetry | None:
+    """Telemetry for a new run (its old files removed), or None after saying why not."""
+    files.clear()
     try:
         tel = rlotel.init(
             run=args.run,
             prometheus_addr=args.addr,
             prometheus_port=args.port,
-            traces_file=traces,
+            traces_file=files.traces,
             profile_steps=args.profile_steps,
-            profile_dir=traces.parent / "profile" if args.profile_steps else None,
+            profile_dir=files.traces.parent / "profile" if args.profile_steps else None,
             max_sample_spans=args.sample_spans,
         )
     except rlotel.ConfigError as error:
         errors.print(f"[red]rlotel: {error}[/red]")
-        return 2
+        return None
+    console.print(f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url}")
+    return tel
+
+
+def _demo_train(
+    args: argparse.Namespace, tel: rlotel.Telemetry, ctrl_c: CtrlC, files: _DemoFiles
+) -> DemoResult:
+    """The training loop under a progress bar; Ctrl-C stops it at the next step boundary."""
+    from rlotel.demo.loop import DemoConfig, StepResult, train
+
     config = DemoConfig(
         steps=args.steps, seed=args.seed, peak_flops=args.peak_flops, ppo_epochs=args.ppo_epochs
     )
-    console.print(f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url}")
     with Progress(
         TextColumn("[bold]step"),
         MofNCompleteColumn(),
@@ -63,6 +133,7 @@ def _demo(args: argparse.Namespace) -> int:
         task = progress.add_task("train", total=config.steps, status="")
 
         def on_step(result: StepResult) -> None:
+            files.steps_done += 1
             phases = {k: v for k, v in result.timing_raw.items() if k != "step"}
             largest = max(phases, key=phases.get)
             progress.update(
@@ -71,8 +142,8 @@ def _demo(args: argparse.Namespace) -> int:
                 status=f"{result.timing_raw['step'] * 1000:6.1f} ms/step, largest "
                 f"{largest} {phases[largest] * 1000:.1f} ms, reward {result.reward_mean:.3f}",
             )
+            ctrl_c.checkpoint("training")
 
-        remote = None
         if args.async_mode:
             from rlotel.demo.async_loop import AsyncConfig, train_async
 
@@ -81,38 +152,34 @@ def _demo(args: argparse.Namespace) -> int:
                 "async: a rollout thread fills a 2-batch buffer "
                 f"(rollout ×{args.rollout_slowdown}, ppo epochs {args.ppo_epochs}{limit})"
             )
-            outcome = train_async(
-                tel,
-                AsyncConfig(
-                    config,
-                    rollout_slowdown=args.rollout_slowdown,
-                    max_staleness=args.max_staleness,
-                ),
-                on_step,
+            settings = AsyncConfig(
+                config, rollout_slowdown=args.rollout_slowdown, max_staleness=args.max_staleness
             )
-        elif args.ray:
+            return train_async(tel, settings, on_step)
+        remote = None
+        if args.ray:
             from rlotel.demo.ray_rollout import RayRollout
 
             progress.console.print("starting a local Ray cluster (2 CPUs) for generation")
-            remote = RayRollout(args.run, traces.parent, args.seed)
-        if not args.async_mode:
-            try:
-                outcome = train(tel, config, on_step, remote)
-            finally:
-                if remote is not None:
-                    remote.shutdown()
-    console.print(_ledger_table(outcome.steps))
-    console.print(_goodput_table(outcome.steps))
-    console.print(_verdict_summary(outcome.verdicts))
+            remote = RayRollout(args.run, files.traces.parent, args.seed)
+        try:
+            return train(tel, config, on_step, remote)
+        finally:
+            if remote is not None:
+                remote.shutdown()
+
+
+def _demo_finish(
+    args: argparse.Namespace,
+    tel: rlotel.Telemetry,
+    ctrl_c: CtrlC,
+    files: _DemoFiles,
+    outcome: DemoResult,
+) -> int:
+    """summary.json, the tables, report.html, then /metrics served for --serve-seconds;
+    Ctrl-C between any two of them stops the demo, and ends serving normally."""
     first, last = outcome.reward_gain()
-    last_step = outcome.steps[-1]
-    console.print(
-        f"reward: first steps {first:.3f} → last steps {last:.3f}; tool calls in "
-        f"{last_step.tool_call_ratio:.0%} of the last step's samples; slowest sample "
-        f"{last_step.metrics.get(voc.AGENT_LOOP_SLOWEST + voc.GENERATE_SEQUENCES, 0) * 1000:.1f} ms"
-    )
-    summary = traces.with_name("summary.json")
-    summary.write_text(
+    files.summary.write_text(
         json.dumps(
             {
                 "run": args.run,
@@ -123,21 +190,34 @@ def _demo(args: argparse.Namespace) -> int:
             indent=1,
         )
     )
-    console.print(f"traces: {traces}\nsummary: {summary}")
+    files.written.add(files.summary)
+    last_step = outcome.steps[-1]
+    for printed in (
+        _ledger_table(outcome.steps),
+        _goodput_table(outcome.steps),
+        _verdict_summary(outcome.verdicts),
+        f"reward: first steps {first:.3f} → last steps {last:.3f}; tool calls in "
+        f"{last_step.tool_call_ratio:.0%} of the last step's samples; slowest sample "
+        f"{last_step.metrics.get(voc.AGENT_LOOP_SLOWEST + voc.GENERATE_SEQUENCES, 0) * 1000:.1f}"
+        " ms",
+        f"traces: {files.traces}\nsummary: {files.summary}",
+    ):
+        console.print(printed)
+        ctrl_c.checkpoint("printing")
     captures = sorted({str(c.path) for step in outcome.steps for c in step.captures})
     if captures:
         console.print("profiler captures:\n  " + "\n  ".join(captures))
-    reported = 0
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C after training: stop serving
-        tel.flush()  # every span in the traces file before the report reads it
-        reported = _demo_report(traces.parent)
-        if args.serve_seconds > 0 and tel.metrics_url:
-            console.print(
-                f"metrics: {tel.metrics_url} — serving for {args.serve_seconds:.0f}s "
-                "(Ctrl-C to stop)"
-            )
-            time.sleep(args.serve_seconds)
-    tel.shutdown()
+    ctrl_c.checkpoint("report")
+    tel.flush()  # every span in the traces file before the report reads it
+    reported = _demo_report(files.traces.parent)
+    if reported == 0:
+        files.written.add(files.report)
+    if args.serve_seconds > 0 and tel.metrics_url:
+        console.print(
+            f"metrics: {tel.metrics_url} — serving for {args.serve_seconds:.0f}s (Ctrl-C to stop)"
+        )
+        if ctrl_c.wait(args.serve_seconds):
+            console.print("stopped serving (Ctrl-C)")
     return reported
 
 
@@ -456,14 +536,26 @@ def _resamples(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlotel", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run a tiny real GRPO loop, fully instrumented")
+    demo = commands.add_parser(
+        "demo",
+        help="run a tiny real GRPO loop, fully instrumented",
+        description="Train a tiny GRPO loop on CPU, instrumented by rlotel; write "
+        "runs/<run>/traces.jsonl, summary.json and report.html. Ctrl-C stops it at any "
+        f"point: exit {EXIT_INTERRUPTED}, with the files written and those not written "
+        "named; while serving (--serve-seconds) it stops serving, exit 0.",
+    )
     demo.add_argument("--steps", type=int, default=60)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--run", default="demo", help="run name (label `run`)")
     demo.add_argument("--addr", default="127.0.0.1", help="/metrics bind address")
     demo.add_argument("--port", type=int, default=9464, help="/metrics port (0 = ephemeral)")
     demo.add_argument("--runs-dir", default="runs", help="where runs/<run>/traces.jsonl goes")
-    demo.add_argument("--serve-seconds", type=float, default=0.0)
+    demo.add_argument(
+        "--serve-seconds",
+        type=float,
+        default=0.0,
+        help="keep /metrics up this long after training (Ctrl-C stops it: exit 0)",
+    )
     demo.add_argument("--peak-flops", type=float, default=448e9, help="device peak FLOP/s")
     demo.add_argument(
         "--ray", action="store_true", help="generate in 2 Ray actors on a local cluster"
@@ -504,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         default=(),
         help="global steps to capture with torch.profiler, e.g. 2,3 (runs/<run>/profile)",
     )
+    demo.add_argument("--hold-at", choices=POINTS, help=argparse.SUPPRESS)  # test hook
     demo.set_defaults(handler=_demo)
     analyze = commands.add_parser(
         "analyze", help="print the step ledger of a traces file or a verl FileLogger JSONL"
