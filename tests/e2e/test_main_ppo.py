@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from rlotel.cli import commands as cli
+from rlotel.integrations.registered import HOOKS
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
 from tests.e2e import ahead
@@ -389,11 +390,34 @@ REACHED_FAILING = {
     "verl_tracking",
     "verl_worker_group",
     "verl_v1_replay_batch",
+    "verl_v1_evict",
     "ray_actor_submit",
     "ray_actor_class",  # every Ray worker process
     "verl_v1_score",  # the agent-loop worker
+    "verl_v1_turn",
     "verl_rollout_replica",
 }
+REGISTERED = {hook.name for hook in HOOKS}
+# Said on the console by processes with no /metrics of their own: main_ppo's, and the vLLM
+# server's (its engine's telemetry is vLLM's own tracing)
+SAID_FAILING = {"verl_runtime_env", "vllm_engine", "vllm_request_context"}
+# Hooks the healthy run fires that the chaos run cannot reach, each for the hook upstream of
+# it that failed first
+DOWNSTREAM = {
+    "verl_v1_trajectory": "opens only under a traced dispatch (ray_actor_submit failed)",
+}
+
+
+def hook_events(work: Path) -> dict[str, float]:
+    """rlotel_integration_events_total by hook, over every process's last scrape."""
+    events: dict[str, float] = {}
+    paths = [*(work / "targets").glob("*.txt"), *sorted((work / "scrapes").glob("*.txt"))[-1:]]
+    for path in paths:
+        for (name, labels), value in parse_exposition(path.read_text()).items():
+            if name == "rlotel_integration_events_total":
+                hook = dict(labels)["hook"]
+                events[hook] = events.get(hook, 0) + value
+    return events
 
 
 def hook_failures(work: Path) -> dict[str, dict[str, float]]:
@@ -407,7 +431,7 @@ def hook_failures(work: Path) -> dict[str, dict[str, float]]:
 
 
 def test_every_hook_failing_trains_exactly_as_without_rlotel(
-    every_hook_failing: Path, plugin_off: Path
+    every_hook_failing: Path, plugin_off: Path, plugin_on: Path
 ) -> None:
     """It trained to the end (the fixture checked the exit code) logging exactly the keys
     verl logs with the plugin off; every process's /metrics names the hooks that failed,
@@ -428,6 +452,14 @@ def test_every_hook_failing_trains_exactly_as_without_rlotel(
     assert set(failures) <= {hook for _, hook in said}, said  # every failure was said
     assert max(said.values()) == 1, said.most_common(3)  # once per hook, not per call
     assert ("", "verl_runtime_env") in said  # main_ppo's own process, which has no /metrics
+    failed = set(failures) | {hook for _, hook in said}
+    assert failed >= SAID_FAILING, sorted(failed)
+    # every registered hook the same run fires with rlotel working failed here
+    fired = {hook for hook, n in hook_events(plugin_on).items() if n and hook in REGISTERED}
+    assert fired - set(DOWNSTREAM), "no registered hook fired in the healthy run"
+    assert fired - set(DOWNSTREAM) <= failed, sorted(fired - set(DOWNSTREAM) - failed)
+    assert set(DOWNSTREAM) <= fired  # an exemption the healthy run does not need goes
+    figure("every hook failing; failed:", sorted(failed), "fired when healthy:", sorted(fired))
     assert not re.search(r'File "[^"]*/rlotel/', console)
 
 
