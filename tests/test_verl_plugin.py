@@ -508,3 +508,28 @@ def test_a_trainer_that_overrides_fit_is_the_driver_from_its_tracking(monkeypatc
         finally:
             tracking.finish()
     assert rlotel.current() is None
+
+
+def test_the_driver_says_once_at_start_which_hooks_did_not_attach(monkeypatch, caplog):
+    from verl.experimental.agent_loop import agent_loop
+    from verl.utils.tracking import Tracking
+
+    from rlotel.integrations import process
+    from rlotel.integrations import verl as plugin
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(probe.getsockname()[1]))
+    monkeypatch.setattr(process, "_driver", [])
+    monkeypatch.delattr(agent_loop.AgentLoopManager, "_performance_metrics")  # verl moved it
+    plugin.install()
+    try:
+        tracking = Tracking(project_name="p", experiment_name="moved", default_backend=["rlotel"])
+        tracking.finish()
+    finally:
+        plugin.uninstall()
+    lines = [r.getMessage() for r in caplog.records if "hooks not attached" in r.getMessage()]
+    assert lines == [
+        "rlotel: hooks not attached in this process: verl_agent_loop_metrics "
+        "(`rlotel doctor` says why)"
+    ]

@@ -188,6 +188,12 @@ class RlotelBackend:
         self.tel = telemetry(run=experiment_name, serve=True, profile=verl_profile_config(config))
         self.tel.expect_logs()  # each step's MFU and tokens arrive here, after its timers
         log.info("rlotel: verl run %r, metrics at %s", experiment_name, self.tel.metrics_url)
+        missing = not_attached()
+        if missing:  # at the run's start, in its driver: one line for what is lost
+            log.warning(
+                "rlotel: hooks not attached in this process: %s (`rlotel doctor` says why)",
+                ", ".join(sorted(missing)),
+            )
 
     def log(self, *args: Any, **kwargs: Any) -> None:
         try:
