@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from rlotel.config import Config
 from rlotel.derive.goodput import BUCKETS, DEFAULT_BUCKETS
+from rlotel.integrations.registered import HOOKS
 from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS
 from rlotel.schema import catalogue as cat
 from rlotel.schema.vocabulary import BIAS_QUANTITIES, DISCARD_REASONS
@@ -95,11 +96,16 @@ FAMILY_LABELS: dict[str, dict[str, Label]] = {
     cat.AGENT_LOOP_LENGTH.name: {"kind": Label(len(LENGTH_KINDS), "prompt, response")},
     cat.ROLE_IDLE.name: {"role": Label(2, "trainer, rollout")},
     cat.SAMPLES_DISCARDED.name: {"reason": Label(len(DISCARD_REASONS), ", ".join(DISCARD_REASONS))},
-    cat.INTEGRATION_FAILURES.name: {"hook": Label(24, "hooks guarded in rlotel/integrations: 19")},
+    cat.INTEGRATION_FAILURES.name: {"hook": Label(len(HOOKS), "the hooks of the registry")},
+    cat.INTEGRATION_HOOKS.name: {
+        "hook": Label(len(HOOKS), "the hooks of the registry"),
+        "state": Label(3, "attached, not_attached, not_applicable"),
+    },
 }
 # Label sets of a family that are not the product of its labels' bounds.
 FAMILY_SETS: dict[str, Label] = {
     cat.DROPPED.name: Label(48, "(signal, reason) pairs: 40 written in rlotel/ today"),
+    cat.INTEGRATION_HOOKS.name: Label(len(HOOKS), "one state per hook of the registry"),
 }
 # Tallies kept outside the series store: not capped at max_metric_keys (bounded by the code).
 UNCAPPED = frozenset(
