@@ -174,3 +174,9 @@ def hooks_attached(*names: str) -> Iterator[None]:
         yield
     finally:
         detach_hooks(*names)
+
+
+def span_rows(data: dict, step: int | str) -> list[dict]:
+    """A report's waterfall rows of `step`, each by the field names the page reads."""
+    columns = data["span_columns"]
+    return [dict(zip(columns, row, strict=True)) for row in data["trees"][str(step)]["rows"]]

@@ -18,6 +18,7 @@ import pytest
 import rlotel
 from rlotel.cli import commands as cli
 from rlotel.offline.report import MAX_POINTS, PLOTLY_JS, write_report
+from tests.helpers import span_rows
 
 PHASES = ["gen", "reward", "old_log_prob", "update_actor", "update_weights"]
 WORKER = """
@@ -102,9 +103,9 @@ def test_report_from_traces_file(tmp_path) -> None:
     assert set(data["share"]) == {*PHASES, "unaccounted"}
     assert sum(data["share"].values()) == pytest.approx(1.0, abs=0.02)
     assert data["default_step"] == 3  # the slowest step's tree is shown first
-    rows = data["trees"]["3"]["rows"]
-    assert [r[0] for r in rows[:2]] == ["step", "gen"] and rows[0][1] == 0
-    assert {r[0] for r in rows} >= {*PHASES, "sample"}
+    rows = span_rows(data, 3)
+    assert [r["name"] for r in rows[:2]] == ["step", "gen"] and rows[0]["depth"] == 0
+    assert {r["name"] for r in rows} >= {*PHASES, "sample"}
     assert data["mfu"]["actor"] == pytest.approx([0.21, 0.22, 0.23, 0.24])
     assert all(v > 0 for v in data["throughput"])
     # the tail from the sample spans: total = generate + tools + score of each sample
@@ -232,12 +233,12 @@ def test_processes_across_files(tmp_path) -> None:
     tel.shutdown()
     data = page_data(write_report(run_dir, run_dir / "report.html").path)
     assert sorted(data["processes"]) == ["rlotel", "rollout-worker"]
-    rows = data["trees"]["1"]["rows"]
+    rows = span_rows(data, 1)
     worker = data["processes"].index("rollout-worker")
-    remote = [r for r in rows if r[4] == worker]
-    assert {r[0] for r in remote} == {"generate_remote", "sample"}
-    gen_depth = next(r[1] for r in rows if r[0] == "gen")
-    assert next(r[1] for r in remote if r[0] == "generate_remote") == gen_depth + 1
+    remote = [r for r in rows if r["process"] == worker]
+    assert {r["name"] for r in remote} == {"generate_remote", "sample"}
+    gen_depth = next(r["depth"] for r in rows if r["name"] == "gen")
+    assert next(r["depth"] for r in remote if r["name"] == "generate_remote") == gen_depth + 1
     assert data["slowest_samples"][0]["process"] == "rollout-worker"
 
 
@@ -365,9 +366,9 @@ def test_roles_per_span_not_per_process(tmp_path) -> None:
             )
     tel.shutdown()
     data = page_data(write_report(run_dir, run_dir / "report.html").path)
-    rows = data["trees"]["1"]["rows"]
+    rows = span_rows(data, 1)
     worker = data["processes"].index("fused-worker critic")
-    roles = {r[0]: data["roles"][r[8]] for r in rows if r[4] == worker}
+    roles = {r["name"]: data["roles"][r["role"]] for r in rows if r["process"] == worker}
     assert roles == {
         "update_actor": "actor", "forward_backward": "actor", "update_critic": "critic",
     }  # fmt: skip

@@ -24,7 +24,7 @@ from rlotel.schema import vocabulary as voc
 from tests.e2e import ahead
 from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, isolated
-from tests.helpers import file_spans, parse_exposition
+from tests.helpers import file_spans, parse_exposition, span_rows
 
 pytestmark = pytest.mark.slow
 
@@ -596,8 +596,8 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
     assert dom["preempted"] and set(dom["preempted"]) == {"unknown"}
     # roles per span: the legend names the roles the spans carry, each drawn in its colour
     assert {"trainer", "actor", "agent_loop", "rollout"} <= set(dom["roles"]), dom["roles"]
-    rows = data["trees"][str(data["default_step"])]["rows"]
-    role_of = {r[0]: data["roles"][r[8]] for r in rows}
+    rows = span_rows(data, data["default_step"])
+    role_of = {r["name"]: data["roles"][r["role"]] for r in rows}
     assert role_of["trajectory"] == "agent_loop" and role_of["generate"] == "rollout"
     assert role_of["compute_log_prob"] == "actor" and role_of["gen"] == "trainer"
 
@@ -612,7 +612,8 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
 
     palette = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477"]
     palette.append("#66aa00")  # page.js's waterfall palette, by role index
-    drawn = {r[8] for r in rows if r[3] > 0.005 * rows[0][3]}  # roles with a visible bar
+    longest = rows[0]["duration_ms"]
+    drawn = {r["role"] for r in rows if r["duration_ms"] > 0.005 * longest}  # a visible bar
     for role in drawn:
         found = pixels(shots["waterfall"], palette[role % len(palette)])
         assert found > 30, (data["roles"][role], found)

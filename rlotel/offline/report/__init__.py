@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -175,6 +175,7 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
             for i in tree_steps
         },
         "tree_steps": [steps[i].number for i in tree_steps],
+        "span_columns": SpanRow._fields,  # the page reads each row's fields by these names
         "default_step": slowest.number,
         "processes": trees.process_labels(),
         "roles": trees.roles,
@@ -602,6 +603,21 @@ def _json_value(value: Any) -> Any:
 # --- spans: trees, captures, processes --------------------------------------------------
 
 
+class SpanRow(NamedTuple):
+    """One span of a step's waterfall. The page gets rows as JSON arrays (a 10k-step report
+    stays small) with these field names once, `span_columns`, and reads fields by name."""
+
+    name: str
+    depth: int
+    start_ms: float  # from the step's start
+    duration_ms: float
+    process: int  # index into `processes`
+    span_id: str
+    error: bool
+    attributes: dict[str, Any]
+    role: int  # index into `roles`
+
+
 class _SpanIndex:
     """Spans by id, by parent and by trace, for trees that cross process files."""
 
@@ -745,7 +761,7 @@ class _SpanIndex:
         if step.span is None:
             return {**details, "rows": []}
         root = step.span
-        rows: list[list[Any]] = []
+        rows: list[SpanRow] = []
         seen: set[str] = set()
 
         def visit(span: SpanRecord, depth: int) -> None:
@@ -754,7 +770,7 @@ class _SpanIndex:
                 k: _json_value(v) for k, v in span.attributes.items() if k not in _HIDDEN_ATTRIBUTES
             }
             rows.append(
-                [
+                SpanRow(
                     span.name,
                     depth,
                     round((span.start_ns - root.start_ns) / 1e6, 4),
@@ -764,7 +780,7 @@ class _SpanIndex:
                     span.status_code == otlp_json.STATUS_ERROR,
                     attributes,
                     self.role_index(span),
-                ]
+                )
             )
             for child in sorted(self.children(span), key=lambda s: s.start_ns):
                 visit(child, depth + 1)

@@ -260,6 +260,9 @@
       <dt>timing_raw</dt><dd>${evidence(tree.timing_raw)}</dd><dt>profile captures</dt><dd>${caps}</dd></dl>`;
   }
 
+  // a waterfall row's fields by name (rows travel as arrays: `span_columns` names them)
+  const col = Object.fromEntries(data.span_columns.map((name, i) => [name, i]));
+
   function waterfall(tree) {
     const rows = tree.rows;
     if (!rows.length) {
@@ -268,19 +271,19 @@
     }
     const byRole = new Map();
     rows.forEach((r, i) => {
-      if (!byRole.has(r[8])) byRole.set(r[8], []);
-      byRole.get(r[8]).push([i, r]);
+      if (!byRole.has(r[col.role])) byRole.set(r[col.role], []);
+      byRole.get(r[col.role]).push([i, r]);
     });
     const traces = [...byRole.entries()].map(([role, list]) => ({
-      type: "bar", orientation: "h", name: data.roles[role], marker: { color: palette[role % palette.length], line: { color: list.map(([, r]) => (r[6] ? "#c0392b" : "rgba(0,0,0,0)")), width: 2 } },
-      y: list.map(([i]) => i), base: list.map(([, r]) => r[2]), x: list.map(([, r]) => Math.max(r[3], 0.001)),
-      customdata: list.map(([, r]) => [r[0], r[3].toFixed(3), r[5], escape(data.processes[r[4]]), Object.entries(r[7]).slice(0, 12).map(([k, x]) => `${k}=${fmt(x)}`).join("<br>")]),
+      type: "bar", orientation: "h", name: data.roles[role], marker: { color: palette[role % palette.length], line: { color: list.map(([, r]) => (r[col.error] ? "#c0392b" : "rgba(0,0,0,0)")), width: 2 } },
+      y: list.map(([i]) => i), base: list.map(([, r]) => r[col.start_ms]), x: list.map(([, r]) => Math.max(r[col.duration_ms], 0.001)),
+      customdata: list.map(([, r]) => [r[col.name], r[col.duration_ms].toFixed(3), r[col.span_id], escape(data.processes[r[col.process]]), Object.entries(r[col.attributes]).slice(0, 12).map(([k, x]) => `${k}=${fmt(x)}`).join("<br>")]),
       hovertemplate: "<b>%{customdata[0]}</b> %{customdata[1]} ms<br>span %{customdata[2]} in %{customdata[3]}<br>%{customdata[4]}<extra>%{fullData.name}</extra>",
     }));
     const layout = {
       barmode: "overlay", height: waterfallHeight(tree), showlegend: byRole.size > 1, legend: { title: { text: "role" } },
       xaxis: { type: "linear", title: { text: "ms since step start" }, rangemode: "tozero" },
-      yaxis: { type: "linear", tickvals: rows.map((_, i) => i), ticktext: rows.map((r) => "\u00a0".repeat(2 * r[1]) + r[0]), autorange: "reversed", automargin: true },
+      yaxis: { type: "linear", tickvals: rows.map((_, i) => i), ticktext: rows.map((r) => "\u00a0".repeat(2 * r[col.depth]) + r[col.name]), autorange: "reversed", automargin: true },
       margin: { ...margin, l: 140 },
     };
     return Plotly.react(el("chart-waterfall"), traces, layout, config);
