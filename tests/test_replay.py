@@ -258,3 +258,29 @@ def test_replay_command(tmp_path, capsys):
     assert "replayed 2 steps of run 'exp'" in out and "create-blocks-from openmetrics" in out
     assert (tmp_path / "out" / "metrics.om").read_text().rstrip().endswith("# EOF")
     assert cli.main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_a_timer_rlotel_has_no_word_for_is_a_window_of_the_replayed_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's next data plane logs `timing_s/dataplane/prefetch_gen`: replayed as a window of
+    its own name after verl's known ones, and covered time, not unaccounted."""
+    from verl.utils import tracking
+
+    log = tmp_path / "verl.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    logger = tracking.FileLogger("proj", "exp")
+    data = {
+        "timing_s/gen": 2.0,
+        "timing_s/dataplane/prefetch_gen": 0.5,
+        "timing_s/update_actor": 1.0,
+        "timing_s/step": 4.0,
+    }
+    logger.log(data, step=1)
+    logger.finish()
+    result = replay(log, tmp_path / "out", "r", start_time=1_700_000_000.0)
+    spans = file_spans(result.traces_path, run="r")
+    (root,) = [s for s in spans if s["name"] == "step"]
+    children = sorted((s for s in spans if s["parent"] == root["id"]), key=lambda s: s["start"])
+    assert [c["name"] for c in children] == ["gen", "update_actor", "dataplane/prefetch_gen"]
+    assert root["attrs"]["rl.unaccounted_s"] == pytest.approx(0.5)  # 4 - (2 + 1 + 0.5)

@@ -311,12 +311,18 @@ def _write_traces(
 
 
 def _stages(data: Mapping[str, Any]) -> list[tuple[str, float]]:
-    stages = []
-    for stage in STAGE_ORDER:
-        seconds = as_finite_float(data.get(vocabulary.TIMING_S + stage))[0]
-        if seconds is not None and seconds >= 0:
-            stages.append((stage, seconds))
-    return stages
+    """The step's windows, verl's known ones in verl's order, then any other timer it logged
+    (every timer is a window)."""
+    windows = vocabulary.step_windows(vocabulary.timing_from_metrics(data))
+    ordered = [
+        *(s for s in STAGE_ORDER if s in windows),
+        *(n for n in windows if n not in STAGE_ORDER),
+    ]
+    return [
+        (name, windows[name])
+        for name in ordered
+        if math.isfinite(windows[name]) and windows[name] >= 0
+    ]
 
 
 def _root_attributes(data: Mapping[str, Any]) -> dict[str, float]:
