@@ -111,3 +111,20 @@ def test_analyze_prints_bottleneck_section(tmp_path, capsys):
     assert cli.main(["analyze", str(path)]) == 0
     out = capsys.readouterr().out
     assert "bottleneck: rollout-bound ×3" in out and "read next" in out
+
+
+def test_only_the_steps_own_windows_compete_in_the_verdict_from_traces(tmp_path):
+    """A phase nested in another (an unknown timer inside `update_actor`) is a window of the
+    ledger but not one of the step's own: the verdict read back from traces weighs only the
+    step's direct children, as the live one does."""
+    path = tmp_path / "traces.jsonl"
+    tel = rlotel.init(run="nested", prometheus_port=None, traces_file=path)
+    with tel.step(1):
+        with tel.phase("gen"):
+            sum(range(20_000))
+        with tel.phase("update_actor"), tel.phase("my_inner_timer"):
+            sum(range(20_000))
+    tel.shutdown()
+    (step,) = load_steps(path)
+    assert "my_inner_timer" in step.timing_raw
+    assert step.facts.top_level == {"gen", "update_actor"}

@@ -160,6 +160,7 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
         if root is None:
             continue
         timing: dict[str, float] = {}
+        top_level: set[str] = set()  # the step's own windows (a nested one never competes)
         stragglers: dict[str, tuple[int, float]] = {}
         compute_stragglers: dict[str, tuple[int, float]] = {}
         for span in sorted(trace, key=lambda s: s.start_ns):  # phases in the order they ran
@@ -167,6 +168,8 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
                 continue  # another process's spans (workers) are in the tree, not the ledger
             if span is not root and attr.PHASE in span.attributes:
                 timing[span.name] = timing.get(span.name, 0) + span.seconds
+                if span.parent_span_id == root.span_id:
+                    top_level.add(span.name)
                 _rank_spread(span, attr.SLOWEST_RANK, attr.RANK_SPREAD, stragglers)
                 _rank_spread(
                     span, attr.RANK_COMPUTE_SLOWEST, attr.RANK_COMPUTE_SPREAD, compute_stragglers
@@ -198,6 +201,7 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
             agent_loop=_slowest_from_samples(trace),
             stragglers=stragglers,
             compute_stragglers=compute_stragglers,
+            top_level=frozenset(top_level),
         )
         steps.append(StepRecord(number, timing, metrics, facts, root))
     return steps
