@@ -407,6 +407,12 @@ def finish_command() -> Case:
     return method(verl_captures.finish_command, "upload --key=x")
 
 
+def oom_snapshot() -> Case:
+    """verl's OOM callback on a profiler that saves nowhere yet (no snapshot to link)."""
+    profiler = types.SimpleNamespace(config=types.SimpleNamespace(save_path="/nonexistent"))
+    return method(verl_captures.traced_oom, 0, 1 << 30, 1 << 34, 0, instance=profiler)
+
+
 def subprocess_spy() -> Case:
     recorder = Recorder()
     spy = verl_captures.SubprocessSpy(types.SimpleNamespace(Popen=recorder))
@@ -422,6 +428,7 @@ CASES: dict[str, Callable[[pytest.MonkeyPatch], Case]] = {
     _w("verl", "traced_timer"): lambda mp: timer(),
     _w("verl_captures", "SubprocessSpy"): lambda mp: subprocess_spy(),
     _w("verl_captures", "finish_command"): lambda mp: finish_command(),
+    _w("verl_captures", "traced_oom"): lambda mp: oom_snapshot(),
     _w("verl", "tracking_init"): lambda mp: tracking_init(),
     _w("verl", "tracking_finish"): lambda mp: tracking_finish(),
     _w("verl", "performance_metrics"): lambda mp: method(

@@ -228,10 +228,15 @@ def test_doctor_on_verl_0_9_0_every_hook_with_a_target_there_attached() -> None:
     assert facts["versions"]["verl"] == "0.9.0"
     assert facts["untested"] == ["verl 0.9.0 (>=0.9.1,<0.9.2)"]
     states = _states(facts)
-    # verl 0.9.0's profiler has no finish-hook command (it came with 0.9.1)
+    # verl 0.9.0's profiler has no finish-hook command and no OOM snapshot (both 0.9.1's)
     assert states.pop("verl_profile_finish_hook") == (
         "not_applicable",
         "verl.utils.profiler.profile.subprocess came with 0.9.1",
+    )
+    assert states.pop("verl_memory_oom") == (
+        "not_applicable",
+        "verl.utils.profiler.torch_memory_profile.TorchMemoryProfiler._on_out_of_memory came "
+        "with 0.9.1",
     )
     assert {state for state, _ in states.values()} == {"attached"}, states
     assert code == 0 and facts["ok"]

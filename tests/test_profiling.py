@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -492,3 +493,52 @@ def test_a_replica_links_its_engine_trace_from_its_stop_profile(make_tel, span_e
     assert (attributes["rl.profile.role"], attributes["rl.profile.replica"]) == ("rollout", 1)
     assert (attributes["rl.profile.token_start"], attributes["rl.profile.token_end"]) == (2, 6)
     assert "rl.profile.step_first" not in attributes  # the trainer's `gen` link says the step
+
+
+def test_an_oom_snapshot_is_an_event_of_the_worker_call_it_was_written_in(
+    make_tel, span_exporter, tmp_path
+):
+    """verl's OOM observer dumps the allocator under `oom_{time}/`: the snapshot is an event
+    of the worker call that was running (its path and size), whatever else fails."""
+    from tests.helpers import hooks_attached
+
+    tel = make_tel(run="verl")
+    save = tmp_path / "profile"
+    worker = _Worker(save)
+    snapshot = (
+        save / "oom_20261204-210000-000001" / f"torch_memory_oom_rank0_pid{os.getpid()}.pickle"
+    )
+
+    class Profiler:  # verl's TorchMemoryProfiler, as far as its OOM callback goes
+        config = types.SimpleNamespace(save_path=str(save))
+
+        def _on_out_of_memory(self, device, alloc, device_total, device_free):
+            snapshot.parent.mkdir(parents=True)
+            snapshot.write_bytes(b"snapshot")
+
+    from verl.utils.profiler import torch_memory_profile
+
+    with hooks_attached(verl_captures.OOM_HOOK):
+        on_oom = torch_memory_profile.TorchMemoryProfiler._on_out_of_memory
+        assert (
+            on_oom.__name__ == "_on_out_of_memory" and on_oom.__module__ == verl_captures.__name__
+        )
+        worker.profiler.start(profile_step=2)
+        traced = verl_captures.traced_oom(Profiler._on_out_of_memory)
+        worker_call(tel, worker, "update_actor", lambda: traced(Profiler(), 0, 1 << 30, 1 << 34, 0))
+        worker.profiler.stop(run_command=False)
+    spans = finished_spans(tel, span_exporter)
+    (event,) = [e for e in next(s for s in spans if s.name == "update_actor").events
+                if e.name == "rl.profile.oom_snapshot"]  # fmt: skip
+    assert event.attributes["rl.profile.path"] == str(snapshot)
+    assert event.attributes["rl.profile.size_bytes"] == len(b"snapshot")
+
+
+def test_a_memory_snapshot_window_is_found_at_its_last_step(tmp_path):
+    """`memory_snapshot_num_steps=2`: verl writes `steps2-3/` when step 3 stops."""
+    window = tmp_path / "steps2-3"
+    window.mkdir()
+    pickle = window / "torch_memory_rank0_pid7.pickle"
+    pickle.write_bytes(b"x")
+    assert verl_captures.find_verl_captures(tmp_path, 3) == [("torch_memory", pickle)]
+    assert verl_captures.find_verl_captures(tmp_path, 2) == []

@@ -103,6 +103,19 @@ HOOKS: tuple[Hook, ...] = (
         ),
     ),
     Hook(
+        "verl_memory_oom",
+        "verl",
+        "the allocator snapshot verl dumps at a CUDA/NPU OOM, an event of the worker call",
+        (
+            _t(
+                "verl.utils.profiler.torch_memory_profile",
+                "TorchMemoryProfiler._on_out_of_memory",
+                "verl_captures:traced_oom",
+                since="0.9.1",
+            ),
+        ),
+    ),
+    Hook(
         "verl_tracking",
         "verl",
         "the `rlotel` logger: the driver's /metrics, MFU, throughput, verl's step metrics",

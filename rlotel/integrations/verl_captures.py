@@ -52,6 +52,7 @@ _MINI_BATCH = re.compile(r"^mb(\d+)(?:-(\d+))?$")
 TRACE_SUFFIXES = (".json.gz", ".json")
 ROLLOUT_ROLE = "rollout"
 FINISH_HOOK = "verl_profile_finish_hook"
+OOM_HOOK = "verl_memory_oom"
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,11 @@ def find_verl_captures(
         parsed = parse_verl_name(path.name)
         if parsed is not None and parsed.step == step:
             found.append(("torch", path))
-    for path in sorted((save_dir / f"step{step}").glob("torch_memory_rank*.pickle")):
-        found.append(("torch_memory", path))
+    # verl's memory snapshots: `step{N}/`, or `steps{A}-{N}/` written at the last step of a
+    # window of `memory_snapshot_num_steps` steps
+    for window in (f"step{step}", *(p.name for p in save_dir.glob(f"steps*-{step}"))):
+        for path in sorted((save_dir / window).glob("torch_memory_rank*.pickle")):
+            found.append(("torch_memory", path))
     if since_epoch_s is not None:
         for path in sorted(save_dir.rglob("*.nsys-rep")):
             mtime = _mtime(path)
@@ -577,3 +581,39 @@ def _record_finish(command: Any, started_ns: int) -> None:
                 f"verl's finish_hook_cmd {attributes[attr.PROFILE_HOOK_COMMAND]} "
                 + (f"exited {status}" if isinstance(status, int) else "did not start"),
             )
+
+
+def traced_oom(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`TorchMemoryProfiler._on_out_of_memory(device, alloc, total, free)`: verl dumps the
+    allocator (`oom_{time}/torch_memory_oom_rank{R}_pid{P}.pickle`); the snapshot becomes an
+    event of the worker call that was running, the span open when it was written."""
+
+    def _on_out_of_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started_ns = time.time_ns()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            guard.attempt(OOM_HOOK, _record_oom, self, started_ns)
+
+    return _on_out_of_memory
+
+
+def _record_oom(profiler: Any, started_ns: int) -> None:
+    import rlotel
+
+    save_dir = Path(getattr(profiler.config, "save_path", None) or "outputs/profile")
+    written = [
+        path
+        for path in save_dir.glob(f"oom_*/torch_memory_oom_rank*_pid{os.getpid()}.pickle")
+        if path.stat().st_mtime_ns >= started_ns - 1_000_000_000  # this OOM's (1 s slack)
+    ]
+    watch = _current.get()
+    tel = rlotel.current()
+    if tel is not None:
+        tel.drops.fired(OOM_HOOK)
+    for path in written:
+        attributes = {attr.PROFILE_PATH: str(path), attr.PROFILE_SIZE: path.stat().st_size}
+        if watch is not None:
+            watch.events.append((attr.PROFILE_OOM_EVENT, started_ns, attributes))
+        elif tel is not None:  # outside any worker call: said, not lost
+            tel.drops.add("profile", "oom_outside_call", f"verl's OOM snapshot {path}")

@@ -101,6 +101,7 @@ PROFILE_REPLICA = "rl.profile.replica"  # a rollout engine's capture: the replic
 PROFILE_TOKEN_START = "rl.profile.token_start"  # the engine's token window, when set
 PROFILE_TOKEN_END = "rl.profile.token_end"
 PROFILE_HOOK_EVENT = "rl.profile.finish_hook"  # verl ran finish_hook_cmd (an event)
+PROFILE_OOM_EVENT = "rl.profile.oom_snapshot"  # verl dumped the allocator at an OOM (an event)
 PROFILE_HOOK_COMMAND = "rl.profile.finish_hook.command"  # its program's name, no arguments
 PROFILE_HOOK_EXIT_STATUS = "rl.profile.finish_hook.exit_status"  # None: it did not start
 PROFILE_HOOK_SECONDS = "rl.profile.finish_hook.duration_s"
