@@ -62,9 +62,7 @@ def test_every_catalogue_label_has_a_stated_bound():
 def test_the_limits_are_the_real_defaults():
     assert sb.OTEL_SDK_ATTRIBUTE_SETS == _DEFAULT_CARDINALITY_LIMIT
     assert rlotel.Config().max_metric_keys == sb.CAP
-    prometheus = yaml.safe_load(
-        (ROOT / "collector" / "prometheus.yml").read_text()
-    )
+    prometheus = yaml.safe_load((ROOT / "collector" / "prometheus.yml").read_text())
     assert prometheus["global"]["scrape_interval"] == f"{sb.SCRAPE_INTERVAL_S}s"
 
 
