@@ -27,6 +27,7 @@ from tests.e2e.test_main_ppo import (
     TRAJECTORIES,
     VERL_ROLES,
     declare_main_ppo,
+    last_scrape,
     main_ppo,
     spans_by_role,
     verl_log,
@@ -84,8 +85,7 @@ def test_windows_equal_verl_every_step(one_step_off: Path) -> None:
 def test_samples_of_every_step(one_step_off: Path) -> None:
     """Every batch's samples are recorded, in the step that trains them: the first batch
     arrives inside step 1's `gen`, each later one while the step before ends."""
-    last = scrapes(one_step_off)[-1]
-    assert last[("rlotel_step", frozenset({RUN}))] == STEPS
+    number, last = last_scrape(one_step_off)  # taken while it trained: some step ≥ 2
     count = last[
         (
             "rlotel_agent_loop_duration_seconds_count",
@@ -106,11 +106,13 @@ def test_samples_of_every_step(one_step_off: Path) -> None:
         0,
     )
     figure(
-        f"samples recorded {count:.0f} of {STEPS * TRAJECTORIES} generated;",
+        f"samples recorded {count:.0f} by step {number} ({TRAJECTORIES} a step);",
         f"sample spans by step {spans}; batches taken for validation {validation:.0f}",
     )
-    assert validation == 0  # no validation runs (val_before_train off, test_freq -1)
-    assert count == STEPS * TRAJECTORIES, count
+    assert validation == 0, validation  # no validation runs (val_before_train off, test_freq -1)
+    # by the end of step `number` its batch is in, and the next one may be (generated beside it)
+    batches = {number, min(number + 1, STEPS)}
+    assert count in {batch * TRAJECTORIES for batch in batches}, (number, count)
     assert all(spans.values()), spans
 
 
@@ -123,13 +125,12 @@ def test_roles_the_trainer_and_the_rollout_on_their_own(one_step_off: Path) -> N
     figure("processes by role:", pids)
     assert {"trainer", "actor", "rollout"} <= set(pids), pids
     assert len({pids["trainer"], pids["actor"], pids["rollout"]}) == 3, pids
-    logged = verl_log(one_step_off)
-    last = scrapes(one_step_off)[-1]
+    number, last = last_scrape(one_step_off)
     throughput = last[("rlotel_throughput_tokens_per_second_per_gpu", frozenset({RUN}))]
-    data = logged[STEPS]
+    data = verl_log(one_step_off)[number]
     gpus = data[voc.TOTAL_NUM_TOKENS] / (data[voc.TIME_PER_STEP] * data[voc.THROUGHPUT])
-    figure(f"throughput {throughput:.2f} tokens/s/GPU, verl's {data[voc.THROUGHPUT]:.2f}",
-           f"(over {gpus:.2f} GPU: the trainer's)")  # fmt: skip
+    figure(f"step {number}: throughput {throughput:.2f} tokens/s/GPU,",
+           f"verl's {data[voc.THROUGHPUT]:.2f} (over {gpus:.2f} GPU: the trainer's)")  # fmt: skip
     assert math.isclose(throughput, data[voc.THROUGHPUT], rel_tol=1e-6)
     assert math.isclose(gpus, 1.0)
     assert set(pids) - {"trainer"} <= VERL_ROLES, sorted(set(pids) - VERL_ROLES)
@@ -204,7 +205,9 @@ def test_trainer_is_the_driver(one_step_off: Path) -> None:
     figure(f"{len(seen)} scrapes of :{METRICS_PORT}/metrics, {len(during)} before the last step;",
            f"steps shown {sorted({n for n in shown if n is not None})}")  # fmt: skip
     assert during, shown
-    assert shown[-1] == STEPS
+    # the last step's series are there only if a scrape falls between its end and the exit
+    number, _ = last_scrape(one_step_off)
+    assert shown[-1] == number and all(a <= b for a, b in pairwise(n for n in shown if n)), shown
     for path in sorted((one_step_off / "scrapes").glob("*.txt")):
         series = [line for line in path.read_text().splitlines() if line[:1] not in ("", "#")]
         unlabelled = [line for line in series if f'run="{EXPERIMENT}"' not in line]
