@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlotel.base import env
+from rlotel.integrations import service
 
 if TYPE_CHECKING:
     from rlotel.profile.config import ProfileConfig
@@ -107,8 +108,7 @@ def flush_driver() -> None:
 
     tel = rlotel.current()
     if tel is not None:
-        for hook in tel.ledger.hooks:  # verl stopped its profilers: link the last captures
-            hook.flush()
+        service.of(tel).flush_captures()  # verl stopped its profilers: the last captures
         tel.flush()
 
 
@@ -172,14 +172,14 @@ def _register_moved(tel: Telemetry) -> str:
     from rlotel.schema import attributes as attr
     from rlotel.schema import vocabulary
 
-    resource = tel.config.resource_attributes
+    resource = service.of(tel).resource
     labels = {
         key.removeprefix(attr.NAMESPACE): str(resource[key])
         for key in (attr.ROLE, attr.RANK, attr.NODE)
         if key in resource
     }
     labels.setdefault("role", vocabulary.TRAINER_ROLE)
-    labels["run"] = tel.config.run
+    labels["run"] = service.of(tel).run
     try:
         path = ray_integration.write_target(tel.metrics_url, labels)
     except OSError as error:  # discovery is never worth failing training for

@@ -49,6 +49,7 @@ from typing import Any
 
 import rlotel
 from rlotel.base import env
+from rlotel.integrations import service
 from rlotel.schema import attributes as attr
 
 log = logging.getLogger("rlotel")
@@ -233,7 +234,7 @@ def _progress() -> dict[str, int]:
     """This process's progress under other processes' spans (its stall watch's report)."""
     try:
         tel = rlotel.current()
-        return tel.stalls.reported if tel is not None else {}
+        return service.of(tel).progress_reported() if tel is not None else {}
     except Exception:  # a telemetry shutting down: nothing to report
         return {}
 
@@ -373,9 +374,9 @@ def _multi_get(kv: Any, keys: list[bytes]) -> dict[bytes, bytes]:
 
 def _heard(tel: Any, span_ids: list[int]) -> None:
     """Progress other processes showed under these spans, to this process's stall watch."""
-    dropped = tel.stalls.heard(span_ids)
+    dropped = service.of(tel).heard_progress(span_ids)
     if dropped:
-        tel.drops.add(
+        service.of(tel).dropped(
             "spans", "remote_progress_dropped", f"{dropped} span(s) of remote progress", dropped
         )
 
@@ -387,7 +388,7 @@ def serve_targets(tel: Any, file_sd: Path | None = None, **options: Any) -> Targ
     Stops with `tel.shutdown()`."""
     own = None
     if tel.metrics_url:
-        resource = tel.config.resource_attributes
+        resource = service.of(tel).resource
         labels = {
             "role": str(resource.get(attr.ROLE) or "driver"),
             "rank": str(resource.get(attr.RANK, 0)),

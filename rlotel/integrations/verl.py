@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from rlotel.base import env
-from rlotel.integrations import guard
+from rlotel.integrations import guard, service
 from rlotel.integrations.hooks import State
 from rlotel.integrations.process import (
     declare_verl_driver,
@@ -108,7 +108,7 @@ def _open_timer(name: str, timer_frame: FrameType) -> tuple[Any, Any]:
     if name == "step" and tel.current_step is None:
         number = _caller_global_step(timer_frame)
         if number is None:
-            number = (tel.ledger.last_step_number or 0) + 1
+            number = service.of(tel).next_step_number()
         scope = tel.step(number)
         record = scope.record
     else:
@@ -143,7 +143,7 @@ def _close_timer(
         _count_codetiming(name, seconds)
     try:
         tel = telemetry()
-        tel.drops.fired(TIMER_HOOK)
+        service.of(tel).fired(TIMER_HOOK)
         # a step that raised (fully async's last, around an ended queue) owes no samples
         if (
             record is not scope
@@ -202,7 +202,7 @@ class RlotelBackend:
                 guard.argument(args, kwargs, 0, "data"),
                 guard.argument(args, kwargs, 1, "step"),
             )
-            self.tel.drops.fired(TRACKING_LOG_HOOK)
+            service.of(self.tel).fired(TRACKING_LOG_HOOK)
             self.tel.log(data, step)
         except Exception as error:
             guard.failed(TRACKING_LOG_HOOK, error)
@@ -295,10 +295,10 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
             guard.fault(AGENT_LOOP_HOOK)
             metrics = guard.argument(args, kwargs, 0, "metrics")
             output = guard.argument(args, kwargs, 1, "output")
-            tel.drops.fired(AGENT_LOOP_HOOK)
+            service.of(tel).fired(AGENT_LOOP_HOOK)
             stamped = _trajectories(*columns)
             if _is_validation(tel, output):  # `testing`: never in the training histograms
-                tel.drops.fired("verl_agent_loop_validation")
+                service.of(tel).fired("verl_agent_loop_validation")
             else:
                 tel.record_samples(metrics, **_sample_lengths(output), **stamped)
         except Exception as error:

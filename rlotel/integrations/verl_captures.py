@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlotel.base import ids
-from rlotel.integrations import guard
+from rlotel.integrations import guard, service
 from rlotel.record.capture import Capture
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -573,9 +573,9 @@ def _record_finish(command: Any, started_ns: int) -> None:
         watch.events.append((attr.PROFILE_HOOK_EVENT, started_ns, attributes))
     tel = rlotel.current()
     if tel is not None:
-        tel.drops.fired(FINISH_HOOK)
+        service.of(tel).fired(FINISH_HOOK)
         if status != 0:
-            tel.drops.add(
+            service.of(tel).dropped(
                 "profile",
                 "hook_failed",
                 f"verl's finish_hook_cmd {attributes[attr.PROFILE_HOOK_COMMAND]} "
@@ -610,10 +610,10 @@ def _record_oom(profiler: Any, started_ns: int) -> None:
     watch = _current.get()
     tel = rlotel.current()
     if tel is not None:
-        tel.drops.fired(OOM_HOOK)
+        service.of(tel).fired(OOM_HOOK)
     for path in written:
         attributes = {attr.PROFILE_PATH: str(path), attr.PROFILE_SIZE: path.stat().st_size}
         if watch is not None:
             watch.events.append((attr.PROFILE_OOM_EVENT, started_ns, attributes))
         elif tel is not None:  # outside any worker call: said, not lost
-            tel.drops.add("profile", "oom_outside_call", f"verl's OOM snapshot {path}")
+            service.of(tel).dropped("profile", "oom_outside_call", f"verl's OOM snapshot {path}")

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlotel.integrations import guard
+from rlotel.integrations import guard, service
 
 log = logging.getLogger("rlotel")
 
@@ -110,7 +110,7 @@ def caller_run(depth: int = 4) -> str:
     import rlotel
 
     tel = rlotel.current()
-    return tel.config.run if tel is not None else "verl"
+    return service.of(tel).run if tel is not None else "verl"
 
 
 # --- verl's writer, writing the labelled config ------------------------------------------

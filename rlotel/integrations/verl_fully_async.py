@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
-from rlotel.integrations import guard, process, verl_workers
+from rlotel.integrations import guard, process, service, verl_workers
 from rlotel.integrations.hooks import actor_class
 from rlotel.schema import vocabulary as voc
 
@@ -182,7 +182,7 @@ class StepLogs:
             data = guard.argument(args, kwargs, 0, "data")
             step = guard.argument(args, kwargs, 1, "step")
             if AGGREGATED_KEY in data:  # the steps of a sync cycle, each logged already
-                process.telemetry().drops.fired(LOG_HOOK)
+                service.of(process.telemetry()).fired(LOG_HOOK)
                 return
             if not self._fitting:
                 self.backend.log(data=data, step=step)
@@ -271,7 +271,7 @@ def record(rollout_samples: Sequence[Any], param_version: int | None) -> None:
     )
     if fields is not None:
         records = fields.pop("records")
-        tel.drops.fired(SAMPLES_HOOK)
+        service.of(tel).fired(SAMPLES_HOOK)
         tel.record_samples(records, **fields)
 
 

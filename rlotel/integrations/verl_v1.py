@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rlotel.base import clock
-from rlotel.integrations import guard
+from rlotel.integrations import guard, service
 from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")
@@ -173,7 +173,7 @@ def _spent(hook: str, seconds: float) -> None:
 
     tel = rlotel.current()
     if tel is not None:
-        tel.drops.fired(hook, seconds)
+        service.of(tel).fired(hook, seconds)
 
 
 def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) -> dict[int, str]:
@@ -355,7 +355,7 @@ def _open_trajectory(worker: Any) -> Any:
     if tel is None or carrier is None:  # no traced call dispatched it
         return None
     guard.fault(TRAJECTORY_HOOK)
-    tel.drops.fired(TRAJECTORY_HOOK)
+    service.of(tel).fired(TRAJECTORY_HOOK)
     phase = tel.phase(vocabulary.TRAJECTORY, context=carrier)
     phase.__enter__()
     try:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import rlotel
-from rlotel.integrations import guard
+from rlotel.integrations import guard, service
 from rlotel.schema import vocabulary as voc
 
 HOOK = "verl_checkpoint_engine"
@@ -54,7 +54,7 @@ class _Stages:
         self.stage: Any = None
         self.inner: Any = None
         self.own: Any = None  # an update outside any window (before training): its own
-        if tel.ledger.current_step is None and not tel.ledger.in_open_phase():
+        if service.of(tel).idle():
             self.own = tel.phase(voc.UPDATE_WEIGHTS)
             self.own.__enter__()
 

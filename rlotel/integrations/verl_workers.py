@@ -33,7 +33,7 @@ from typing import Any
 
 import rlotel
 from rlotel.base import clock, env
-from rlotel.integrations import collectives, guard, verl_captures
+from rlotel.integrations import collectives, guard, service, verl_captures
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
 from rlotel.schema import attributes as attr
@@ -91,12 +91,12 @@ def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
     if tel is None or _installed["ray_tracing_on"]():
         return None
     try:
-        ids = tel.ledger.current_context()
+        ids = service.of(tel).context_ids()
     except Exception as error:
-        tel.drops.add("spans", "internal_error", f"worker-group context: {error!r}")
+        service.of(tel).dropped("spans", "internal_error", f"worker-group context: {error!r}")
         return None
     if ids is None:  # outside any phase: the run still travels (a worker's first call)
-        run = tel.config.run
+        run = service.of(tel).run
         if actor is not None:
             if (run, actor) in _told_run:
                 return None
@@ -107,7 +107,7 @@ def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
         return _run_carrier[run]
     last_ids, carrier = _last_carrier
     if ids != last_ids:
-        carrier = with_run(traceparent(*ids), tel.config.run)
+        carrier = with_run(traceparent(*ids), service.of(tel).run)
         _last_carrier = (ids, carrier)
     return carrier
 
@@ -123,7 +123,7 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
             guard.fault(WORKER_GROUP_HOOK)
             if blocking:
                 tel = rlotel.current()
-                if tel is not None and tel.ledger.current_trace is None:
+                if tel is not None and not service.of(tel).in_trace():
                     tel = None
         except Exception as error:
             guard.failed(WORKER_GROUP_HOOK, error)
@@ -208,7 +208,7 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         if len(refs) > 1:
             tel.record_rank_seconds(seconds)
     except Exception as error:  # timing is never worth failing the call for
-        tel.drops.add("spans", "internal_error", f"worker-group reply timing: {error!r}")
+        service.of(tel).dropped("spans", "internal_error", f"worker-group reply timing: {error!r}")
     finally:
         tel.done_waiting(wait)
 
@@ -496,7 +496,7 @@ class _Call:
             if trace is not None:
                 trace.rank_time = rank_time
         except Exception as error:
-            self.tel.drops.add("spans", "internal_error", f"collective time: {error!r}")
+            service.of(self.tel).dropped("spans", "internal_error", f"collective time: {error!r}")
 
     def reply(self, result: Any) -> Any:
         """The method's result, wrapped with this rank's seconds when the caller asked."""
@@ -512,7 +512,7 @@ _rank_identity: list[Any] = [None, None]  # (telemetry, (role, rank)), read once
 def _rank_labels(tel: Any) -> tuple[str, int]:
     """This worker's role and rank, as its resource attributes say."""
     if _rank_identity[0] is not tel:
-        identity = tel.config.resource_attributes
+        identity = service.of(tel).resource
         role, rank = identity.get(attr.ROLE, ""), identity.get(attr.RANK, env.rank())
         _rank_identity[:] = [tel, (str(role), int(rank))]
     return _rank_identity[1]
@@ -558,7 +558,7 @@ class _WorkerCall:
         if not name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             tel = worker_telemetry(instance, carrier)
             guard.fault(ACTOR_CALL_HOOK)
-            tel.drops.fired(ACTOR_CALL_HOOK)
+            service.of(tel).fired(ACTOR_CALL_HOOK)
             self.phase = tel.phase(name, context=carrier)
             self.captures = verl_captures.watch_call(instance, name)
             if _in_process_group() and (collectives.installed() or collectives.install()):

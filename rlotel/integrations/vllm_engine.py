@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from rlotel.base import env
-from rlotel.integrations import guard
+from rlotel.integrations import guard, service
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary
 
@@ -93,7 +93,7 @@ def _with_trace_headers(kwargs: dict) -> dict:
     carrier = tel.current_context() if tel is not None else None
     if not carrier:
         return kwargs
-    tel.drops.fired(REQUEST_HOOK)
+    service.of(tel).fired(REQUEST_HOOK)
     return {**kwargs, "trace_headers": carrier}
 
 
