@@ -287,6 +287,8 @@ VERL_CLASS_ROLES: dict[str, str] = {
     "RewardLoopWorker": "reward",
     "TransferQueueController": "transfer_queue",
     "SimpleStorageUnit": "transfer_queue",
+    # verl's checkpoint-engine worker, colocated with the inference engine's on its GPU
+    "CheckpointEngineWorker": "rollout",
 }
 # verl's worker roles (`actor_rollout_ref`, `critic`, `rm`, ...): the first part names it.
 VERL_WORKER_ROLES: dict[str, str] = {
