@@ -533,3 +533,28 @@ def test_the_driver_says_once_at_start_which_hooks_did_not_attach(monkeypatch, c
         "rlotel: hooks not attached in this process: verl_agent_loop_metrics "
         "(`rlotel doctor` says why)"
     ]
+
+
+def test_a_training_batch_between_steps_is_training_and_validation_is_what_verl_marks(make_tel):
+    """verl marks validation on the prompts its `AgentLoopManager.generate_sequences` gets
+    (`meta_info["validate"]`): one-step-off's next batch, finishing between two steps, is
+    recorded; a validation batch inside a step is not."""
+    from rlotel.integrations import verl as plugin
+
+    tel = make_tel(run="between")
+    recorded: list[int] = []
+    performance_metrics = plugin.performance_metrics(lambda self, metrics, output: None)
+
+    def generate_sequences(prompts: Any) -> None:  # verl's caller, as far as rlotel reads it
+        performance_metrics(object(), [[{"generate_sequences": 0.01}]], types.SimpleNamespace())
+
+    def validation() -> int:
+        return tel.drops.hooks().get("verl_agent_loop_validation", 0)
+
+    before = validation()
+    generate_sequences(types.SimpleNamespace(meta_info={"validate": False}))  # between steps
+    recorded.append(validation() - before)
+    with tel.step(1), tel.phase("gen"):
+        generate_sequences(types.SimpleNamespace(meta_info={"validate": True}))
+    recorded.append(validation() - before)
+    assert recorded == [0, 1]  # the batch between steps is training; the marked one is not

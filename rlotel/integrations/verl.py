@@ -24,7 +24,7 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -297,7 +297,8 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
             output = guard.argument(args, kwargs, 1, "output")
             service.of(tel).fired(AGENT_LOOP_HOOK)
             stamped = _trajectories(*columns)
-            if _is_validation(tel, output):  # `testing`: never in the training histograms
+            # validation (verl marks it; `testing`) never goes into the training histograms
+            if _is_validation(tel, output, sys._getframe(1)):
                 service.of(tel).fired("verl_agent_loop_validation")
             else:
                 tel.record_samples(metrics, **_sample_lengths(output), **stamped)
@@ -308,9 +309,16 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
     return _performance_metrics
 
 
-def _is_validation(tel: Any, output: Any) -> bool:
-    """V0 validation (`_validate`, under `testing` and outside any step, its batches marked
-    `meta_info["validate"]`) goes through the same agent-loop manager as training."""
+def _is_validation(tel: Any, output: Any, caller: FrameType | None) -> bool:
+    """Validation batches go through the same agent-loop manager as training. verl marks
+    them on the prompts its `generate_sequences` (`caller`) received (`meta_info["validate"]`);
+    without them at hand (another caller), a batch outside any step is validation (V0's
+    `_validate`, under `testing`). A training batch finishing between steps (one-step-off's
+    next batch) is training."""
+    prompts = caller.f_locals.get("prompts") if caller is not None else None
+    meta_info = getattr(prompts, "meta_info", None)
+    if isinstance(meta_info, Mapping):
+        return bool(meta_info.get("validate"))
     meta_info = getattr(output, "meta_info", None) or {}
     return bool(meta_info.get("validate")) or tel.current_step is None
 
