@@ -172,7 +172,8 @@ def assert_received(rollout: RayWorkerGroup) -> None:
 
 def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_tel, span_exporter):
     """Called from sync code (a trainer's `update_weights` timer), awaited from async code
-    (fully async's trainer) and with no window open (it gets one of its own): the same
+    (fully async's trainer), with no window open (it gets one of its own) and from sync code
+    inside an event loop (one-step-off: `auto_await` runs it in a thread): the same
     stages, in order, back to back inside the `update_weights` window; the process group's
     two calls inside `build_process_group`; the weights arrive."""
     sync_weights, replica = manager(groups)
@@ -191,8 +192,19 @@ def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_te
     assert_received(groups[1])
     sync_weights.update_weights(3)  # between steps: no window open around it
     assert_received(groups[1])
+
+    async def sync_inside_a_loop() -> None:  # one-step-off: its sync update, from async fit
+        def fit_update_weights() -> None:
+            with tel.phase(voc.UPDATE_WEIGHTS):
+                assert sync_weights.update_weights(4) == {}  # auto_await: a thread of its own
+
+        fit_update_weights()
+
+    with tel.step(3):
+        asyncio.run(sync_inside_a_loop())
+    assert_received(groups[1])
     tel.flush()
-    assert replica.calls == 3 * [
+    assert replica.calls == 4 * [
         "abort_all_requests",
         "release_kv_cache",
         "resume_kv_cache",
@@ -200,8 +212,8 @@ def test_each_stage_is_a_window_of_update_weights_in_verls_order(groups, make_te
     ]
     spans = span_exporter.get_finished_spans()
     updates = sorted((s for s in spans if s.name == voc.UPDATE_WEIGHTS), key=lambda s: s.start_time)
-    assert len(updates) == 3
-    assert updates[-1].parent is None  # its own window, a root span
+    assert len(updates) == 4
+    assert updates[2].parent is None  # its own window, a root span
     for update in updates:
         stages = children(spans, update)
         assert [s.name for s in stages] == list(voc.CKPT_STAGES)

@@ -7,17 +7,17 @@ release their KV cache, build the process group (each worker's `prepare`, then i
 `init_process_group` with the topology the backend computed in between), transfer the
 weights (the actor ranks send, the rollout workers receive), `finalize`, resume the KV
 cache, resume generation. Each becomes a window of its own, nested in whatever is open in
-the caller's context (the trainer's `update_weights` timer; fully async's `param_sync`),
-the process-group ones under `build_process_group`.
+the caller's context (the trainer's `update_weights` timer; fully async's `param_sync`;
+one-step-off's `sync_rollout_weights`), the process-group ones under `build_process_group`.
 
 Three stages are manager methods, wrapped on the class; the others are worker-group calls
 made inside `update_weights` (`execute_checkpoint_engine("prepare" | "init_process_group" |
 "finalize")`, the actor's `update_weights`), seen where every worker-group call is
 dispatched (`RayWorkerGroup.execute_all`) while an update is running in the same context;
 a stage lasts until the next one starts. The wrappers keep verl's calling convention
-(`auto_await`: awaitable from async code, blocking from sync code). A manager update that
-`auto_await` runs in a thread of its own (sync code called while an event loop runs) has
-the caller's windows out of reach. An update with no window open around it gets an
+(`auto_await`: awaitable from async code, blocking from sync code); an update `auto_await`
+runs in a thread of its own (sync code called while an event loop runs) carries the
+caller's context there. An update with no window open around it gets an
 `update_weights` window of its own, a root span; one before this process's telemetry started
 (verl's first sync, before `fit`) is not timed.
 """
@@ -123,25 +123,37 @@ def _begin() -> _Stages | None:
 
 
 def traced_update(original: Callable[..., Any]) -> Callable[..., Any]:
-    """`update_weights`' coroutine function, its stages timed (not for `naive`)."""
+    """`update_weights`' coroutine function, its stages timed (not for `naive`). Called in
+    the caller's thread (by verl's `auto_await`), it returns the coroutine, which carries the
+    caller's context: where `auto_await` runs it in a thread of its own (sync code called
+    while an event loop runs, as one-step-off's trainer does), its windows still nest in the
+    caller's."""
 
     @functools.wraps(original)
-    async def update_weights(self, *args, **kwargs):
-        stages = None if getattr(self, "backend", None) == COLOCATED_BACKEND else _begin()
-        if stages is None:
-            return await original(self, *args, **kwargs)
-        token = _current.set(stages)
-        raised = None
-        try:
-            return await original(self, *args, **kwargs)
-        except BaseException as error:
-            raised = error
-            raise
-        finally:
-            _current.reset(token)
-            guard.attempt(HOOK, stages.end, raised)
+    def update_weights(self, *args, **kwargs):
+        return _update(contextvars.copy_context(), original, self, args, kwargs)
 
     return update_weights
+
+
+async def _update(
+    caller: contextvars.Context, original: Callable[..., Any], self: Any, args: tuple, kwargs: dict
+) -> Any:
+    for variable, value in caller.items():  # a no-op where it runs in the caller's context
+        variable.set(value)
+    stages = None if getattr(self, "backend", None) == COLOCATED_BACKEND else _begin()
+    if stages is None:
+        return await original(self, *args, **kwargs)
+    token = _current.set(stages)
+    raised = None
+    try:
+        return await original(self, *args, **kwargs)
+    except BaseException as error:
+        raised = error
+        raise
+    finally:
+        _current.reset(token)
+        guard.attempt(HOOK, stages.end, raised)
 
 
 def _stage_call(stages: _Stages, name: str) -> bool:
