@@ -24,6 +24,7 @@ from rlotel.schema import vocabulary as voc
 from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import EXPERIMENT, METRICS_PORT, STALL_FLAG
 from tests.e2e.test_main_ppo import (
+    TRAJECTORIES,
     VERL_ROLES,
     declare_main_ppo,
     last_scrape,
@@ -89,6 +90,42 @@ def test_windows_equal_verl_every_step(one_step_off: Path) -> None:
     assert math.isclose(generated["rlotel"], generated["verl"], rel_tol=1e-6), generated
 
 
+def test_samples_of_every_step(one_step_off: Path) -> None:
+    """Every batch's samples are recorded (none taken for validation): the first batch
+    arrives inside step 1's `gen`, each later one between steps. Their sample spans go with
+    a step only where the batch finished inside one (the first); which step a batch that
+    finished between two belongs to is open (issue: verl beyond main_ppo)."""
+    number, last = last_scrape(one_step_off)  # taken while it trained: some step ≥ 2
+    count = last[
+        (
+            "rlotel_agent_loop_duration_seconds_count",
+            frozenset({RUN, ("stage", "generate_sequences")}),
+        )
+    ]
+    trainer = spans_by_role(one_step_off)["trainer"]
+    step_of = {s["trace"]: s["attrs"]["rl.step"] for s in trainer if s["name"] == voc.STEP}
+    spans = {number: 0 for number in range(1, STEPS + 1)}
+    for span in trainer:
+        if span["name"] == "sample":
+            spans[step_of[span["trace"]]] += 1
+    validation = last.get(
+        (
+            "rlotel_integration_events_total",
+            frozenset({RUN, ("hook", "verl_agent_loop_validation")}),
+        ),
+        0,
+    )
+    figure(
+        f"samples recorded {count:.0f} by step {number} ({TRAJECTORIES} a step);",
+        f"sample spans by step {spans}; batches taken for validation {validation:.0f}",
+    )
+    assert validation == 0, validation  # no validation runs (val_before_train off, test_freq -1)
+    # by the end of step `number` its batch is in, and the next one may be (generated beside it)
+    batches = {number, min(number + 1, STEPS)}
+    assert count in {batch * TRAJECTORIES for batch in batches}, (number, count)
+    assert spans[1], spans
+
+
 def test_roles_the_trainer_and_the_rollout_on_their_own(one_step_off: Path) -> None:
     """The trainer pool (one actor rank) and the rollout pool (one replica) are processes of
     their own on fake GPUs of their own: verl's throughput divides by the trainer's one GPU of
@@ -107,6 +144,45 @@ def test_roles_the_trainer_and_the_rollout_on_their_own(one_step_off: Path) -> N
     assert math.isclose(throughput, data[voc.THROUGHPUT], rel_tol=1e-6)
     assert math.isclose(gpus, 1.0)
     assert set(pids) - {"trainer"} <= VERL_ROLES, sorted(set(pids) - VERL_ROLES)
+
+
+def test_weight_sync_stages_nest_in_update_weights(one_step_off: Path) -> None:
+    """Each step's `sync_rollout_weights` wraps verl's `update_weights`, which the
+    checkpoint engine's stages fill, in verl's order, back to back; the sync before training
+    is one `update_weights` of its own."""
+    spans = spans_by_role(one_step_off)["trainer"]
+    by_id = {span["id"]: span for span in spans}
+    children: dict[str, list[dict]] = {}
+    for span in sorted(spans, key=lambda s: s["start"]):
+        children.setdefault(span["parent"], []).append(span)
+    syncs = [
+        span
+        for span in spans
+        if span["name"] == voc.SYNC_ROLLOUT_WEIGHTS
+        and by_id.get(span["parent"], {}).get("name") == voc.STEP
+    ]
+    assert len(syncs) == STEPS
+    misplaced = []
+    for sync in syncs:
+        (update,) = children[sync["id"]]
+        assert update["name"] == voc.UPDATE_WEIGHTS
+        stages = children.get(update["id"], [])
+        loose = [
+            s["name"] for s in children.get(sync["parent"], []) if s["name"] in voc.CKPT_STAGES
+        ]
+        figure(
+            f"sync_rollout_weights {(sync['end'] - sync['start']) / 1e6:.1f} ms; stages in",
+            f"update_weights {[s['name'] for s in stages]}; directly in the step {loose}",
+        )
+        if [stage["name"] for stage in stages] != list(voc.CKPT_STAGES):
+            misplaced.append((sync["attrs"].get("rl.step"), loose))
+            continue
+        assert update["start"] <= stages[0]["start"] and stages[-1]["end"] <= update["end"]
+        assert all(a["end"] <= b["start"] for a, b in pairwise(stages))
+    before = [s for s in spans if s["name"] == voc.UPDATE_WEIGHTS and "rl.step" not in s["attrs"]]
+    figure(f"update_weights windows before training: {len(before)}")
+    assert not misplaced, misplaced  # (step, the stages found directly under the step)
+    assert len(before) == 1, [(s["id"], s["parent"]) for s in before]
 
 
 def test_no_stall_flag_on_the_healthy_run(one_step_off: Path) -> None:
