@@ -102,26 +102,6 @@ class HookFailures:
 HOOK_FAILURES = HookFailures()
 
 
-class HookStates:
-    """How each hook of the process stands (`rlotel_integration_hooks{hook,state}`), as the
-    hook registry (`rlotel.integrations.hooks`) last published it."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def set(self, states: dict[str, str]) -> None:
-        with self._lock:
-            self._states = dict(states)
-
-    def snapshot(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self._states)
-
-
-HOOK_STATES = HookStates()
-
-
 def describe(value: Any) -> str:
     """How a rejected value is named in a log line: never its text (it could be a prompt
     or a response), only its type and size."""

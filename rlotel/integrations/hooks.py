@@ -25,7 +25,7 @@ from enum import StrEnum
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from rlotel.base.drops import HOOK_STATES
+from rlotel.base.hook_states import HOOK_STATES
 
 log = logging.getLogger("rlotel")
 

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlotel.base.drops import HOOK_FAILURES, HOOK_STATES, Drops, encodable
+from rlotel.base.drops import HOOK_FAILURES, Drops, encodable
+from rlotel.base.hook_states import HOOK_STATES
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
 
