@@ -270,8 +270,13 @@ def windows(facts: StepFacts) -> dict[str, float]:
     return grouped
 
 
-def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
-    """Verdict for one step, from its own evidence only (no trends)."""
+def diagnose(
+    facts: StepFacts,
+    thresholds: Thresholds | None = None,
+    grouped: dict[str, float] | None = None,
+) -> Verdict:
+    """Verdict for one step, from its own evidence only (no trends). `grouped`: the step's
+    `windows(facts)` where the caller has them already (its own copy: it is changed)."""
     limits = thresholds or Thresholds()
     step = facts.timing_raw.get("step", 0.0)
     if step <= 0:
@@ -285,7 +290,7 @@ def diagnose(facts: StepFacts, thresholds: Thresholds | None = None) -> Verdict:
         verdict = _async(facts, step, limits)
         if verdict is not None:
             return verdict
-    grouped = windows(facts)
+    grouped = windows(facts) if grouped is None else grouped
     if facts.idle:  # async: V1's gen is the trainer waiting, judged above, not generation
         grouped.pop("rollout-bound")
     ranked = sorted(grouped.items(), key=lambda item: item[1], reverse=True)
@@ -508,8 +513,9 @@ class Diagnoser:
         self._lock = threading.Lock()
 
     def observe(self, facts: StepFacts) -> Verdict:
-        verdict = diagnose(facts, self.thresholds)
-        seconds = _trend_windows(facts)
+        grouped = windows(facts)  # once: the verdict and the trends read the same windows
+        verdict = diagnose(facts, self.thresholds, dict(grouped))
+        seconds = {**grouped, "step": facts.timing_raw.get("step", 0.0)}
         with self._lock:
             history = [seen for seen in self._history if seen[0].number < facts.number]
             self._history.append((facts, seconds))
@@ -533,11 +539,6 @@ class Diagnoser:
         )
 
 
-def _trend_windows(facts: StepFacts) -> dict[str, float]:
-    """What trends compare: the verdict windows and the step (throughput)."""
-    return {**windows(facts), "step": facts.timing_raw.get("step", 0.0)}
-
-
 def _trends(
     facts: StepFacts,
     now: dict[str, float],
@@ -546,7 +547,7 @@ def _trends(
 ) -> dict[str, dict[str, float | str]]:
     """Windows (and the step: throughput) that grew vs their trailing median; gen and step
     growth is attributed to tokens or to time per token. `now` and each past step's
-    windows are `_trend_windows`."""
+    windows are its verdict windows and the step."""
     if len(history) < 3:
         return {}
     trends: dict[str, dict[str, float | str]] = {}

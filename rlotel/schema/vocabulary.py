@@ -242,6 +242,12 @@ NESTED_IN: dict[str, tuple[str, ...]] = {
 }
 
 
+# What a flat `timing_raw` never counts as the step's own windows.
+NOT_STEP_WINDOWS = frozenset(
+    {STEP, DATAPLANE_MATERIALIZE, *OUTSIDE_STEP, *CONCURRENT}  # materialize: spread over others
+)
+
+
 def step_windows(timing: Mapping[str, float]) -> dict[str, float]:
     """The windows of a flat `timing_raw` that cover the step: every timer, known or not
     (`dataplane/prefetch_gen`, a user's own), but the step itself and those known to lie
@@ -249,11 +255,8 @@ def step_windows(timing: Mapping[str, float]) -> dict[str, float]:
     return {
         name: seconds
         for name, seconds in timing.items()
-        if name != STEP
-        and name not in OUTSIDE_STEP
-        and name not in CONCURRENT
-        and name != DATAPLANE_MATERIALIZE  # spread over the other windows
-        and not any(parent in timing for parent in NESTED_IN.get(name, ()))
+        if name not in NOT_STEP_WINDOWS
+        and not (name in NESTED_IN and any(parent in timing for parent in NESTED_IN[name]))
     }
 
 
