@@ -66,6 +66,9 @@ def load(browser: Chromium, url: str) -> tuple[float, float, float, list[str]]:
     return ready_ms / 1000, drawn_ms / 1000, longest, page.console_errors + page.requests
 
 
+RENDERS = 3
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=10_000)
@@ -85,10 +88,13 @@ def main() -> int:
                 f"{traces.stat().st_size / 1e6:.1f} MB, written in "
                 f"{time.perf_counter() - started:.1f}s"
             )
-        started, started_cpu = time.perf_counter(), time.process_time()
-        result = write_report(traces, Path(tmp) / "report.html")
-        render_s = time.perf_counter() - started
-        render_cpu_s = time.process_time() - started_cpu
+        renders = []  # the best of three: the render's own cost, not a cold cache's
+        for _ in range(RENDERS):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            result = write_report(traces, Path(tmp) / "report.html")
+            renders.append((time.perf_counter() - started, time.process_time() - started_cpu))
+        render_s, render_cpu_s = min(renders)
+        print("renders:", ", ".join(f"{wall:.2f}s" for wall, _ in renders))
         print(f"report: {result.steps} steps read, {result.skipped_lines} lines skipped")
         url = file_url(result.path)
         with Chromium(height=args.height) as browser:
