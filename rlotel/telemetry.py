@@ -108,6 +108,7 @@ class Telemetry:
 
         from rlotel.sinks.metrics.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
         from rlotel.sinks.metrics.prometheus import PrometheusEndpoint
+        from rlotel.sinks.traces.hooks_file import SUFFIX, HookCountsFile
         from rlotel.sinks.traces.jsonl import JsonLinesExporter, traces_dir_file
         from rlotel.sinks.traces.otlp import otlp_span_exporter
         from rlotel.sinks.traces.spans import SpanSink
@@ -120,6 +121,7 @@ class Telemetry:
         }
         resource = Resource.create({**identity, **config.resource_attributes})
         exporters: dict[str, SpanExporter] = {}
+        sinks: list[Sink] = []
         if environment.otlp_traces is not None:
             exporters["otlp"] = otlp_span_exporter(environment.otlp_traces)
         if config.traces_file is not None:
@@ -129,6 +131,7 @@ class Telemetry:
             rank = config.resource_attributes.get(attr.RANK, environment.rank)
             path = traces_dir_file(environment.traces_dir, str(role), rank)
             exporters["traces_dir"] = JsonLinesExporter(path)
+            sinks.append(HookCountsFile(path.with_suffix(SUFFIX), self.drops))
         for index, exporter in enumerate(config.span_exporters):
             exporters[f"{type(exporter).__name__}#{index}"] = exporter
         store = SeriesStore(
@@ -144,7 +147,7 @@ class Telemetry:
             if {attr.ROLE, attr.RANK} <= set(own)
             else None
         )
-        sinks: list[Sink] = [Recorder(store, self.drops, rank)]
+        sinks.insert(0, Recorder(store, self.drops, rank))
         if exporters:
             delay_s = environment.span_export_delay_s
             if delay_s is None:
@@ -471,8 +474,15 @@ class Telemetry:
         return self._sink.force_flush(deadline) and done
 
     def shutdown(self, timeout_s: float | None = None) -> None:
-        """Flush and stop everything, returning within about `timeout_s` seconds."""
+        """Flush and stop everything, returning within about `timeout_s` seconds.
+
+        Called on one of rlotel's own threads (a finaliser the garbage collector ran there:
+        verl's `Tracking.__del__`), it runs on a thread of its own: no thread waits on itself.
+        """
         if self._closed:
+            return
+        if threading.current_thread().name.startswith(OWN_THREADS):
+            threading.Thread(target=self.shutdown, args=(timeout_s,), name=SHUTDOWN_THREAD).start()
             return
         self._closed = True
         atexit.unregister(self.shutdown)
@@ -520,6 +530,10 @@ class Telemetry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+OWN_THREADS = "rlotel-"  # how every thread rlotel starts is named
+SHUTDOWN_THREAD = "shutdown of rlotel"  # not one of them: it may wait on each
 
 
 def bounded(timeout_s: Any, default: float) -> float:

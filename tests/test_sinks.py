@@ -161,3 +161,33 @@ def test_composite_shutdown_shares_one_deadline():
     composite.shutdown(started + 0.5)
     assert time.monotonic() - started < 1.5
     assert quick.done and not stuck.done
+
+
+def test_shutdown_on_rlotel_s_own_thread_runs_on_one_of_its_own():
+    """A shutdown the publisher thread itself calls (verl's `Tracking.__del__`, run by the
+    garbage collector there, finishes the `rlotel` logger) neither joins the thread it runs
+    on nor waits for its own flush: it completes on a thread of its own, nothing dropped."""
+    import threading
+
+    from rlotel.telemetry import SHUTDOWN_THREAD
+
+    collecting = Collecting()
+    called_on: list[str] = []
+
+    class ShutsDown(Sink):
+        def on_step(self, step) -> None:
+            called_on.append(threading.current_thread().name)
+            tel.shutdown()
+
+    tel = rlotel.init(run="gc", prometheus_port=None, sinks=[ShutsDown(), collecting])
+    with tel.step(1):
+        pass
+    deadline = time.monotonic() + 10
+    while not collecting.closed and time.monotonic() < deadline:
+        time.sleep(0.01)  # waiting for the shutdown's end, bounded
+    assert called_on == ["rlotel-publisher"] and collecting.closed, called_on
+    assert tel.drops.snapshot() == {}  # nothing raised in a sink
+    assert [number for number, *_ in collecting.steps] == [1]
+    for thread in [t for t in threading.enumerate() if t.name == SHUTDOWN_THREAD]:
+        thread.join(10)  # ends, bounded
+        assert not thread.is_alive()
