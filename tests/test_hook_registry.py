@@ -192,11 +192,11 @@ def test_a_verl_without_a_hooked_module_says_not_applicable(monkeypatch) -> None
     assert states["verl_timer"].state == State.ATTACHED
 
 
-def doctor_json(*pythonpath: Path) -> tuple[int, dict]:
+def doctor_json(*pythonpath: Path, args: tuple[str, ...] = ()) -> tuple[int, dict]:
     """`rlotel doctor --json` of this tree in the engine venv (verl, Ray, vLLM, torch)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*pythonpath, ROOT))}
     result = subprocess.run(
-        [str(ENGINE_PYTHON), "-m", "rlotel.cli", "doctor", "--json"],
+        [str(ENGINE_PYTHON), "-m", "rlotel.cli", "doctor", "--json", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -211,14 +211,59 @@ def _states(facts: dict) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_doctor_on_verl_0_9_1_every_hook_attached() -> None:
-    code, facts = doctor_json()
+def test_doctor_on_verl_0_9_1_every_hook_attached(
+    make_tel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every hook attached here; with a finished job's traces directory (two processes'
+    files, written by their telemetry) it adds what fired, failed and did not attach there."""
+    traces, mine = _a_run_of_two_processes(make_tel, monkeypatch, tmp_path)
+    code, facts = doctor_json(args=("--traces", str(traces)))
     assert facts["versions"]["verl"] == "0.9.1" and facts["versions"]["vllm"].startswith("0.27")
     assert facts["untested"] == []
     states = _states(facts)
     assert states.keys() == {hook.name for hook in HOOKS}
     assert {state for state, _ in states.values()} == {"attached"}, states
     assert code == 0 and facts["ok"]
+    mine_missing = {hook for hook, state in mine["states"].items() if state == "not_attached"}
+    assert facts["run"] == {
+        "events": {"verl_timer": 3.0, "verl_tracking": 1.0},
+        # each process's own count, summed
+        "failures": {**mine["failures"], "verl_tracking": mine["failures"]["verl_tracking"] + 1},
+        "not_attached": {
+            **dict.fromkeys(mine_missing, 1.0),
+            "verl_memory_oom": 1.0 + ("verl_memory_oom" in mine_missing),
+        },
+    }
+
+
+def _a_run_of_two_processes(
+    make_tel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[Path, dict]:
+    """A traces directory as two processes of a job leave it (this one's file as its
+    telemetry wrote it, at shutdown; another's beside it), and this process's facts."""
+    from rlotel.base.drops import HOOK_FAILURES
+    from rlotel.sinks.traces import hooks_file
+
+    traces = tmp_path / "traces"
+    monkeypatch.setenv("RLOTEL_TRACES_DIR", str(traces))
+    tel = make_tel(run="doctor", prometheus_port=None)
+    tel.drops.fired("verl_timer")
+    tel.drops.fired("verl_timer")
+    before = HOOK_FAILURES.snapshot().get("verl_tracking", 0)
+    HOOK_FAILURES.add("verl_tracking")  # the process's count: every test's so far
+    tel.shutdown()
+    (path,) = traces.glob(f"*{hooks_file.SUFFIX}")
+    mine = json.loads(path.read_text())
+    assert mine["events"] == {"verl_timer": 2}
+    assert mine["failures"]["verl_tracking"] == before + 1
+    other = {
+        "pid": 1,
+        "states": {"verl_timer": "attached", "verl_memory_oom": "not_attached"},
+        "events": {"verl_timer": 1, "verl_tracking": 1},
+        "failures": {"verl_tracking": 1},
+    }
+    (traces / f"actor-0-1{hooks_file.SUFFIX}").write_text(json.dumps(other))
+    return traces, mine
 
 
 @pytest.mark.slow

@@ -673,6 +673,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="URL",
         help="a running job's /metrics (repeatable): which hooks fired and failed in it",
     )
+    doctor.add_argument(
+        "--traces",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a job's traces directory (RLOTEL_TRACES_DIR; repeatable): the same, after it ended",
+    )
     doctor.add_argument("--json", action="store_true", help="the facts as JSON, for scripts")
     doctor.set_defaults(handler=_doctor)
     args = parser.parse_args(argv)
@@ -682,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from rlotel.cli import doctor
 
-    facts = doctor.report(args.metrics)
+    facts = doctor.report(args.metrics, args.traces)
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0 if facts["ok"] else 1
@@ -701,7 +708,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "library",
         "state",
         "why / what is lost",
-        *(("fired", "failed") if run else ()),
+        *(("fired", "failed", "not attached in") if run else ()),
     ):
         table.add_column(column)
     style = {"attached": "green", "not_attached": "red", "not_applicable": "dim"}
@@ -719,6 +726,7 @@ def _doctor(args: argparse.Namespace) -> int:
             cells += [
                 f"{run['events'].get(row['hook'], 0):g}",
                 f"{run['failures'].get(row['hook'], 0):g}",
+                f"{n:g} processes" if (n := run["not_attached"].get(row["hook"])) else "",
             ]
         table.add_row(*cells)
     console.print(table)

@@ -3,7 +3,8 @@
 It switches the verl plugin on in this process, imports every module a hook targets (as a
 training job's processes would), and reads the registry: each hook attached, not attached
 (why, and what telemetry is lost) or not applicable. With `--metrics URL` (a running job's
-/metrics) it also says which hooks fired and which failed in that job. Exit 0 when every
+/metrics) or `--traces DIR` (a job's traces directory, after it ended) it also says which
+hooks fired, which failed and which did not attach in that job's processes. Exit 0 when every
 hook the installed libraries need attached, 1 otherwise.
 """
 
@@ -15,10 +16,13 @@ import io
 import logging
 import sys
 import urllib.request
+from pathlib import Path
 from typing import Any, NamedTuple
 
-EVENTS = "rlotel_integration_events_total"
-FAILURES = "rlotel_integration_failures_total"
+from rlotel.schema import catalogue as cat
+
+# what each of the run's series counts, by family
+KINDS = {cat.INTEGRATION_EVENTS.name: "events", cat.INTEGRATION_FAILURES.name: "failures"}
 
 
 class Row(NamedTuple):
@@ -85,22 +89,45 @@ def tested(versions: dict[str, str | None]) -> list[str]:
 
 
 def run_counts(url: str) -> dict[str, dict[str, float]]:
-    """`{"events": {hook: n}, "failures": {hook: n}}` from a live /metrics."""
+    """`{"events": {hook: n}, "failures": {hook: n}, "not_attached": {hook: processes}}`
+    from a live /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=10) as response:
         text = io.TextIOWrapper(response, encoding="utf-8").read()
-    counts: dict[str, dict[str, float]] = {"events": {}, "failures": {}}
+    counts: dict[str, dict[str, float]] = {"events": {}, "failures": {}, "not_attached": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            kind = {EVENTS: "events", FAILURES: "failures"}.get(sample.name)
+            hook, kind = sample.labels.get("hook", ""), KINDS.get(family.name)
+            if kind is not None and not sample.name.endswith("_total"):
+                continue  # a counter's `_created`
+            if family.name == cat.INTEGRATION_HOOKS.name:
+                kind = "not_attached" if sample.labels.get("state") == "not_attached" else None
             if kind is not None:
-                hook = sample.labels.get("hook", "")
                 counts[kind][hook] = counts[kind].get(hook, 0.0) + sample.value
     return counts
 
 
-def report(metrics_urls: list[str]) -> dict[str, Any]:
+def traces_counts(directory: str) -> dict[str, dict[str, float]]:
+    """The same counts from the `*.hooks.json` every process of a run leaves in its traces
+    directory (`RLOTEL_TRACES_DIR`): what fired and failed after the run has ended."""
+    from rlotel.sinks.traces import hooks_file
+
+    counts: dict[str, dict[str, float]] = {"events": {}, "failures": {}, "not_attached": {}}
+    processes = hooks_file.read(Path(directory))
+    if not processes:
+        raise FileNotFoundError(f"no *{hooks_file.SUFFIX} in {directory}: not a traces directory")
+    for process in processes:
+        for kind in ("events", "failures"):
+            for hook, n in process.get(kind, {}).items():
+                counts[kind][hook] = counts[kind].get(hook, 0.0) + n
+        for hook, state in process.get("states", {}).items():
+            if state == "not_attached":
+                counts["not_attached"][hook] = counts["not_attached"].get(hook, 0.0) + 1
+    return counts
+
+
+def report(metrics_urls: list[str], traces_dirs: list[str] = ()) -> dict[str, Any]:
     """Everything the command prints, as data (`--json`)."""
     logging.getLogger("rlotel").setLevel(logging.ERROR)  # the table says it, once
     with contextlib.redirect_stdout(sys.stderr):  # what the imported libraries print
@@ -111,15 +138,14 @@ def report(metrics_urls: list[str]) -> dict[str, Any]:
         "hooks": [row._asdict() for row in rows],
         "failed_imports": failed_imports,
     }
-    if metrics_urls:
-        events: dict[str, float] = {}
-        failures: dict[str, float] = {}
-        for url in metrics_urls:
-            counts = run_counts(url)
-            for hook, n in counts["events"].items():
-                events[hook] = events.get(hook, 0.0) + n
-            for hook, n in counts["failures"].items():
-                failures[hook] = failures.get(hook, 0.0) + n
-        facts["run"] = {"events": events, "failures": failures}
+    sources = [run_counts(url) for url in metrics_urls]
+    sources += [traces_counts(directory) for directory in traces_dirs]
+    if sources:
+        run: dict[str, dict[str, float]] = {"events": {}, "failures": {}, "not_attached": {}}
+        for counts in sources:
+            for kind, by_hook in counts.items():
+                for hook, n in by_hook.items():
+                    run[kind][hook] = run[kind].get(hook, 0.0) + n
+        facts["run"] = run
     facts["ok"] = all(row.state != "not_attached" for row in rows)
     return facts

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from rlotel.cli import commands as cli
+from rlotel.cli import doctor
 from rlotel.integrations.registered import HOOKS
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
@@ -460,6 +461,13 @@ def test_every_hook_failing_trains_exactly_as_without_rlotel(
     assert fired - set(DOWNSTREAM) <= failed, sorted(fired - set(DOWNSTREAM) - failed)
     assert set(DOWNSTREAM) <= fired  # an exemption the healthy run does not need goes
     figure("every hook failing; failed:", sorted(failed), "fired when healthy:", sorted(fired))
+    # `rlotel doctor --traces` says the same after the runs, from the files their processes left
+    assert set(doctor.traces_counts(str(every_hook_failing / "traces"))["failures"]) >= set(
+        failures
+    )
+    healthy = doctor.traces_counts(str(plugin_on / "traces"))
+    assert set(healthy["events"]) >= fired and not healthy["failures"], healthy
+    assert not healthy["not_attached"], healthy
     assert not re.search(r'File "[^"]*/rlotel/', console)
 
 
