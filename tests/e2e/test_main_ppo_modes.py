@@ -197,11 +197,13 @@ def spans_by_rank(work: Path, role: str) -> dict[int, list[dict]]:
 def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path]) -> None:
     """verl makes a rollout replica a GPU (TP 1) and its load balancer routes each
     trajectory to one: every step's model calls reach both replicas' servers; each sample
-    span names the replica that served it (the server's `generate` span that fits the
-    sample's `chat` turn tightest — least time between their starts plus between their
-    ends — is that replica's: another sample's call that merely ends inside the turn does
-    not count); the trainer's /metrics has each
-    replica's occupancy of the last step, each in (0, 1]."""
+    span names the replica that served it. V0 leaves no id that joins a sample to the
+    server's `generate` span of its request, so the join is by time: inside each `chat`
+    turn the named replica served a call, and for at least 3 turns in 4 its call fits the
+    turn tightest (least time between their starts plus between their ends; under a full
+    machine another replica's concurrent call can fit one turn a few ms tighter: CI saw 66
+    against 73 ms). A replica mapped wrong misses most turns; the trainer's /metrics has
+    each replica's occupancy of the last step, each in (0, 1]."""
     _, work = mode_run
     trainer = spans_by_role(work)["trainer"]
     steps = {span["trace"]: span["attrs"]["rl.step"] for span in trainer if span["name"] == "step"}
@@ -229,10 +231,11 @@ def test_ppo_samples_spread_over_both_rollout_replicas(mode_run: tuple[str, Path
             if chat["start"] <= span["start"] and span["end"] <= chat["end"]
         ]
         replica = samples[chat["parent"]]["attrs"].get("rl.replica")
-        assert min(inside)[1] == replica, (chat, sorted(inside)[:3])
-        checked[replica] += 1
-    figure("sample spans by replica:", dict(named), "turns matched to their server:", dict(checked))
-    assert named and set(named) <= {"0", "1"} and sum(checked.values()) >= len(samples)
+        assert replica in {r for _, r in inside}, (chat, sorted(inside)[:3])
+        checked[min(inside)[1] == replica] += 1
+    figure("sample spans by replica:", dict(named), "turns fit tightest by it:", dict(checked))
+    assert named and set(named) <= {"0", "1"} and checked.total() >= len(samples), checked
+    assert checked[True] >= 3 * checked.total() / 4, checked
     (series,) = [
         series
         for series in map(parse_exposition, (p.read_text() for p in (work / "targets").glob("*")))
