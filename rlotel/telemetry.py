@@ -1,5 +1,6 @@
-"""`Telemetry`: the composition root — builds the sinks, the pipeline and the ledger from
-one validated `Config`, and owns the lifecycle (flush, shutdown, atexit, SIGTERM, fork).
+"""`Telemetry`: one run's telemetry, the user API — the ledger and the pipeline over the
+sinks `rlotel.wiring` builds from one validated `Config` — and its lifecycle (flush,
+shutdown, atexit, SIGTERM, fork).
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from rlotel import active
+from rlotel import active, wiring
 from rlotel.base.drops import Drops, describe, encodable
-from rlotel.base.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
 from rlotel.derive.diagnose import Diagnoser, Verdict
 from rlotel.derive.goodput import PhaseBuckets, Timeline
@@ -28,22 +27,18 @@ from rlotel.derive.stall import RankWait, StallWatch
 from rlotel.derive.summary import StepSummary, summarize
 from rlotel.publish.pipeline import LogRecord, Pipeline
 from rlotel.publish.publisher import Publisher
-from rlotel.publish.sink import CompositeSink, Sink
+from rlotel.publish.sink import CompositeSink
 from rlotel.record.ledger import (
-    HookServices,
     Ledger,
     Phase,
     RemotePhase,
     Step,
-    StepHooks,
     innermost_open,
 )
 from rlotel.record.propagation import parse, traceparent
 from rlotel.record.ranks import RankCompute, RankReply, RankSeconds
 from rlotel.record.samples import build_batch, use_remote_spans
 from rlotel.schema import attributes as attr
-from rlotel.series.recorder import Recorder
-from rlotel.series.store import SeriesStore
 
 log = logging.getLogger("rlotel")
 
@@ -60,23 +55,18 @@ class Telemetry:
         configuration fails while the sinks are built, before training starts."""
         self.config = config
         self.drops = Drops()
-        self.metrics_url: str | None = None
-        self._endpoint = None
-        self._traced = False
-        self._profiler = None
         self._usable_names: set[str] = set()  # phase names already validated
         self._closers: list[Callable[[], None]] = []  # run first at shutdown (quick, bounded)
         # Goodput buckets and the training mode (`set_mode`), read per step and per trace.
         self.phase_buckets = PhaseBuckets(overrides=config.phase_buckets or {})
-        sinks: list[Sink] = []
-        if config.environment.sdk_disabled:
-            log.info("rlotel: OTEL_SDK_DISABLED is set; no export, verl dicts still computed")
-        else:
-            sinks = self._build_sinks()
-        self._sink = CompositeSink(sinks, self.drops)
+        exports = wiring.build_exports(config, self.drops, self._phase_buckets)
+        self._endpoint, self.metrics_url = exports.endpoint, exports.metrics_url
+        self._traced = exports.traced
+        self._sink = CompositeSink(exports.sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
         identity = {**config.resource_attributes, attr.PROCESS_PID: os.getpid()}
-        self.stalls = StallWatch(config.stall_after_s, identity, stacks_file=self._stacks_file())
+        stacks = wiring.process_file(config, ".stacks")  # read by `rlotel hangs`
+        self.stalls = StallWatch(config.stall_after_s, identity, stacks_file=stacks)
         self._pipeline = Pipeline(
             self._sink,
             Diagnoser(config.bottleneck_thresholds),
@@ -95,112 +85,14 @@ class Telemetry:
         )
         self.ledger.wake = self._publisher.wake
         self.stalls.ledger = self.ledger
-        self._hooks = self._build_hooks()
+        self._profiler, self._hooks = wiring.build_step_hooks(
+            config, self.drops, self._publisher.submit, self._pipeline, self.ledger
+        )
         self.ledger.hooks = tuple(self._hooks)
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
         _flush_on_sigterm(self)
         os.register_at_fork(after_in_child=_after_fork_hook(weakref.ref(self)))
-
-    def _build_sinks(self) -> list[Sink]:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace.export import SpanExporter
-
-        from rlotel.sinks.metrics.otlp_metrics import OtlpMetricsPusher, otlp_metric_exporter
-        from rlotel.sinks.metrics.prometheus import PrometheusEndpoint
-        from rlotel.sinks.traces.hooks_file import SUFFIX, HookCountsFile
-        from rlotel.sinks.traces.jsonl import JsonLinesExporter, traces_dir_file
-        from rlotel.sinks.traces.otlp import otlp_span_exporter
-        from rlotel.sinks.traces.spans import SpanSink
-
-        config, environment = self.config, self.config.environment
-        identity = {
-            attr.SERVICE_NAME: config.service_name,
-            attr.RUN: config.run,
-            attr.PROCESS_PID: os.getpid(),
-        }
-        resource = Resource.create({**identity, **config.resource_attributes})
-        exporters: dict[str, SpanExporter] = {}
-        sinks: list[Sink] = []
-        if environment.otlp_traces is not None:
-            exporters["otlp"] = otlp_span_exporter(environment.otlp_traces)
-        if config.traces_file is not None:
-            exporters["traces_file"] = JsonLinesExporter(config.traces_file)
-        if environment.traces_dir is not None:  # one file per process
-            role = config.resource_attributes.get(attr.ROLE) or environment.role or "main"
-            rank = config.resource_attributes.get(attr.RANK, environment.rank)
-            path = traces_dir_file(environment.traces_dir, str(role), rank)
-            exporters["traces_dir"] = JsonLinesExporter(path)
-            sinks.append(HookCountsFile(path.with_suffix(SUFFIX), self.drops))
-        for index, exporter in enumerate(config.span_exporters):
-            exporters[f"{type(exporter).__name__}#{index}"] = exporter
-        store = SeriesStore(
-            config.run,
-            self.drops,
-            config.max_metric_keys,
-            config.histogram_buckets,
-            (config.max_log_keys, config.max_val_log_keys),
-        )
-        own = config.resource_attributes  # a worker's role and rank: per-rank series
-        rank = (
-            (str(own[attr.ROLE]), str(own[attr.RANK]))
-            if {attr.ROLE, attr.RANK} <= set(own)
-            else None
-        )
-        sinks.insert(0, Recorder(store, self.drops, rank))
-        if exporters:
-            delay_s = environment.span_export_delay_s
-            if delay_s is None:
-                delay_s = DEFAULT_SPAN_EXPORT_DELAY_MS / 1000
-            sinks.append(
-                SpanSink(
-                    config.run,
-                    exporters,
-                    resource,
-                    self.drops,
-                    phase_buckets=self._phase_buckets,
-                    delay_s=delay_s,
-                )
-            )
-            self._traced = True
-        if config.prometheus_port is not None:
-            self._endpoint = PrometheusEndpoint(store)
-            self.metrics_url = self._endpoint.serve(
-                config.prometheus_addr,
-                config.prometheus_port,
-                config.prometheus_tls,
-                config.prometheus_basic_auth,
-                config.prometheus_port_retries,
-            )
-            sinks.append(self._endpoint)
-        if environment.otlp_metrics is not None:
-            sinks.append(
-                OtlpMetricsPusher(
-                    otlp_metric_exporter(environment.otlp_metrics),
-                    store,
-                    config.run,
-                    resource,
-                    self.drops,
-                    environment.metric_export_interval_s,
-                )
-            )
-        sinks.extend(config.sinks)
-        return sinks
-
-    def _stacks_file(self) -> Path | None:
-        """Where this process writes each stall's thread stacks: next to its traces file
-        in the traces directory (`<role>-<rank>-<pid>.stacks`, read by `rlotel hangs`)."""
-        environment = self.config.environment
-        if environment.traces_dir is None or environment.sdk_disabled:
-            return None
-        from rlotel.sinks.traces.jsonl import traces_dir_file
-
-        own = self.config.resource_attributes
-        role = own.get(attr.ROLE) or environment.role or "main"
-        path = traces_dir_file(
-            environment.traces_dir, str(role), own.get(attr.RANK, environment.rank)
-        )
-        return path.with_suffix(".stacks")
 
     def _phase_buckets(self) -> PhaseBuckets:
         return self.phase_buckets  # read per trace: verl's integration sets the mode
@@ -215,36 +107,6 @@ class Telemetry:
         if timeline is not None:
             buckets = replace(buckets, timeline=timeline)
         self.phase_buckets = buckets
-
-    def _build_hooks(self) -> list[StepHooks]:
-        """The profiler, then the hooks integrations inject (`Config.step_hooks`, e.g.
-        verl's capture discovery), react to step start and end."""
-        profile = self.config.profile
-        submit = self._publisher.submit
-        services = HookServices(
-            profile,
-            functools.partial(submit, self._pipeline.capture),
-            functools.partial(submit, self._pipeline.release),
-            self.drops,
-        )
-        hooks: list[StepHooks] = []
-        if profile is not None and profile.steps and profile.save_dir is not None:
-            from rlotel.profile.torch_driver import StepProfiler
-
-            self._profiler = StepProfiler(
-                profile,
-                self.drops,
-                services.publish_capture,
-                services.release,
-                self.ledger.current_context,
-            )
-            self.ledger.phase_range = self._profiler.phase_range
-            hooks.append(self._profiler)
-        for factory in self.config.step_hooks:
-            hook = factory(services)
-            if hook is not None:
-                hooks.append(hook)
-        return hooks
 
     # --- training-thread API ---------------------------------------------------------------
 
