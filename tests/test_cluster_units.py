@@ -14,7 +14,7 @@ import pytest
 
 from rlotel.base import clock, env
 from rlotel.integrations import ray as ray_integration
-from rlotel.integrations import verl_workers
+from rlotel.integrations.clock_exchange import CLOCK_KEY, ClockExchange
 from rlotel.offline import otlp_json
 from rlotel.offline.otlp_json import SpanRecord
 
@@ -35,50 +35,61 @@ def test_the_true_offset_lies_within_the_uncertainty_whatever_the_legs(forward_n
     assert uncertainty == pytest.approx((forward_ns + back_ns) / 2, abs=1)  # not the work
 
 
+class Ref:
+    """A stand-in for a Ray `ObjectRef`: what the exchange reads of one (its id)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def binary(self) -> bytes:
+        return self.name.encode()
+
+
 def test_the_exchange_over_two_carriers_sets_the_offset(monkeypatch):
-    monkeypatch.setattr(verl_workers, "_clock_call", [])
     monkeypatch.setattr(clock, "_offset", [])
-    verl_workers._clock_heard("1000", 1500, 2500)  # first call: t1; received/replied t2, t3
+    worker = ClockExchange(lambda: False)
+    worker.heard("1000", 1500, 2500)  # first call: t1; received/replied t2, t3
     assert clock.offset() is None  # one leg says nothing yet
-    verl_workers._clock_heard("999,2100", 3000, 3100)  # another t1: not this exchange's t4
+    worker.heard("999,2100", 3000, 3100)  # another t1: not this exchange's t4
     assert clock.offset() is None
-    verl_workers._clock_heard("1000,2100", 3000, 3100)
+    worker.heard("1000,2100", 3000, 3100)
     assert clock.offset() == clock.ntp_offset(1000, 1500, 2500, 2100) == (450, 50)
-    verl_workers._clock_heard("garbage", 1, 2)  # never raises
+    worker.heard("garbage", 1, 2)  # never raises
     assert clock.offset() == (450, 50)
 
 
-def test_the_driver_stamps_each_actor_twice_then_never(monkeypatch):
-    monkeypatch.setattr(verl_workers, "_clock_done", set())
-    monkeypatch.setattr(verl_workers, "_clock_sent", {})
-    monkeypatch.setattr(verl_workers, "_clock_reference", [True])
+def test_the_driver_stamps_each_actor_twice_then_never():
+    driver = ClockExchange(lambda: True)
     carrier = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
-    first, note = verl_workers._clock_carrier("actor", carrier)
-    t1 = int(first[verl_workers.CLOCK_KEY])
-    assert note and verl_workers.CLOCK_KEY not in carrier  # the shared carrier is untouched
-    assert verl_workers._clock_carrier("actor", carrier) == (carrier, False)  # reply pending
-    verl_workers._clock_sent["actor"][1] = t1 + 5000  # the reply was timed
-    second, note = verl_workers._clock_carrier("actor", carrier)
-    assert second[verl_workers.CLOCK_KEY] == f"{t1},{t1 + 5000}" and not note
-    assert "actor" in verl_workers._clock_done  # from now on: the shared carrier, one lookup
-    monkeypatch.setattr(verl_workers, "_clock_reference", [False])
-    assert verl_workers._clock_carrier("other", carrier) == (carrier, False)  # not the driver
-    assert "other" in verl_workers._clock_done
+    first, note = driver.stamp("actor", carrier)
+    t1 = int(first[CLOCK_KEY])
+    assert note and CLOCK_KEY not in carrier  # the shared carrier is untouched
+    driver.sent(Ref("first"), "actor")
+    assert driver.awaiting and driver.stamp("actor", carrier) == (carrier, False)  # pending
+    driver.replied([Ref("first")])  # the reply is timed: t4
+    assert not driver.awaiting
+    second, note = driver.stamp("actor", carrier)
+    sent, replied = map(int, second[CLOCK_KEY].split(","))
+    assert sent == t1 <= replied <= clock.unix_ns() and not note
+    assert "actor" in driver.done  # from now on: the shared carrier, one lookup
+    worker = ClockExchange(lambda: False)
+    assert worker.stamp("other", carrier) == (carrier, False)  # not the driver
+    assert "other" in worker.done
+    worker.declare_reference()  # the process that runs the trainer loop, inside an actor
+    assert CLOCK_KEY in worker.stamp("third", carrier)[0]
 
 
 def test_the_per_process_offset_measurement_costs_well_under_a_millisecond(monkeypatch):
-    monkeypatch.setattr(verl_workers, "_clock_done", set())
-    monkeypatch.setattr(verl_workers, "_clock_sent", {})
-    monkeypatch.setattr(verl_workers, "_clock_reference", [True])
-    monkeypatch.setattr(verl_workers, "_clock_call", [])
     monkeypatch.setattr(clock, "_offset", [])
+    driver, worker = ClockExchange(lambda: True), ClockExchange(lambda: False)
     carrier = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     started = time.perf_counter()
-    first, _ = verl_workers._clock_carrier("a", carrier)
-    verl_workers._clock_heard(first[verl_workers.CLOCK_KEY], clock.unix_ns(), clock.unix_ns())
-    verl_workers._clock_sent["a"][1] = clock.unix_ns()
-    second, _ = verl_workers._clock_carrier("a", carrier)
-    verl_workers._clock_heard(second[verl_workers.CLOCK_KEY], clock.unix_ns(), clock.unix_ns())
+    first, _ = driver.stamp("a", carrier)
+    driver.sent(Ref("a"), "a")
+    worker.heard(first[CLOCK_KEY], clock.unix_ns(), clock.unix_ns())
+    driver.replied([Ref("a")])
+    second, _ = driver.stamp("a", carrier)
+    worker.heard(second[CLOCK_KEY], clock.unix_ns(), clock.unix_ns())
     spent = time.perf_counter() - started
     assert clock.offset() is not None
     assert spent < 1e-3

@@ -34,6 +34,7 @@ from rlotel.integrations import (
     verl_workers,
     vllm_engine,
 )
+from rlotel.integrations.clock_exchange import ClockExchange
 from rlotel.integrations.hooks import actor_class
 from rlotel.integrations.registered import HOOKS
 from rlotel.schema import vocabulary as voc
@@ -245,8 +246,7 @@ def actor_class_loader() -> Case:
 def ray_remote(mp: pytest.MonkeyPatch) -> Case:
     """`ActorMethod._remote(args, kwargs, ...)`: by design the call's kwargs gain Ray's
     trace-context slot inside a phase; everything else reaches Ray as given."""
-    mp.setattr(verl_workers, "_clock_reference", [False])  # no clock exchange
-    mp.setattr(verl_workers, "_clock_done", set())
+    mp.setattr(verl_workers, "CLOCK", ClockExchange(lambda: False))  # no clock exchange
     recorder = Recorder()
     actor_method = types.SimpleNamespace(_actor=types.SimpleNamespace(_ray_actor_id="a1"))
     arguments = (actor_method, (1,), {"a": 1}, *EXTRA)

@@ -17,6 +17,7 @@ import pytest
 import rlotel
 from rlotel.base import env
 from rlotel.integrations import process, ray, startup, verl_workers
+from rlotel.integrations.clock_exchange import ClockExchange
 from tests.helpers import parse_exposition, scrape
 from tests.otlp_receiver import HttpReceiver
 
@@ -31,7 +32,9 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
             monkeypatch.delenv(name)
     monkeypatch.setenv(env.RLOTEL_PROMETHEUS_SD_DIR, str(tmp_path / "sd"))
     monkeypatch.setattr(process, "_driver", [])
-    monkeypatch.setattr(verl_workers, "_clock_reference", [])
+    monkeypatch.setattr(
+        verl_workers, "CLOCK", ClockExchange(lambda: not verl_workers.in_ray_actor())
+    )
     yield
     tel = rlotel.current()
     if tel is not None:

@@ -48,7 +48,7 @@ def declare_driver(driver: Driver) -> None:
     from rlotel.integrations import verl_workers
 
     _driver[:] = [driver]
-    verl_workers.declare_clock_reference()
+    verl_workers.CLOCK.declare_reference()
 
 
 def declare_verl_driver(config: Any, n_gpus: int | None = None) -> None:

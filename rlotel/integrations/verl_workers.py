@@ -34,6 +34,7 @@ from typing import Any
 import rlotel
 from rlotel.base import clock, env
 from rlotel.integrations import collectives, guard, service, verl_captures
+from rlotel.integrations.clock_exchange import CLOCK_KEY, ClockExchange
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
 from rlotel.schema import attributes as attr
@@ -43,7 +44,6 @@ log = logging.getLogger("rlotel")
 
 RAY_CONTEXT_KWARG = "_ray_trace_ctx"  # Ray's per-call trace-context slot
 TRACEPARENT = "traceparent"
-CLOCK_KEY = "rlotel-clock"  # the driver's clock over a worker's first traced call: "t1", "t1,t4"
 REPLY_KEY = "rlotel-reply"  # the caller unwraps a `RankReply`: send compute seconds with it
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
@@ -68,18 +68,13 @@ _replies_wanted: contextvars.ContextVar[bool] = contextvars.ContextVar(
 # --- driver ------------------------------------------------------------------------------
 
 
+# the driver's clock is the reference: a Ray driver outside actors, or the process that
+# declares it (verl's TaskRunner runs the trainer loop inside an actor)
+CLOCK = ClockExchange(lambda: not in_ray_actor())
 _last_carrier: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, None)
 _run_carrier: dict[str, dict[str, str]] = {}  # run → its baggage-only carrier
 _told_run: set[tuple[str, Any]] = set()  # (run, actor) sent the baggage-only carrier
 _heard_run: list[str] = []  # the run a caller named before this worker's telemetry started
-# The clock exchange (`rlotel.base.clock`), in the driver: actors done, t1/t4 per actor, refs
-# of the stamped calls (by id: holding the ref would pin its result) → actor.
-_clock_done: set[Any] = set()
-_clock_sent: dict[Any, list[int | None]] = {}
-_clock_refs: dict[bytes, Any] = {}
-_clock_reference: list[bool] = []  # this process's clock is the one workers measure against
-# In a worker: (t1, t2, t3) of the first stamped call.
-_clock_call: list[tuple[int, int, int]] = []
 
 
 def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
@@ -136,7 +131,7 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
             output = execute_fn(*args, **kwargs)
         finally:
             _replies_wanted.reset(token)
-        if isinstance(output, list) and (len(output) > 1 or (_clock_refs and output)):
+        if isinstance(output, list) and (len(output) > 1 or (CLOCK.awaiting and output)):
             _time_replies(tel, output, started)
         return output
 
@@ -199,8 +194,8 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             now = time.perf_counter()
-            if _clock_refs:
-                _clock_replied(ready)
+            if CLOCK.awaiting:
+                CLOCK.replied(ready)
             for ref in ready:
                 seconds[rank_of[ref]] = now - started
                 if wait is not None:
@@ -211,60 +206,6 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         service.of(tel).dropped("spans", "internal_error", f"worker-group reply timing: {error!r}")
     finally:
         tel.done_waiting(wait)
-
-
-def _clock_replied(ready: list[Any]) -> None:
-    """t4: the reply to a worker's stamped call is here (driver's clock)."""
-    t4 = clock.unix_ns()
-    for ref in ready:
-        actor = _clock_refs.pop(ref.binary(), None)
-        if actor is not None and actor in _clock_sent:
-            _clock_sent[actor][1] = t4
-
-
-def _clock_carrier(actor: Any, carrier: dict[str, str]) -> tuple[dict[str, str], bool]:
-    """The carrier of a call to an actor whose clock exchange is not done: the first
-    traced call gets the send time t1 (True: note its reply), the next one after its reply
-    was timed gets "t1,t4". Only the driver's clock is the reference."""
-    if not _clock_reference:
-        _clock_reference.append(_is_clock_reference())
-    if not _clock_reference[0] or actor is None:
-        _clock_done.add(actor)
-        return carrier, False
-    state = _clock_sent.get(actor)
-    if state is None:
-        t1 = clock.unix_ns()
-        _clock_sent[actor] = [t1, None]
-        return {**carrier, CLOCK_KEY: str(t1)}, True
-    t1, t4 = state
-    if t4 is None:  # its reply not timed yet (or never: a call outside a worker group)
-        return carrier, False
-    _clock_done.add(actor)
-    del _clock_sent[actor]
-    return {**carrier, CLOCK_KEY: f"{t1},{t4}"}, False
-
-
-def _is_clock_reference() -> bool:
-    """A Ray driver outside actors (else `declare_clock_reference`, verl's TaskRunner)."""
-    return not in_ray_actor()
-
-
-def declare_clock_reference() -> None:
-    """This process runs the trainer loop: the workers measure their clocks against it."""
-    _clock_reference[:] = [True]
-
-
-def _clock_heard(value: str, t2: int, t3: int) -> None:
-    """In a worker: a stamped call was received at t2 and replied at t3 (this clock)."""
-    try:
-        stamps = [int(part) for part in value.split(",")]
-    except (AttributeError, ValueError):
-        return
-    if len(stamps) == 1:
-        _clock_call[:] = [(stamps[0], t2, t3)]
-    elif len(stamps) == 2 and _clock_call and _clock_call[0][0] == stamps[0]:
-        t1, t2_first, t3_first = _clock_call[0]
-        clock.set_offset(*clock.ntp_offset(t1, t2_first, t3_first, stamps[1]))
 
 
 def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Callable[..., Any]:
@@ -290,7 +231,7 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
                 )
             else:
                 if stamped:
-                    guard.attempt(ACTOR_SUBMIT_HOOK, _note_stamped, ref, actor)
+                    guard.attempt(ACTOR_SUBMIT_HOOK, CLOCK.sent, ref, actor)
                 return ref
         return original(self, args, kwargs, *rest, **options)
 
@@ -308,16 +249,11 @@ def _submit_carrier(method: Any, kwargs: Any) -> tuple[dict[str, str] | None, bo
     carrier = _carrier(tel, actor)
     stamped = False
     if carrier is not None:
-        if actor not in _clock_done and TRACEPARENT in carrier:
-            carrier, stamped = _clock_carrier(actor, carrier)
+        if actor not in CLOCK.done and TRACEPARENT in carrier:
+            carrier, stamped = CLOCK.stamp(actor, carrier)
         if _replies_wanted.get() and TRACEPARENT in carrier:
             carrier = {**carrier, REPLY_KEY: "1"}
     return carrier, stamped, actor
-
-
-def _note_stamped(ref: Any, actor: Any) -> None:
-    if hasattr(ref, "binary"):
-        _clock_refs[ref.binary()] = actor
 
 
 def traced_actor_remote(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -582,7 +518,7 @@ class _WorkerCall:
         guard.attempt(ACTOR_CALL_HOOK, _call_carrier.reset, self.token)
         if self.received:
             stamp = self.carrier[CLOCK_KEY]
-            guard.attempt(ACTOR_CALL_HOOK, _clock_heard, stamp, self.received, clock.unix_ns())
+            guard.attempt(ACTOR_CALL_HOOK, CLOCK.heard, stamp, self.received, clock.unix_ns())
         if raised is not None:
             return None
         try:
