@@ -251,7 +251,7 @@ def ray_remote(mp: pytest.MonkeyPatch) -> Case:
     actor_method = types.SimpleNamespace(_actor=types.SimpleNamespace(_ray_actor_id="a1"))
     arguments = (actor_method, (1,), {"a": 1}, *EXTRA)
     result = verl_workers.traced_actor_remote(recorder)(*arguments, **EXTRA_KW)
-    mp.setitem(verl_workers._installed, "ray_tracing_on", lambda: False)
+    mp.setattr(verl_workers.CARRIERS, "ray_tracing_on", lambda: False)
     for (_, _, kwargs, *_), _ in recorder.calls:
         kwargs.pop(verl_workers.RAY_CONTEXT_KWARG, None)
     return result, arguments, recorder
@@ -514,7 +514,7 @@ def failing(request: pytest.FixtureRequest) -> Iterator[bool]:
 
 def _run(hook: str, case: Callable, failing: bool, make_tel, mp: pytest.MonkeyPatch) -> None:
     tel = make_tel()
-    mp.setitem(verl_workers._installed, "ray_tracing_on", lambda: False)
+    mp.setattr(verl_workers.CARRIERS, "ray_tracing_on", lambda: False)
     guard.inject([hook] if failing else [])
     collective_tally = collectives.open_tally()  # the collective wrappers time this call
     before = HOOK_FAILURES.snapshot().get(hook, 0)

@@ -173,15 +173,14 @@ def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
     from rlotel.integrations import verl_workers
 
     attach_hooks("verl_fully_async_init")
-    heard: list[str] = []
-    monkeypatch.setattr(verl_workers, "_heard_run", heard)
+    monkeypatch.setattr(verl_workers, "HOSTED", verl_workers.Hosted())
     try:
         hosted = actor_class(module.FullyAsyncRollouter)
         assert cloudpickle.loads(cloudpickle.dumps(hosted)).__init__ is fully_async.rollouter_init
         config = OmegaConf.create({"trainer": {"experiment_name": "fa-run"}})
         with pytest.raises(TypeError, match="tokenizer"):  # verl's own __init__, called
             hosted(config)
-        assert heard == ["fa-run"]
+        assert verl_workers.HOSTED.run == "fa-run"
         started = rlotel.current()  # before verl's own __init__ made any worker
         assert started is not None and started.config.run == "fa-run"
     finally:

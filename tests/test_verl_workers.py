@@ -26,6 +26,7 @@ from rlotel.integrations import verl as plugin
 from rlotel.integrations import verl_workers
 from rlotel.offline import analyze
 from rlotel.offline.otlp_json import STATUS_ERROR, SpanRecord
+from rlotel.record.propagation import run_of
 from tests.helpers import parse_exposition, scrape
 
 pytestmark = pytest.mark.slow  # a Ray cluster and verl worker processes
@@ -219,8 +220,9 @@ def test_calls_outside_a_phase_carry_only_the_run_once(cluster):
     group = worker_group(cluster)
     for _ in range(2):  # no phase open: the run only, on the first call to each actor
         assert group.update_policy(0.0) == [0, 1]
-    told = {actor for run, actor in verl_workers._told_run if run == "wg"}
-    assert told == {worker._ray_actor_id for worker in group.workers}
+    carriers = verl_workers.CARRIERS  # each actor was told the run: it is not sent again
+    assert [carriers.of_run("wg", worker._ray_actor_id) for worker in group.workers] == [None] * 2
+    assert run_of(carriers.of_run("wg", "an actor not called yet")) == "wg"
     with tel.step(1), tel.phase("update_actor"):
         group.update_policy(0.0)
     spans = wait_for_spans(cluster, {"update_actor": 1, "update_policy": 2, "forward_backward": 6})

@@ -52,12 +52,10 @@ ACTOR_SUBMIT_HOOK = "ray_actor_submit"
 ACTOR_CLASS_HOOK = "ray_actor_class"
 ACTOR_CALL_HOOK = "ray_actor_call"
 
-_installed: dict[str, Any] = {}  # Ray's tracing switch, read once
 _init_lock = threading.Lock()
 _call_carrier: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "rlotel_call_carrier", default=None
 )
-_worker_class: list[type] = []  # the actor class this worker process hosts (loaded first)
 # Set while a blocking worker-group call submits: its calls ask for `RankReply`s, which
 # the same call's collect step unwraps (`traced_collect`) before verl sees the results.
 _replies_wanted: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -71,10 +69,47 @@ _replies_wanted: contextvars.ContextVar[bool] = contextvars.ContextVar(
 # the driver's clock is the reference: a Ray driver outside actors, or the process that
 # declares it (verl's TaskRunner runs the trainer loop inside an actor)
 CLOCK = ClockExchange(lambda: not in_ray_actor())
-_last_carrier: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, None)
-_run_carrier: dict[str, dict[str, str]] = {}  # run → its baggage-only carrier
-_told_run: set[tuple[str, Any]] = set()  # (run, actor) sent the baggage-only carrier
-_heard_run: list[str] = []  # the run a caller named before this worker's telemetry started
+
+
+class Carriers:
+    """What the driver sends with actor calls: inside a phase its context (calls from one
+    phase share one carrier); outside phases only the run, on the first call to each actor."""
+
+    def __init__(self) -> None:
+        self._phase: tuple[tuple[int, int] | None, dict[str, str] | None] = (None, None)
+        self._run: tuple[str | None, dict[str, str]] = (None, {})
+        self._told: set[tuple[str, Any]] = set()  # (run, actor) sent the run's carrier
+        self.ray_tracing_on: Callable[[], bool] = lambda: False  # Ray's own fills the slot
+
+    def of_phase(self, ids: tuple[int, int], run: str) -> dict[str, str]:
+        last_ids, carrier = self._phase
+        if ids != last_ids or carrier is None:
+            carrier = with_run(traceparent(*ids), run)
+            self._phase = (ids, carrier)
+        return carrier
+
+    def of_run(self, run: str, actor: Any) -> dict[str, str] | None:
+        """The run's baggage-only carrier, unless `actor` got it already."""
+        if actor is not None:
+            if (run, actor) in self._told:
+                return None
+            self._told.add((run, actor))
+        if self._run[0] != run:
+            self._run = (run, with_run({}, run))
+        return self._run[1]
+
+
+class Hosted:
+    """What a worker process knows before its telemetry starts: the actor class it hosts
+    (the first Ray loads in it) and the run a caller named (baggage)."""
+
+    def __init__(self) -> None:
+        self.actor_class: type | None = None
+        self.run: str | None = None
+
+
+CARRIERS = Carriers()
+HOSTED = Hosted()
 
 
 def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
@@ -82,8 +117,7 @@ def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
     own tracing, which fills the slot itself, is off). Calls from one phase share one.
     Outside phases only the run travels, on the first call to each actor: every filled
     slot costs Ray's submit ~40 µs (one more argument to serialize)."""
-    global _last_carrier
-    if tel is None or _installed["ray_tracing_on"]():
+    if tel is None or CARRIERS.ray_tracing_on():
         return None
     try:
         ids = service.of(tel).context_ids()
@@ -91,20 +125,8 @@ def _carrier(tel: Any, actor: Any = None) -> dict[str, str] | None:
         service.of(tel).dropped("spans", "internal_error", f"worker-group context: {error!r}")
         return None
     if ids is None:  # outside any phase: the run still travels (a worker's first call)
-        run = service.of(tel).run
-        if actor is not None:
-            if (run, actor) in _told_run:
-                return None
-            _told_run.add((run, actor))
-        if _run_carrier.get(run) is None:
-            _run_carrier.clear()
-            _run_carrier[run] = with_run({}, run)
-        return _run_carrier[run]
-    last_ids, carrier = _last_carrier
-    if ids != last_ids:
-        carrier = with_run(traceparent(*ids), service.of(tel).run)
-        _last_carrier = (ids, carrier)
-    return carrier
+        return CARRIERS.of_run(service.of(tel).run, actor)
+    return CARRIERS.of_phase(ids, service.of(tel).run)
 
 
 def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[..., Any]:
@@ -260,7 +282,7 @@ def traced_actor_remote(original: Callable[..., Any]) -> Callable[..., Any]:
     """`ActorMethod._remote`: every Ray actor call made inside a phase carries its context."""
     from ray.util.tracing import tracing_helper
 
-    _installed["ray_tracing_on"] = tracing_helper._is_tracing_enabled
+    CARRIERS.ray_tracing_on = tracing_helper._is_tracing_enabled
     return traced_remote(original, inspect.unwrap(original))
 
 
@@ -297,8 +319,8 @@ def traced_class_loader(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             guard.fault(ACTOR_CLASS_HOOK)
             cls = args[0] if args else kwargs["_cls"]
-            if not _worker_class:  # later loads are the classes of actor handles it receives
-                _worker_class.append(cls)
+            if HOSTED.actor_class is None:  # later loads: classes of handles it receives
+                HOSTED.actor_class = cls
             wrap_actor_methods(cls)
         except Exception as error:  # the actor must start even if tracing cannot
             guard.failed(ACTOR_CLASS_HOOK, error)
@@ -379,8 +401,8 @@ def _hear_run(carrier: Any) -> None:
 def hear_run(run: str | None) -> None:
     """This worker's run, known before any call names it (an actor built from the run's
     config, whose own calls then carry the run to the workers it starts)."""
-    if run and not _heard_run:
-        _heard_run.append(run)
+    if run and HOSTED.run is None:
+        HOSTED.run = run
 
 
 class _Call:
@@ -565,7 +587,7 @@ def _verl_role(instance: Any) -> str | None:
         return vocabulary.verl_main_role(roles)
     if isinstance(own, str) and own:
         return vocabulary.verl_worker_role(own)
-    cls = type(instance) if instance is not None else (_worker_class or [None])[0]
+    cls = type(instance) if instance is not None else HOSTED.actor_class
     return vocabulary.verl_class_role(c.__name__ for c in cls.__mro__) if cls else None
 
 
@@ -584,7 +606,7 @@ def process_identity(instance: Any = None) -> dict[str, str | int]:
     """`rl.role`, `rl.rank`, `rl.node` and, for rollout, `rl.replica` of this worker."""
     role = env.Environment.read().role or _verl_role(instance)
     if not role:
-        cls = _worker_class[0] if _worker_class else type(instance)
+        cls = HOSTED.actor_class or type(instance)
         role = cls.__name__
     identity: dict[str, str | int] = {attr.ROLE: role, attr.RANK: env.rank()}
     if in_ray_actor():
@@ -613,7 +635,7 @@ def worker_telemetry(instance: Any = None, carrier: Any = None) -> Any:
     with _init_lock:
         tel = rlotel.current()
         if tel is None:
-            heard = run_of(carrier) or (_heard_run[0] if _heard_run else None)
+            heard = run_of(carrier) or HOSTED.run
             tel = _start_worker(process_identity(instance), heard)
     return tel
 
