@@ -368,11 +368,34 @@ class _Profiled:
 _current: contextvars.ContextVar[CallWatch | None] = contextvars.ContextVar(
     "rlotel_capture_call", default=None
 )
-# A rollout server's engine profile window: when its `start_profile` was called (vLLM's
-# profiler may stop and write by itself, once its token window is done).
-_engine_started: dict[int, float] = {}
-_engine_linked: set[Path] = set()  # its traces this process linked already
 _LOADED_S = time.time()  # a start_profile not traced: the traces written since this process ran
+
+
+class EngineWindows:
+    """A rollout server's engine profile windows in this process: when each server's
+    `start_profile` was called (vLLM's profiler may stop and write by itself, once its token
+    window is done), and which of the engine's traces are linked already."""
+
+    def __init__(self) -> None:
+        self._started: dict[int, float] = {}  # id of the server → its start_profile's time
+        self._linked: set[Path] = set()
+
+    def started(self, server: Any, at_s: float) -> None:
+        self._started[id(server)] = at_s
+
+    def since(self, server: Any) -> float:
+        """Its open window's start (closing it), or this process's start when untraced."""
+        return self._started.pop(id(server), _LOADED_S)
+
+    def first_link(self, path: Path) -> bool:
+        """True the first time, once per trace file."""
+        if path in self._linked:
+            return False
+        self._linked.add(path)
+        return True
+
+
+ENGINE_WINDOWS = EngineWindows()
 
 
 @dataclass
@@ -399,9 +422,9 @@ class CallWatch:
         watch.recording = any(_this_step(p.profiler) for p in profiled)
         watch.token = _current.set(watch)
         if name == voc.START_PROFILE and any(p.replica is not None for p in profiled):
-            _engine_started[id(instance)] = watch.since_s
+            ENGINE_WINDOWS.started(instance, watch.since_s)
         elif watch._stopping():  # the engine may write before (its token window closed)
-            watch.engine_since_s = _engine_started.pop(id(instance), _LOADED_S)
+            watch.engine_since_s = ENGINE_WINDOWS.since(instance)
         return watch
 
     def end(self, phase: Any) -> None:
@@ -444,9 +467,10 @@ class CallWatch:
                 continue
             for replica, rank, path in engine_traces(profiled.save_dir, profiled.replica):
                 written = _mtime(path)
-                if written is None or written < self.engine_since_s or path in _engine_linked:
+                if written is None or written < self.engine_since_s:
                     continue
-                _engine_linked.add(path)
+                if not ENGINE_WINDOWS.first_link(path):
+                    continue
                 found.append(
                     Capture.of_file(  # its step: on the trainer's span (the `gen` it covers)
                         "torch",
