@@ -65,7 +65,6 @@ class Tally:
 _open: list[Tally] = []  # the accounts open now, in any thread
 _lock = threading.Lock()
 _depth = threading.local()  # > 0 while this thread is inside a timed collective
-_tensor_type: list[Any] = [None]  # torch.Tensor, once torch.distributed is wrapped
 
 
 def installed() -> bool:
@@ -194,9 +193,7 @@ def _describe(name: str, args: tuple, kwargs: dict, entered_unix_s: float) -> st
 
 def _on_device(args: tuple, kwargs: dict) -> bool:
     """The call's first tensor (or first of a list of tensors) is not on the CPU."""
-    tensor_type = _tensor_type[0]
-    if tensor_type is None:
-        tensor_type = _tensor_type[0] = sys.modules["torch"].Tensor
+    tensor_type = sys.modules["torch"].Tensor  # loaded: torch.distributed is wrapped
     first = args[0] if args else None
     if isinstance(first, tensor_type):  # most calls: the tensor first
         return not first.is_cpu
