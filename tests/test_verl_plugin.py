@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import types
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -403,27 +403,39 @@ def test_v0_trajectories_count_for_their_replicas_and_leave_verls_batch_as_verls
     }
 
 
-class NeoColumns(MutableMapping):
-    """A stand-in of verl's next data plane's `non_tensor_batch` (NeoProto): a Mapping that
-    is not a dict."""
+class NeoColumns:
+    """A stand-in of verl's next data plane's `non_tensor_batch` (NeoProto's `_BatchProxy`,
+    `verl/experimental/neoproto/views/data_proto.py` on verl's `neo` branch): dict-like by
+    its methods (`keys`, `in`, `[]`, `get`, `pop(key, default, materialize=True)`), neither
+    a dict nor a Mapping."""
+
+    _MISSING = object()
 
     def __init__(self, columns: dict) -> None:
         self._columns = dict(columns)
 
+    def keys(self, original: bool = True):
+        return dict.fromkeys(self._columns).keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._columns
+
     def __getitem__(self, key: str) -> Any:
         return self._columns[key]
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._columns[key] = value
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._columns.get(key, default)
 
-    def __delitem__(self, key: str) -> None:
-        del self._columns[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._columns)
-
-    def __len__(self) -> int:
-        return len(self._columns)
+    def pop(self, key: str, default: Any = _MISSING, materialize: bool = True) -> Any:
+        if key not in self._columns:
+            if default is self._MISSING:
+                raise KeyError(key)
+            return default
+        value = self._columns.pop(key)
+        return value if materialize else None
 
 
 @pytest.mark.parametrize("failing", [False, True], ids=["rlotel working", "rlotel failing"])

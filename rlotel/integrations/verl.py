@@ -24,7 +24,7 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -326,16 +326,17 @@ def _is_validation(tel: Any, output: Any, caller: FrameType | None) -> bool:
 def _take_rlotel_columns(args: tuple, kwargs: dict) -> tuple[Any, Any]:
     """(stamps, servers): the columns rlotel's agent-loop workers added to each trajectory
     (`verl_v1.compute_score`), taken out of verl's batch — verl copies every `extra_fields`
-    entry into `non_tensor_batch` — so the trainer gets exactly verl's columns. Read through
-    the Mapping interface: verl's next data plane (NeoProto) hands a Mapping, not a dict."""
+    entry into `non_tensor_batch` — so the trainer gets exactly verl's columns. Taken by
+    `pop(key, default)` alone: verl's next data plane (NeoProto) hands a dict-like proxy
+    that is neither a dict nor a Mapping."""
     from rlotel.integrations import verl_v1
 
     try:
         output = guard.argument(args, kwargs, 1, "output")
-        columns = getattr(output, "non_tensor_batch", None)
-        if not isinstance(columns, MutableMapping):
+        pop = getattr(getattr(output, "non_tensor_batch", None), "pop", None)
+        if pop is None:
             return None, None
-        return columns.pop(verl_v1.STAMP_KEY, None), columns.pop(verl_v1.SERVER_KEY, None)
+        return pop(verl_v1.STAMP_KEY, None), pop(verl_v1.SERVER_KEY, None)
     except Exception as error:  # verl's call goes on with what it was given
         guard.failed(AGENT_LOOP_HOOK, error)
         return None, None
