@@ -300,3 +300,22 @@ def test_doctor_reads_which_hooks_fired_and_failed_from_a_live_metrics(make_tel)
     counts = doctor.run_counts(tel.metrics_url)
     assert counts["events"]["verl_timer"] == 2
     assert counts["failures"]["verl_tracking"] == before + 1
+
+
+def test_a_module_whose_package_does_not_import_is_said_so(tmp_path, monkeypatch) -> None:
+    """A hooked module is missing, or present in a package that fails to import (verl's V1
+    without TransferQueue): the reason says which, without importing the module itself."""
+    from rlotel.integrations.hooks import absence
+
+    package = tmp_path / "rlotel_test_broken"
+    package.mkdir()
+    (package / "__init__.py").write_text("import rlotel_test_not_installed\n")
+    (package / "hooked.py").write_text("raise AssertionError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert absence("json.decoder") is None
+    assert absence("rlotel_test_absent.hooked") == "no module rlotel_test_absent.hooked"
+    assert absence("json.rlotel_test_absent") == "no module json.rlotel_test_absent"
+    assert absence("rlotel_test_broken.hooked") == (
+        "module rlotel_test_broken.hooked: its package does not import "
+        "(No module named 'rlotel_test_not_installed')"
+    )

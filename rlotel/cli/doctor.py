@@ -37,7 +37,7 @@ class Row(NamedTuple):
 def examine() -> tuple[dict[str, str | None], list[Row], list[str]]:
     """(installed versions, a row per hook, the modules that failed to import)."""
     from rlotel.integrations import verl as plugin
-    from rlotel.integrations.hooks import State
+    from rlotel.integrations.hooks import State, absence
     from rlotel.integrations.registered import LIBRARIES, REGISTRY, installed_version
 
     versions = {library: installed_version(library) for library in LIBRARIES}
@@ -48,7 +48,7 @@ def examine() -> tuple[dict[str, str | None], list[Row], list[str]]:
         t.module for h in hooks if versions.get(h.library) is not None for t in h.targets
     )
     for module in modules:
-        if not _exists(module):
+        if absence(module) is not None:
             continue
         try:
             importlib.import_module(module)
@@ -70,15 +70,6 @@ def examine() -> tuple[dict[str, str | None], list[Row], list[str]]:
             Row(hook.name, hook.library, state, why, hook.gives, [t.where for t in hook.targets])
         )
     return versions, rows, failed_imports
-
-
-def _exists(module: str) -> bool:
-    from importlib.util import find_spec
-
-    try:
-        return find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def tested(versions: dict[str, str | None]) -> list[str]:

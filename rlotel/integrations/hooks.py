@@ -252,9 +252,9 @@ class Registry:
         hook = self.hooks[name]
         if self._version(hook.library) is None:
             return Status(State.NOT_APPLICABLE, f"{hook.library} is not installed")
-        absent = [t.module for t in hook.targets if not _exists(t.module)]
+        absent = [why for t in hook.targets if (why := absence(t.module)) is not None]
         if len(absent) == len(hook.targets):
-            return Status(State.NOT_APPLICABLE, f"no module {absent[0]} in this {hook.library}")
+            return Status(State.NOT_APPLICABLE, f"{absent[0]} in this {hook.library}")
         return Status(State.PENDING, "its module was not imported in this process")
 
     def statuses(self) -> dict[str, Status]:
@@ -266,11 +266,21 @@ class Registry:
             HOOK_STATES.set({name: status.state.value for name, status in self._status.items()})
 
 
-def _exists(module: str) -> bool:
+def absence(module: str) -> str | None:
+    """Why `module` cannot be imported ("no module ...", or its package fails to import:
+    V1's needs TransferQueue), None when it can; finding it imports its parents only."""
     try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package that is missing or broken
-        return False
+        if importlib.util.find_spec(module) is not None:
+            return None
+    except ModuleNotFoundError as error:  # its parent is missing, or a parent's import is
+        missing = error.name or ""
+        if not (module == missing or module.startswith(missing + ".")):
+            return f"module {module}: its package does not import ({error})"
+    except ImportError as error:
+        return f"module {module}: its package does not import ({error!r})"
+    except ValueError:
+        pass
+    return f"no module {module}"
 
 
 def _older(version: str | None, since: str) -> bool:
