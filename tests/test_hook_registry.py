@@ -319,3 +319,21 @@ def test_a_module_whose_package_does_not_import_is_said_so(tmp_path, monkeypatch
         "module rlotel_test_broken.hooked: its package does not import "
         "(No module named 'rlotel_test_not_installed')"
     )
+
+
+def test_a_verl_tree_on_the_path_is_known_by_its_own_version(tmp_path, monkeypatch) -> None:
+    """A verl source tree ahead on PYTHONPATH (a build of verl's main) is what imports: its
+    version is the tree's own (`verl/version/version`, which `verl.__version__` reads), not
+    the installed distribution's."""
+    from rlotel.integrations.registered import installed_version
+
+    installed = installed_version("verl")
+    tree = tmp_path / "verl"
+    (tree / "version").mkdir(parents=True)
+    (tree / "__init__.py").write_text("")
+    (tree / "version" / "version").write_text("0.10.0.dev\n")
+    for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert installed == "0.9.1" and installed_version("verl") == "0.10.0.dev"
+    assert installed_version("rlotel_test_not_installed") is None

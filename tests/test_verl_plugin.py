@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import verl  # noqa: F401  (every test here runs verl: a broken install fails the module)
 
+from rlotel.integrations import registered
 from tests.helpers import file_spans, parse_exposition, scrape
 
 SCRIPT = textwrap.dedent(
@@ -233,14 +234,14 @@ def test_verl_nvtx_timer_is_one_range_per_window(make_tel, recording_nvtx, monke
 
 
 def test_a_verl_older_than_supported_gets_nothing_patched(monkeypatch, caplog):
-    from importlib import metadata
-
     from verl.utils.profiler import performance
 
     from rlotel.integrations import verl as plugin
 
-    real = metadata.version
-    monkeypatch.setattr(metadata, "version", lambda name: "0.8.5" if name == "verl" else real(name))
+    real = registered.installed_version  # where the plugin reads it
+    monkeypatch.setattr(
+        registered, "installed_version", lambda name: "0.8.5" if name == "verl" else real(name)
+    )
     before = performance._timer
     plugin.install()
     try:
@@ -254,14 +255,14 @@ def test_a_verl_older_than_supported_gets_nothing_patched(monkeypatch, caplog):
 def test_an_untested_later_verl_attaches_with_one_warning(version, monkeypatch, caplog):
     """Each hook degrades alone, so a later verl (a build of verl's main included) gets every
     hook whose target is still there, and one line saying it was not tested."""
-    from importlib import metadata
-
     from verl.utils.profiler import performance
 
     from rlotel.integrations import verl as plugin
 
-    real = metadata.version
-    monkeypatch.setattr(metadata, "version", lambda name: version if name == "verl" else real(name))
+    real = registered.installed_version  # where the plugin reads it
+    monkeypatch.setattr(
+        registered, "installed_version", lambda name: version if name == "verl" else real(name)
+    )
     before = performance._timer
     plugin.install()
     try:

