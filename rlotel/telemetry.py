@@ -211,9 +211,10 @@ class Telemetry:
                 if remote is None:
                     self.drops.add("samples", "bad_context", f"no valid traceparent in {context!r}")
                     remote, span_budget = NO_PARENT, 0
-            if not self.ledger.attach_samples(batch, span_budget, remote):
-                self._publisher.submit(self._pipeline.samples, batch)  # histograms only
+            attached = self.ledger.attach_samples(batch, span_budget, remote)
             batch.settle()  # once: the caller may reuse its arrays from here on
+            if not attached:  # published settled: the spans' identity, turns and reward
+                self._publisher.submit(self._pipeline.samples, batch)  # (or histograms only)
             if exemplar_spans is not None:
                 bad = use_remote_spans(batch, exemplar_spans)
                 if bad:

@@ -101,3 +101,40 @@ def test_concurrent_remote_calls_keep_their_own_parents(make_tel, span_exporter)
         parent = by_id[decode.parent.span_id]
         assert parent.name == "generate" and parent.context.trace_id == decode.context.trace_id
     assert len(spans) == 4  # each once
+
+
+def test_a_worker_s_samples_are_published_with_their_identity_turns_and_reward(
+    monkeypatch,
+) -> None:
+    """A worker's samples under a remote parent are published at once: the publisher
+    thread, however soon it runs, sees them settled (uid, reward, chat turns). Here it runs
+    before the call returns (a flush where the call settles its samples); CI saw a loaded
+    worker export a batch's spans bare."""
+    from rlotel.record.samples import SampleBatch
+
+    exported = InMemorySpanExporter()
+    worker = rlotel.init(run="prop", prometheus_port=None, span_exporters=[exported])
+    settle = SampleBatch.settle
+
+    def settle_after_the_publisher_ran(batch: SampleBatch) -> None:
+        worker.flush(10)  # what the publisher does with what was submitted so far
+        settle(batch)
+
+    monkeypatch.setattr(SampleBatch, "settle", settle_after_the_publisher_ran)
+    carrier = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}
+    try:
+        worker.record_samples(
+            generate_sequences=[0.5, 3.0],
+            uid=["u0", "u1"],
+            reward=[1.0, 0.0],
+            turn_times_ns=[[(1_000, 2_000)], [(1_000, 3_000)]],
+            context=carrier,
+        )
+        worker.flush(10)
+    finally:
+        worker.shutdown()
+    spans = exported.get_finished_spans()
+    samples = [s for s in spans if s.name == "sample"]
+    assert sorted(s.attributes["rl.sample.uid"] for s in samples) == ["u0", "u1"]
+    assert all([e.name for e in s.events] == ["gen_ai.evaluation.result"] for s in samples)
+    assert len([s for s in spans if s.name == "chat"]) == 2
