@@ -337,3 +337,15 @@ def test_a_verl_tree_on_the_path_is_known_by_its_own_version(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(tmp_path))
     assert installed == "0.9.1" and installed_version("verl") == "0.10.0.dev"
     assert installed_version("rlotel_test_not_installed") is None
+
+
+def test_doctor_says_in_one_line_when_the_job_cannot_be_read(tmp_path, capsys) -> None:
+    """A directory without hook files, or a /metrics nobody answers: one line, exit 2,
+    before anything is imported."""
+    from rlotel.cli import commands as cli
+
+    assert cli.main(["doctor", "--traces", str(tmp_path)]) == 2
+    assert cli.main(["doctor", "--metrics", "http://127.0.0.1:9/metrics"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "not a traces directory" in lines[0], lines
+    assert "Connection refused" in lines[1], lines

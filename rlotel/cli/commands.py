@@ -689,7 +689,11 @@ def main(argv: list[str] | None = None) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from rlotel.cli import doctor
 
-    facts = doctor.report(args.metrics, args.traces)
+    try:
+        facts = doctor.report(args.metrics, args.traces)
+    except OSError as error:  # an unreachable /metrics, a directory without hook files
+        errors.print(f"[red]rlotel: {error}[/red]")
+        return 2
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0 if facts["ok"] else 1

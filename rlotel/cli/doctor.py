@@ -16,6 +16,7 @@ import io
 import logging
 import sys
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -79,14 +80,14 @@ def tested(versions: dict[str, str | None]) -> list[str]:
     return versions_outside({k: v for k, v in TESTED.items() if versions.get(k)})
 
 
-def run_counts(url: str) -> dict[str, dict[str, float]]:
+def run_counts(url: str) -> dict[str, Counter]:
     """`{"events": {hook: n}, "failures": {hook: n}, "not_attached": {hook: processes}}`
     from a live /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=10) as response:
         text = io.TextIOWrapper(response, encoding="utf-8").read()
-    counts: dict[str, dict[str, float]] = {"events": {}, "failures": {}, "not_attached": {}}
+    counts = _counts()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             hook, kind = sample.labels.get("hook", ""), KINDS.get(family.name)
@@ -95,31 +96,37 @@ def run_counts(url: str) -> dict[str, dict[str, float]]:
             if family.name == cat.INTEGRATION_HOOKS.name:
                 kind = "not_attached" if sample.labels.get("state") == "not_attached" else None
             if kind is not None:
-                counts[kind][hook] = counts[kind].get(hook, 0.0) + sample.value
+                counts[kind][hook] += sample.value
     return counts
 
 
-def traces_counts(directory: str) -> dict[str, dict[str, float]]:
+def traces_counts(directory: str) -> dict[str, Counter]:
     """The same counts from the `*.hooks.json` every process of a run leaves in its traces
     directory (`RLOTEL_TRACES_DIR`): what fired and failed after the run has ended."""
     from rlotel.sinks.traces import hooks_file
 
-    counts: dict[str, dict[str, float]] = {"events": {}, "failures": {}, "not_attached": {}}
     processes = hooks_file.read(Path(directory))
     if not processes:
         raise FileNotFoundError(f"no *{hooks_file.SUFFIX} in {directory}: not a traces directory")
+    counts = _counts()
     for process in processes:
-        for kind in ("events", "failures"):
-            for hook, n in process.get(kind, {}).items():
-                counts[kind][hook] = counts[kind].get(hook, 0.0) + n
-        for hook, state in process.get("states", {}).items():
-            if state == "not_attached":
-                counts["not_attached"][hook] = counts["not_attached"].get(hook, 0.0) + 1
+        counts["events"].update(process.get("events", {}))
+        counts["failures"].update(process.get("failures", {}))
+        states = process.get("states", {}).items()
+        counts["not_attached"].update(hook for hook, state in states if state == "not_attached")
     return counts
 
 
+def _counts() -> dict[str, Counter]:
+    return {"events": Counter(), "failures": Counter(), "not_attached": Counter()}
+
+
 def report(metrics_urls: list[str], traces_dirs: list[str] = ()) -> dict[str, Any]:
-    """Everything the command prints, as data (`--json`)."""
+    """Everything the command prints, as data (`--json`). The job's counts are read first:
+    an unreachable /metrics or a directory without hook files raises (OSError) before
+    anything is imported."""
+    sources = [run_counts(url) for url in metrics_urls]
+    sources += [traces_counts(directory) for directory in traces_dirs]
     logging.getLogger("rlotel").setLevel(logging.ERROR)  # the table says it, once
     with contextlib.redirect_stdout(sys.stderr):  # what the imported libraries print
         versions, rows, failed_imports = examine()
@@ -129,14 +136,11 @@ def report(metrics_urls: list[str], traces_dirs: list[str] = ()) -> dict[str, An
         "hooks": [row._asdict() for row in rows],
         "failed_imports": failed_imports,
     }
-    sources = [run_counts(url) for url in metrics_urls]
-    sources += [traces_counts(directory) for directory in traces_dirs]
     if sources:
-        run: dict[str, dict[str, float]] = {"events": {}, "failures": {}, "not_attached": {}}
+        run = _counts()
         for counts in sources:
             for kind, by_hook in counts.items():
-                for hook, n in by_hook.items():
-                    run[kind][hook] = run[kind].get(hook, 0.0) + n
+                run[kind].update(by_hook)
         facts["run"] = run
     facts["ok"] = all(row.state != "not_attached" for row in rows)
     return facts
