@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from rlotel.base.hook_states import HOOK_STATES
+from rlotel.integrations import guard
 
 log = logging.getLogger("rlotel")
 
@@ -46,12 +47,96 @@ class Target(NamedTuple):
         return f"{self.module}.{self.attribute}"
 
 
-class Hook(NamedTuple):
-    name: str  # the {hook} label
-    library: str  # the distribution it patches: verl, ray, vllm, torch
-    gives: str  # the telemetry it gives: what is lost when it does not attach
-    targets: tuple[Target, ...]
-    on_demand: bool = False  # attached by `Registry.attach` where wanted, not at import
+class Hook:
+    """One piece of telemetry, declared once (its row in `registered`), and what every
+    wrapper of it codes against: its name (the `{hook}` label, spelled nowhere else), a
+    guarded section that counts rlotel's failure and lets the library's code run as it was,
+    `fired`, the original of what it replaced, run-time patches and per-hook state that
+    detaching undoes and clears."""
+
+    __slots__ = ("_registry", "gives", "library", "name", "on_demand", "state", "targets")
+
+    def __init__(
+        self,
+        name: str,  # the {hook} label
+        library: str,  # the distribution it patches: verl, ray, vllm, torch
+        gives: str,  # the telemetry it gives: what is lost when it does not attach
+        targets: tuple[Target, ...],
+        on_demand: bool = False,  # attached by `Registry.attach` where wanted, not at import
+    ) -> None:
+        self.name, self.library, self.gives = name, library, gives
+        self.targets, self.on_demand = targets, on_demand
+        self.state: dict[str, Any] = {}  # what its wrappers keep in this process; cleared
+        self._registry: Registry | None = None
+
+    def __repr__(self) -> str:
+        return f"Hook({self.name!r})"
+
+    # --- what its wrappers use ------------------------------------------------------------
+
+    def guarded(self) -> _Guarded:
+        """`with hook.guarded():` rlotel's part; its exception is counted under this hook and
+        stops there (the library's code after the block runs as it would without rlotel)."""
+        return _Guarded(self)
+
+    def fault(self) -> None:
+        """Test-only fault point, where rlotel's part starts its own work."""
+        guard.fault(self.name)
+
+    def failed(self, error: BaseException) -> None:
+        guard.failed(self.name, error)
+
+    def attempt(self, function: Callable[..., Any], *args: Any) -> None:
+        """rlotel's `function(*args)`, guarded."""
+        with self.guarded():
+            self.fault()
+            function(*args)
+
+    def exit_context(self, context: Any, raised: BaseException | None) -> bool:
+        """`context.__exit__` after the wrapped call returned or raised `raised`: never
+        raises (the call's own exception is the one that propagates); False when it failed."""
+        with self.guarded():
+            if raised is None:
+                context.__exit__(None, None, None)
+            else:
+                context.__exit__(type(raised), raised, raised.__traceback__)
+            return True
+        return False
+
+    def fired(self, tel: Any = None, seconds: float = 0.0) -> None:
+        """This hook ran (`rlotel_integration_events_total{hook}`), costing the caller
+        `seconds`; counted in `tel`, else the process's telemetry (none yet: not counted)."""
+        if tel is None:
+            import rlotel
+
+            tel = rlotel.current()
+        if tel is not None:
+            tel.drops.fired(self.name, seconds)
+
+    def original(self, owner: Any, name: str) -> Any:
+        """What `owner.name` was before this process's hooks replaced it."""
+        return self._registry.original(owner, name) if self._registry else getattr(owner, name)
+
+    def patch(self, owner: Any, name: str, replacement: Any) -> None:
+        """A patch made at run time (a class Ray loads), undone with this hook's targets."""
+        if self._registry is not None:
+            self._registry.patch(self, owner, name, replacement)
+
+
+class _Guarded:
+    __slots__ = ("_hook",)
+
+    def __init__(self, hook: Hook) -> None:
+        self._hook = hook
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        if isinstance(error, Exception):
+            self._hook.failed(error)
+            return True
+        return False
 
 
 class State(StrEnum):
@@ -104,6 +189,8 @@ class Registry:
 
     def __init__(self, hooks: Iterable[Hook], version: Callable[[str], str | None]) -> None:
         self.hooks = {hook.name: hook for hook in hooks}
+        for hook in self.hooks.values():
+            hook._registry = self
         self._version = version  # a library's installed version, None when absent
         self._lock = threading.RLock()
         self._patches: dict[str, list[_Patch]] = {}  # by hook, in the order applied
@@ -213,6 +300,8 @@ class Registry:
             self._active = False
             for name in reversed(list(self._patches)):
                 self._undo(name)
+            for hook in self.hooks.values():
+                hook.state.clear()
             self._status.clear()
             self._by_replacement.clear()
         self._publish()
@@ -221,8 +310,20 @@ class Registry:
         """Hook `name` undone and forgotten (the rest stay as they are)."""
         with self._lock:
             self._undo(name)
+            self.hooks[name].state.clear()
             self._status.pop(name, None)
         self._publish()
+
+    def patch(self, hook: Hook, owner: Any, name: str, replacement: Any) -> None:
+        """`owner.name = replacement` at run time, for `hook` (undone with it)."""
+        with self._lock:
+            current = getattr(owner, name)
+            original = self._by_replacement.get(id(current), current)
+            target = Target(getattr(owner, "__module__", ""), f"{owner.__qualname__}.{name}", "")
+            patch = _Patch(target, owner, name, original, name in vars(owner), replacement)
+            setattr(owner, name, replacement)
+            self._by_replacement[id(replacement)] = original
+            self._patches.setdefault(hook.name, []).append(patch)
 
     def _undo(self, name: str) -> None:
         for patch in reversed(self._patches.pop(name, [])):
