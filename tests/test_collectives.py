@@ -27,7 +27,7 @@ import rlotel
 from rlotel.base.drops import HOOK_FAILURES
 from rlotel.derive.diagnose import StepFacts, diagnose
 from rlotel.integrations import collectives, verl_workers
-from rlotel.integrations.registered import REGISTRY
+from rlotel.integrations.registered import REGISTRY, TORCH_COLLECTIVE
 from rlotel.record.ranks import RankReply
 from rlotel.schema import attributes as attr
 from tests.helpers import parse_exposition, scrape
@@ -217,7 +217,7 @@ def test_a_telemetry_error_is_counted_and_logged_and_the_collective_still_runs(
         raise RuntimeError("telemetry bug")
 
     monkeypatch.setattr(collectives, "_on_device", broken)
-    before = HOOK_FAILURES.snapshot().get(collectives.HOOK, 0)
+    before = HOOK_FAILURES.snapshot().get(TORCH_COLLECTIVE.name, 0)
     tally = collectives.open_tally()
     with caplog.at_level(logging.WARNING, logger="rlotel"):
         for _ in range(2):
@@ -227,7 +227,7 @@ def test_a_telemetry_error_is_counted_and_logged_and_the_collective_still_runs(
             assert tensor.tolist() == [2.0] * 4
     collectives.close_tally(tally)
     assert tally.calls == 2  # still timed on the host clock
-    assert HOOK_FAILURES.snapshot()[collectives.HOOK] == before + 2
+    assert HOOK_FAILURES.snapshot()[TORCH_COLLECTIVE.name] == before + 2
     assert "rlotel_integration_failures_total" in scrape(tel.metrics_url)
     logged = [r for r in caplog.records if "telemetry bug" in r.getMessage()]
     assert len(logged) == (1 if before == 0 else 0)  # once per hook and process

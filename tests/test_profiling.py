@@ -14,6 +14,7 @@ import torch
 import rlotel
 from rlotel import ProfileConfig
 from rlotel.integrations import verl_captures
+from rlotel.integrations.registered import MEMORY_OOM, PROFILE_FINISH
 from rlotel.profile.config import sglang_profiler_args, token_window, vllm_profiler_args
 from tests.helpers import finished_spans, parse_exposition, scrape
 
@@ -436,14 +437,14 @@ def test_the_finish_hook_run_is_an_event_without_its_arguments(make_tel, span_ex
     script = tmp_path / "upload"
     script.write_text("#!/bin/sh\nexit 3\n")
     script.chmod(0o755)
-    attach_hooks(verl_captures.FINISH_HOOK)
+    attach_hooks(PROFILE_FINISH.name)
     try:
         tel = make_tel(run="verl")
         worker = _Worker(tmp_path / "profile", f"TOKEN=s3cret {script} --key=s3cret")
         worker.profiler.start(profile_step=2)
         worker_call(tel, worker, "stop_profile", lambda: worker.profiler.stop(run_command=True))
     finally:
-        detach_hooks(verl_captures.FINISH_HOOK)
+        detach_hooks(PROFILE_FINISH.name)
     spans = finished_spans(tel, span_exporter)
     stop = next(s for s in spans if s.name == "stop_profile")
     (event,) = [e for e in stop.events if e.name == "rl.profile.finish_hook"]
@@ -518,7 +519,7 @@ def test_an_oom_snapshot_is_an_event_of_the_worker_call_it_was_written_in(
 
     from verl.utils.profiler import torch_memory_profile
 
-    with hooks_attached(verl_captures.OOM_HOOK):
+    with hooks_attached(MEMORY_OOM.name):
         on_oom = torch_memory_profile.TorchMemoryProfiler._on_out_of_memory
         assert (
             on_oom.__name__ == "_on_out_of_memory" and on_oom.__module__ == verl_captures.__name__

@@ -31,7 +31,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
         if name.startswith(("OTEL_", "RLOTEL_")) or name in (env.RANK, env.WORLD_SIZE):
             monkeypatch.delenv(name)
     monkeypatch.setenv(env.RLOTEL_PROMETHEUS_SD_DIR, str(tmp_path / "sd"))
-    monkeypatch.setattr(process, "_driver", [])
+    monkeypatch.setattr(process, "_driver", None)
     monkeypatch.setattr(
         verl_workers, "CLOCK", ClockExchange(lambda: not verl_workers.in_ray_actor())
     )

@@ -40,9 +40,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from rlotel.base import waits
-from rlotel.integrations import guard
-
-HOOK = "torch_collective"
+from rlotel.integrations.registered import TORCH_COLLECTIVE
 
 
 class Tally:
@@ -62,7 +60,8 @@ class Tally:
         return self.ns / 1e9
 
 
-_open: list[Tally] = []  # the accounts open now, in any thread
+# the accounts open now, in any thread, by id: the hook's state, forgotten when it is detached
+_open: dict[int, Tally] = TORCH_COLLECTIVE.state
 _lock = threading.Lock()
 _depth = threading.local()  # > 0 while this thread is inside a timed collective
 
@@ -71,7 +70,7 @@ def installed() -> bool:
     from rlotel.integrations.hooks import State
     from rlotel.integrations.registered import REGISTRY
 
-    return REGISTRY.status(HOOK).state == State.ATTACHED
+    return REGISTRY.status(TORCH_COLLECTIVE.name).state == State.ATTACHED
 
 
 def install() -> bool:
@@ -83,29 +82,27 @@ def install() -> bool:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available():
         return False
-    return REGISTRY.attach(HOOK)
+    return REGISTRY.attach(TORCH_COLLECTIVE.name)
 
 
 def uninstall() -> None:
     """torch.distributed as it was; no account stays open."""
     from rlotel.integrations.registered import REGISTRY
 
-    REGISTRY.detach_hook(HOOK)
-    _open.clear()
+    REGISTRY.detach_hook(TORCH_COLLECTIVE.name)
 
 
 def open_tally() -> Tally:
     tally = Tally()
     with _lock:
-        _open.append(tally)
+        _open[id(tally)] = tally
     return tally
 
 
 def close_tally(tally: Tally) -> Tally:
     """Stop counting into `tally`. Never raises."""
     with _lock:
-        if tally in _open:
-            _open.remove(tally)
+        _open.pop(id(tally), None)
     return tally
 
 
@@ -149,7 +146,7 @@ def _begin(args: tuple, kwargs: dict) -> tuple[int, bool]:
     """(host ns, whether the call's tensors are on a device)."""
     on_device = False
     try:
-        guard.fault(HOOK)
+        TORCH_COLLECTIVE.fault()
         on_device = _on_device(args, kwargs)
     except Exception as error:
         _error("collective's device unknown", error)
@@ -159,11 +156,11 @@ def _begin(args: tuple, kwargs: dict) -> tuple[int, bool]:
 def _end(began: tuple[int, bool], calls: int = 1) -> None:
     """Count one call (a wait: none) into every account open now."""
     try:
-        guard.fault(HOOK)
+        TORCH_COLLECTIVE.fault()
         host, on_device = began
         ns = perf_counter_ns() - host
         with _lock:
-            for tally in _open:
+            for tally in _open.values():
                 tally.calls += calls
                 if on_device:
                     tally.device_calls += calls
@@ -207,4 +204,4 @@ def _on_device(args: tuple, kwargs: dict) -> bool:
 
 def _error(what: str, error: BaseException) -> None:
     """Counted as a failure of this hook (logged once)."""
-    guard.failed(HOOK, RuntimeError(f"{what}: {error!r}"))
+    TORCH_COLLECTIVE.failed(RuntimeError(f"{what}: {error!r}"))

@@ -39,15 +39,16 @@ class Driver:
     n_gpus: int | None = None  # verl's throughput denominator
 
 
-_driver: list[Driver] = []  # set once this process is known to run the trainer loop
+_driver: Driver | None = None  # set once this process is known to run the trainer loop
 
 
 def declare_driver(driver: Driver) -> None:
     """This process runs the trainer loop: its telemetry, made on first use, is the
     driver's (run name, `/metrics` at OTEL_EXPORTER_PROMETHEUS_HOST/PORT, captures)."""
+    global _driver
     from rlotel.integrations import verl_workers
 
-    _driver[:] = [driver]
+    _driver = driver
     verl_workers.CLOCK.declare_reference()
 
 
@@ -113,7 +114,7 @@ def flush_driver() -> None:
 
 
 def is_driver() -> bool:
-    return bool(_driver)
+    return _driver is not None
 
 
 def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Telemetry:
@@ -127,10 +128,10 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         return tel
     from rlotel.integrations import verl_workers
 
-    if not _driver and verl_workers.in_ray_actor():
+    if _driver is None and verl_workers.in_ray_actor():
         return verl_workers.worker_telemetry()
-    declared = _driver[0] if _driver else Driver()
-    if _driver:
+    declared = _driver or Driver()
+    if _driver is not None:
         from rlotel.schema import attributes as attr
         from rlotel.schema import vocabulary
 
@@ -138,7 +139,7 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         kwargs.setdefault("resource_attributes", {**identity, attr.ROLE: vocabulary.TRAINER_ROLE})
     environment = env.Environment.read()
     port: int | None = None
-    if serve or _driver:
+    if serve or _driver is not None:
         port = environment.prometheus_port or env.DEFAULT_PROMETHEUS_PORT
     if declared.profile is not None:
         kwargs.setdefault("profile", declared.profile)
@@ -160,7 +161,7 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         traces_file=environment.traces_file,
         **kwargs,
     )
-    if _driver and tel.metrics_url:
+    if _driver is not None and tel.metrics_url:
         _serve_cluster_targets(tel)
     return tel
 

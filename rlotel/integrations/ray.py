@@ -165,7 +165,7 @@ def _ray() -> Any:
 # --- the cluster's targets: published by each process, served by the driver --------------
 
 
-_published: list[Any] = []  # this process's heartbeat (one per process)
+_heartbeat: _Heartbeat | None = None  # this process's (one per process)
 
 
 def _kv() -> Any:
@@ -181,8 +181,9 @@ def _job_prefix(ray: Any) -> str:
 def publish(metrics_url: str, labels: dict[str, str]) -> str | None:
     """This process's target in Ray's GCS key-value store, refreshed every `HEARTBEAT_S` on
     a daemon thread and deleted at exit; the key, or None outside Ray."""
+    global _heartbeat
     ray = _ray()
-    if ray is None or _published:
+    if ray is None or _heartbeat is not None:
         return None
     context = ray.get_runtime_context()
     node_id = context.get_node_id()
@@ -191,11 +192,10 @@ def publish(metrics_url: str, labels: dict[str, str]) -> str | None:
     entry_labels.setdefault("node", _node_ip())
     if urllib.parse.urlsplit(metrics_url).scheme == "https":
         entry_labels["__scheme__"] = "https"
-    heartbeat = _Heartbeat(key, advertised_target(metrics_url), entry_labels)
-    heartbeat.beat()  # published before the first scrape could look for it
-    _published.append(heartbeat)
-    heartbeat.start()
-    atexit.register(heartbeat.stop)
+    _heartbeat = _Heartbeat(key, advertised_target(metrics_url), entry_labels)
+    _heartbeat.beat()  # published before the first scrape could look for it
+    _heartbeat.start()
+    atexit.register(_heartbeat.stop)
     return key
 
 

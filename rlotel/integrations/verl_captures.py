@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlotel.base import ids
-from rlotel.integrations import guard, service
+from rlotel.integrations import service
+from rlotel.integrations.registered import MEMORY_OOM, PROFILE_FINISH, RAY_ACTOR_CLASS
 from rlotel.record.capture import Capture
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -51,8 +52,6 @@ _STEP = re.compile(r"^step(\d+)$")
 _MINI_BATCH = re.compile(r"^mb(\d+)(?:-(\d+))?$")
 TRACE_SUFFIXES = (".json.gz", ".json")
 ROLLOUT_ROLE = "rollout"
-FINISH_HOOK = "verl_profile_finish_hook"
-OOM_HOOK = "verl_memory_oom"
 
 
 @dataclass(frozen=True)
@@ -341,16 +340,13 @@ def discover(services: HookServices) -> VerlCaptureDiscovery | None:
 # --- a worker: its own calls link what it wrote ---------------------------------------------
 
 
-CAPTURE_HOOK = "verl_worker_captures"
-
-
 def watch_call(instance: Any, name: str) -> CallWatch | None:
     """A `CallWatch` of this worker call when verl's profiler is on; never raises."""
     try:
-        guard.fault(CAPTURE_HOOK)
+        RAY_ACTOR_CLASS.fault()
         return CallWatch.begin(instance, name)
     except Exception as error:
-        guard.failed(CAPTURE_HOOK, error)
+        RAY_ACTOR_CLASS.failed(error)
         return None
 
 
@@ -576,7 +572,7 @@ def finish_command(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(self, cmd, *args, **kwargs)
         finally:
-            guard.attempt(FINISH_HOOK, _record_finish, cmd, started)
+            PROFILE_FINISH.attempt(_record_finish, cmd, started)
 
     return _run_finish_command
 
@@ -597,7 +593,7 @@ def _record_finish(command: Any, started_ns: int) -> None:
         watch.events.append((attr.PROFILE_HOOK_EVENT, started_ns, attributes))
     tel = rlotel.current()
     if tel is not None:
-        service.of(tel).fired(FINISH_HOOK)
+        PROFILE_FINISH.fired(tel)
         if status != 0:
             service.of(tel).dropped(
                 "profile",
@@ -617,7 +613,7 @@ def traced_oom(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(self, *args, **kwargs)
         finally:
-            guard.attempt(OOM_HOOK, _record_oom, self, started_ns)
+            MEMORY_OOM.attempt(_record_oom, self, started_ns)
 
     return _on_out_of_memory
 
@@ -634,7 +630,7 @@ def _record_oom(profiler: Any, started_ns: int) -> None:
     watch = _current.get()
     tel = rlotel.current()
     if tel is not None:
-        service.of(tel).fired(OOM_HOOK)
+        MEMORY_OOM.fired(tel)
     for path in written:
         attributes = {attr.PROFILE_PATH: str(path), attr.PROFILE_SIZE: path.stat().st_size}
         if watch is not None:

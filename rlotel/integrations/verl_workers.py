@@ -35,6 +35,11 @@ import rlotel
 from rlotel.base import clock, env
 from rlotel.integrations import collectives, guard, service, verl_captures
 from rlotel.integrations.clock_exchange import CLOCK_KEY, ClockExchange
+from rlotel.integrations.registered import (
+    RAY_ACTOR_CLASS,
+    RAY_ACTOR_SUBMIT,
+    WORKER_GROUP,
+)
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
 from rlotel.schema import attributes as attr
@@ -47,10 +52,6 @@ TRACEPARENT = "traceparent"
 REPLY_KEY = "rlotel-reply"  # the caller unwraps a `RankReply`: send compute seconds with it
 FUSED_METHOD_SEPARATOR = "_fwmn_"  # verl's fused-worker method names: "{cls}_fwmn_{method}"
 _TRACED_MARK = "__rlotel_traced__"
-WORKER_GROUP_HOOK = "verl_worker_group"
-ACTOR_SUBMIT_HOOK = "ray_actor_submit"
-ACTOR_CLASS_HOOK = "ray_actor_class"
-ACTOR_CALL_HOOK = "ray_actor_call"
 
 _init_lock = threading.Lock()
 _call_carrier: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
@@ -136,15 +137,12 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
 
     def execute(*args: Any, **kwargs: Any) -> Any:
         tel = None
-        try:
-            guard.fault(WORKER_GROUP_HOOK)
-            if blocking:
-                tel = rlotel.current()
-                if tel is not None and not service.of(tel).in_trace():
-                    tel = None
-        except Exception as error:
-            guard.failed(WORKER_GROUP_HOOK, error)
-            tel = None
+        with WORKER_GROUP.guarded():
+            WORKER_GROUP.fault()
+            current = rlotel.current() if blocking else None
+            if current is not None and service.of(current).in_trace():
+                tel = current
+                WORKER_GROUP.fired(tel)
         if tel is None:
             return execute_fn(*args, **kwargs)
         started = time.perf_counter()
@@ -167,10 +165,10 @@ def traced_collect(collect_fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def collect(worker_group: Any, output: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            guard.fault(WORKER_GROUP_HOOK)
+            WORKER_GROUP.fault()
             opened = open_replies(output)
         except Exception as error:
-            guard.failed(WORKER_GROUP_HOOK, error)
+            WORKER_GROUP.failed(error)
             opened = unwrapped(output)
         return collect_fn(worker_group, opened, *args, **kwargs)
 
@@ -240,7 +238,7 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
         try:
             carrier, stamped, actor = _submit_carrier(self, kwargs)
         except Exception as error:
-            guard.failed(ACTOR_SUBMIT_HOOK, error)
+            RAY_ACTOR_SUBMIT.failed(error)
             carrier = None
         if carrier is not None:
             try:
@@ -253,7 +251,7 @@ def traced_remote(original: Callable[..., Any], raw: Callable[..., Any]) -> Call
                 )
             else:
                 if stamped:
-                    guard.attempt(ACTOR_SUBMIT_HOOK, CLOCK.sent, ref, actor)
+                    RAY_ACTOR_SUBMIT.attempt(CLOCK.sent, ref, actor)
                 return ref
         return original(self, args, kwargs, *rest, **options)
 
@@ -266,11 +264,12 @@ def _submit_carrier(method: Any, kwargs: Any) -> tuple[dict[str, str] | None, bo
     tel = rlotel.current()
     if tel is None or (kwargs and RAY_CONTEXT_KWARG in kwargs):
         return None, False, None
-    guard.fault(ACTOR_SUBMIT_HOOK)
+    RAY_ACTOR_SUBMIT.fault()
     actor = getattr(method._actor, "_ray_actor_id", None)
     carrier = _carrier(tel, actor)
     stamped = False
     if carrier is not None:
+        RAY_ACTOR_SUBMIT.fired(tel)
         if actor not in CLOCK.done and TRACEPARENT in carrier:
             carrier, stamped = CLOCK.stamp(actor, carrier)
         if _replies_wanted.get() and TRACEPARENT in carrier:
@@ -294,13 +293,13 @@ def traced_func_generator(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def func_generator(*args: Any, **kwargs: Any) -> Any:
         try:
-            guard.fault(WORKER_GROUP_HOOK)
+            WORKER_GROUP.fault()
             given = parameters.bind(*args, **kwargs)
             options = given.arguments
             options["execute_fn"] = traced_execute(options["execute_fn"], options["blocking"])
             options["collect_fn"] = traced_collect(options["collect_fn"])
         except Exception as error:
-            guard.failed(WORKER_GROUP_HOOK, error)
+            WORKER_GROUP.failed(error)
             return original(*args, **kwargs)
         return original(*given.args, **given.kwargs)
 
@@ -316,14 +315,12 @@ def traced_class_loader(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _inject_tracing_into_class(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        try:
-            guard.fault(ACTOR_CLASS_HOOK)
+        with RAY_ACTOR_CLASS.guarded():  # the actor must start even if tracing cannot
+            RAY_ACTOR_CLASS.fault()
             cls = args[0] if args else kwargs["_cls"]
             if HOSTED.actor_class is None:  # later loads: classes of handles it receives
                 HOSTED.actor_class = cls
             wrap_actor_methods(cls)
-        except Exception as error:  # the actor must start even if tracing cannot
-            guard.failed(ACTOR_CLASS_HOOK, error)
         return result
 
     return _inject_tracing_into_class
@@ -340,7 +337,7 @@ def wrap_actor_methods(cls: type) -> None:
             continue
         if inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method):
             continue
-        setattr(cls, name, _traced(method, name))
+        RAY_ACTOR_CLASS.patch(cls, name, _traced(method, name))  # undone by detach
 
 
 def _traced(method: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -387,7 +384,7 @@ def _begin_call(instance: Any, name: str, args: tuple, kwargs: dict) -> _WorkerC
         call.begin()
         return call
     except Exception as error:
-        guard.failed(ACTOR_CALL_HOOK, error)
+        RAY_ACTOR_CLASS.failed(error)
         return None
 
 
@@ -464,16 +461,12 @@ class _Call:
         return RankReply(result, rank_time.compute_s, rank_time.collective_s)
 
 
-_rank_identity: list[Any] = [None, None]  # (telemetry, (role, rank)), read once
-
-
+@functools.lru_cache(maxsize=1)
 def _rank_labels(tel: Any) -> tuple[str, int]:
-    """This worker's role and rank, as its resource attributes say."""
-    if _rank_identity[0] is not tel:
-        identity = service.of(tel).resource
-        role, rank = identity.get(attr.ROLE, ""), identity.get(attr.RANK, env.rank())
-        _rank_identity[:] = [tel, (str(role), int(rank))]
-    return _rank_identity[1]
+    """This worker's role and rank, as its resource attributes say (read once per
+    telemetry)."""
+    identity = service.of(tel).resource
+    return str(identity.get(attr.ROLE, "")), int(identity.get(attr.RANK, env.rank()))
 
 
 class _Untimed:
@@ -515,8 +508,8 @@ class _WorkerCall:
         name, self.role = _verl_method(instance, name, args)
         if not name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             tel = worker_telemetry(instance, carrier)
-            guard.fault(ACTOR_CALL_HOOK)
-            service.of(tel).fired(ACTOR_CALL_HOOK)
+            RAY_ACTOR_CLASS.fault()
+            RAY_ACTOR_CLASS.fired(tel)
             self.phase = tel.phase(name, context=carrier)
             self.captures = verl_captures.watch_call(instance, name)
             if _in_process_group() and (collectives.installed() or collectives.install()):
@@ -534,20 +527,18 @@ class _WorkerCall:
         """The method's result (with this rank's seconds when the caller asked for them);
         never raises: the method's own exception is the one that propagates."""
         if self.captures is not None:
-            guard.attempt(verl_captures.CAPTURE_HOOK, self.captures.end, self.phase)
-        guard.attempt(ACTOR_CALL_HOOK, self.timing.close, self.phase)
-        guard.exit_context(ACTOR_CALL_HOOK, self.phase, raised)
-        guard.attempt(ACTOR_CALL_HOOK, _call_carrier.reset, self.token)
+            RAY_ACTOR_CLASS.attempt(self.captures.end, self.phase)
+        RAY_ACTOR_CLASS.attempt(self.timing.close, self.phase)
+        RAY_ACTOR_CLASS.exit_context(self.phase, raised)
+        RAY_ACTOR_CLASS.attempt(_call_carrier.reset, self.token)
         if self.received:
             stamp = self.carrier[CLOCK_KEY]
-            guard.attempt(ACTOR_CALL_HOOK, CLOCK.heard, stamp, self.received, clock.unix_ns())
+            RAY_ACTOR_CLASS.attempt(CLOCK.heard, stamp, self.received, clock.unix_ns())
         if raised is not None:
             return None
-        try:
+        with RAY_ACTOR_CLASS.guarded():
             return self.timing.reply(result)
-        except Exception as error:
-            guard.failed(ACTOR_CALL_HOOK, error)
-            return result
+        return result
 
 
 def call_carrier() -> dict[str, str] | None:
