@@ -349,3 +349,59 @@ def test_doctor_says_in_one_line_when_the_job_cannot_be_read(tmp_path, capsys) -
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and "not a traces directory" in lines[0], lines
     assert "Connection refused" in lines[1], lines
+
+
+def _owners() -> dict[tuple[int, str], tuple[Any, Any]]:
+    """Every object a hook's target names here, and its attribute as its own `__dict__`
+    holds it (absent: inherited), by (id of the owner, attribute)."""
+    from rlotel.integrations.hooks import actor_class
+
+    found: dict[tuple[int, str], tuple[Any, Any]] = {}
+    for hook in HOOKS:
+        for target in hook.targets:
+            module = sys.modules.get(target.module)
+            if module is None:
+                continue
+            *path, name = target.attribute.split(".")
+            owner: Any = module
+            try:
+                for part in path:
+                    owner = getattr(owner, part)
+            except AttributeError:
+                continue
+            for each in (owner, actor_class(owner)) if target.actor else (owner,):
+                found[(id(each), name)] = (each, vars(each).get(name, "absent"))
+    return found
+
+
+def test_uninstall_puts_back_every_patch_rlotel_made() -> None:
+    """Every hook attached (the on-demand collectives too) and an actor class loaded through
+    Ray while they are: after `uninstall()` each target, and each of the actor class's
+    methods, is exactly the object it was."""
+    import torch.distributed
+    from ray._private import function_manager
+
+    _verl_modules()
+    importlib.import_module("torch.distributed.distributed_c10d")
+
+    class Worker:
+        def update_actor(self) -> str:
+            return "verl's"
+
+    plugin.uninstall()
+    before, method = _owners(), vars(Worker)["update_actor"]
+    plugin.install()
+    try:
+        assert REGISTRY.attach("torch_collective") and torch.distributed.all_reduce
+        function_manager._inject_tracing_into_class(Worker)  # as Ray loads an actor's class
+        patched = [key for key, (owner, value) in _owners().items() if before[key][1] != value]
+        assert len(patched) >= len([t for h in HOOKS for t in h.targets]) // 2, patched
+        rays = REGISTRY.original(Worker, "update_actor")  # Ray's own wrapper of verl's
+        assert rays is not method and vars(Worker)["update_actor"] is not rays  # and rlotel's
+    finally:
+        plugin.uninstall()
+    after = _owners()
+    moved = [key for key in before if after[key][1] is not before[key][1]]
+    assert not moved, [(before[k][0], k[1]) for k in moved]
+    assert vars(Worker)["update_actor"] is rays
+    assert Worker().update_actor() == "verl's"
