@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -128,3 +129,54 @@ def test_only_the_steps_own_windows_compete_in_the_verdict_from_traces(tmp_path)
     (step,) = load_steps(path)
     assert "my_inner_timer" in step.timing_raw
     assert step.facts.top_level == {"gen", "update_actor"}
+
+
+def _tailed_run(path, strip_facts: bool = False) -> list:
+    """3 steps whose gen holds 10 samples, one of them 8x as slow; 2 sample spans a step
+    (the slowest): the live verdict read all 10, the spans hold 2. `strip_facts`: the file
+    as an rlotel that recorded no facts wrote it."""
+    tel = rlotel.init(run="facts", prometheus_port=None, traces_file=path, max_sample_spans=2)
+    closed = []
+    for number in range(1, 4):
+        with tel.step(number) as step:
+            with tel.phase("gen"):
+                time.sleep(0.03)  # gen holds the step whatever else runs beside
+                tel.record_samples(
+                    generate_sequences=[0.01] * 9 + [0.08], response_length=[30] * 9 + [32]
+                )
+            with tel.phase("update_actor"):
+                sum(range(20_000))
+            step.set_tokens(prompt=[4] * 10, response=[30] * 9 + [32])
+        closed.append(step)
+    tel.shutdown()
+    if strip_facts:
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join(line.replace('"rl.bottleneck.facts"', '"x"') for line in lines))
+    return closed
+
+
+def test_offline_verdict_reads_the_facts_the_live_one_read(tmp_path, capsys):
+    """The step span records what the live verdict read (every sample's distribution):
+    `rlotel analyze` reads the same facts and says the same, label and confidence; a trace
+    without them (an older rlotel's) has its facts rebuilt from the 2 spans a step."""
+    from rlotel.derive.diagnose import Diagnoser
+
+    path = tmp_path / "traces.jsonl"
+    closed = _tailed_run(path)
+    steps = load_steps(path)
+    assert [s.facts for s in steps] == [step.summary.facts for step in closed]
+    assert all(s.recorded for s in steps)
+    diagnoser = Diagnoser()
+    live = [(s.verdict.label, s.verdict.confidence, s.verdict.evidence) for s in closed]
+    read = [diagnoser.observe(s.facts) for s in steps]
+    assert [(v.label, v.confidence, v.evidence) for v in read] == live
+    assert live[-1][:2] == ("rollout-bound/generation-tail", "medium")  # max/mean 5.3
+    assert cli.main(["analyze", str(path)]) == 0
+    assert "last step: rollout-bound/generation-tail (medium confidence" in capsys.readouterr().out
+
+    older = tmp_path / "older.jsonl"
+    _tailed_run(older, strip_facts=True)
+    rebuilt = load_steps(older)
+    assert not any(s.recorded for s in rebuilt)
+    assert all("agent_loop/generate_sequences/max" not in s.facts.agent_loop for s in rebuilt)
+    assert diagnoser.observe(rebuilt[-1].facts).label == "rollout-bound/uniform-generation"

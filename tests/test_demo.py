@@ -311,3 +311,86 @@ def test_a_second_ctrl_c_exits_at_once():
     assert code == 130
     assert lines == []
     assert err == "rlotel demo: Ctrl-C again: exiting now, files may be incomplete\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [[], ["--async"]], ids=["sync", "async"])
+def test_one_verdict_per_step_live_analyze_and_report(tmp_path, capsys, mode):
+    """Live (the step span, the printed summary, `rlotel_step_bottleneck`), `rlotel analyze`
+    and the report say the same for every step — label, confidence, share, evidence, trends —
+    read from the same facts, recorded on the step span (issue 51: offline read only the
+    slowest samples' spans and said uniform-generation, medium, where live said
+    rollout-tail, high)."""
+    from rlotel.derive.diagnose import FACTS, Diagnoser
+    from rlotel.offline.analyze import load_run
+    from tests.test_report import page_data
+
+    command = [
+        sys.executable, "-m", "rlotel.cli", "demo", "--steps", "4", "--port", "0",
+        "--runs-dir", str(tmp_path), "--serve-seconds", "120", *mode,
+    ]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "2000"}  # each summary line on one line
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        url = wait_for_url(process)
+        printed = []
+        while not printed or "serving for" not in printed[-1]:
+            line = process.stdout.readline()
+            assert line or process.poll() is None, "the demo ended before serving"
+            printed.append(line.rstrip("\n"))
+        gauge = [
+            (dict(labels)["verdict"], dict(labels)["detail"])
+            for (name, labels), value in parse_exposition(scrape(url)).items()
+            if name == "rlotel_step_bottleneck" and value == 1.0
+        ]
+        code, _, err = interrupted(process)
+        assert code == 0, err
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    run_dir = tmp_path / "demo"
+
+    spans = file_spans(run_dir / "traces.jsonl", run="demo")
+    roots = sorted((s["attrs"] for s in spans if s["name"] == "step"), key=lambda a: a["rl.step"])
+    assert [a["rl.step"] for a in roots] == [1, 2, 3, 4] and all(FACTS in a for a in roots)
+    prefix = "rl.bottleneck.evidence."
+    live = [
+        {
+            "label": a["rl.bottleneck"],
+            "confidence": a["rl.bottleneck.confidence"],
+            "share": round(a["rl.bottleneck.share"], 4),
+            "evidence": {k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)},
+            "next_read": a["rl.bottleneck.next"],
+        }
+        for a in roots
+    ]
+    kind, _, detail = live[-1]["label"].partition("/")
+    assert gauge == [(kind, detail)]  # the last step's
+
+    diagnoser = Diagnoser()  # what `rlotel analyze` reads each step's verdict with
+    analyzed = [diagnoser.observe(step.facts) for step in load_run(run_dir).steps]
+    assert [
+        {
+            "label": v.label,
+            "confidence": v.confidence,
+            "share": round(v.share, 4),
+            "evidence": v.evidence,
+            "next_read": v.next_read,
+        }
+        for v in analyzed
+    ] == live
+    assert cli.main(["analyze", str(run_dir)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # as wrapped here, unwrapped
+    summary = [line for line in printed if line.startswith(("bottleneck:", "  last step:"))]
+    assert len(summary) == 2 and all(" ".join(line.split()) in out for line in summary), summary
+
+    trees = page_data(run_dir / "report.html")["trees"]
+    reported = [trees[str(n)]["verdict"] for n in (1, 2, 3, 4)]
+    assert [
+        {key: verdict[key] for key in ("label", "confidence", "share", "evidence", "next_read")}
+        for verdict in reported
+    ] == live
+    assert [verdict["trends"] for verdict in reported] == [v.trends for v in analyzed]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rlotel
-from rlotel.derive.diagnose import Diagnoser, StepFacts, Thresholds, diagnose
+from rlotel.derive.diagnose import FACTS, Diagnoser, StepFacts, Thresholds, diagnose, windows
 from rlotel.record.samples import SampleBatch, verl_aggregates
 from tests.helpers import finished_spans, parse_exposition, scrape
 
@@ -172,10 +172,22 @@ def test_verdicts(facts_, kind, detail, confidence):
     verdict = diagnose(facts_)
     assert (verdict.kind, verdict.detail, verdict.confidence) == (kind, detail, confidence)
     assert verdict.next_read
-    if kind != "balanced" and facts_.timing_raw["step"] > 0:
-        # never contradicts its evidence: the named window is the largest one
-        assert verdict.evidence["window"] == verdict.label if kind == "window-bound" else kind
-        assert verdict.share >= Thresholds().dominant_share
+    if facts_.timing_raw["step"] <= 0:
+        assert verdict.evidence == {"reason": "no step time"}
+        return
+    # never contradicts its evidence: the window it names is the step's largest...
+    grouped, step = windows(facts_), facts_.timing_raw["step"]
+    largest = max(grouped, key=grouped.get)
+    assert verdict.evidence["window"] == largest
+    assert verdict.evidence["share"] == round(grouped[largest] / step, 4) == round(verdict.share, 4)
+    if kind == "balanced":  # ...which does not dominate: too small a share, or no margin
+        limits, runner_up = Thresholds(), verdict.evidence["runner_up_share"]
+        assert verdict.share < limits.dominant_share or verdict.share < limits.margin * runner_up
+        return
+    # ...and the verdict is that window's: its group, or `window-bound/<name>` for any other
+    expected = verdict.label if kind == "window-bound" else kind
+    assert verdict.evidence["window"] == expected
+    assert verdict.share >= Thresholds().dominant_share
 
 
 def sampled(seconds: list[float], lengths: list[int]) -> StepFacts:
@@ -270,6 +282,37 @@ def test_token_structure_changed_vs_system_slower():
     assert verdict.trends == {}
 
 
+def test_facts_recorded_as_json_read_back_whole():
+    """The facts a verdict read go on the step span as JSON and come back equal, field by
+    field (numpy numbers included); anything else reads as None (rebuilt from the spans)."""
+    every = StepFacts(
+        7,
+        {"gen": 0.1 + 0.2, "update_actor": 1e-9, "my.timer/x": 3.0, "step": 5.0},
+        unaccounted=np.float64(0.25),
+        response_tokens=1717,
+        sequences=256,
+        mfu={"actor": 0.0726, "actor_infer": 0.08},
+        agent_loop=loop_keys(gen=(1, 10, 60), length=900, preempted=2),
+        idle={"trainer": 0.5, "rollout": 0.1},
+        evicted=3.0,
+        staleness_max=4.0,
+        stragglers={"update_actor": (np.int64(3), 1.7)},
+        compute_stragglers={"update_actor": (1, 2.5)},
+        async_bias={"response_length": 0.3},
+        discarded={"staleness": 0.125},
+        rollout_tail_seconds=0.045,
+        rollout_occupancy=0.401,
+        response_length_mean=5.3,
+        top_level=frozenset({"gen", "update_actor", "my.timer/x"}),
+    )
+    for facts_ in (every, facts(gen=70, update_actor=20)):
+        assert StepFacts.from_json(facts_.to_json()) == facts_
+    verdict = Diagnoser().observe(every)
+    assert verdict.facts is every and verdict.attributes()[FACTS] == every.to_json()
+    for foreign in (None, 3, "", "{", "[1, 2]", '{"number": 1}', '{"timing_raw": [], "number": 1}'):
+        assert StepFacts.from_json(foreign) is None, foreign
+
+
 def test_thresholds_are_configurable():
     strict = Thresholds(dominant_share=0.9)
     assert diagnose(facts(gen=70, update_actor=20), strict).kind == "balanced"
@@ -289,6 +332,8 @@ def test_verdict_reaches_span_metric_and_step(make_tel, span_exporter):
     spans = [s for s in finished_spans(tel, span_exporter) if s.name == "step"]
     labels = {s.attributes["rl.step"]: s.attributes["rl.bottleneck"] for s in spans}
     assert labels == {1: "rollout-bound", 2: "update-bound"}
+    recorded = {s.attributes["rl.step"]: StepFacts.from_json(s.attributes[FACTS]) for s in spans}
+    assert recorded[2] == step.summary.facts  # what the verdict read, for offline to read
     series = parse_exposition(scrape(tel.metrics_url))
     bottleneck = {k: v for k, v in series.items() if k[0] == "rlotel_step_bottleneck"}
     assert bottleneck == {

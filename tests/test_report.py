@@ -122,6 +122,26 @@ def test_report_from_traces_file(tmp_path) -> None:
     assert confidence in ("low", "medium", "high") and 0 < share <= 1
 
 
+def test_verdicts_are_the_live_ones_read_from_the_step_spans(tmp_path) -> None:
+    """Each step's verdict in the page (the chart's points, the tree's card) is the live
+    one — label, confidence, evidence — from the facts the step span recorded, though the
+    spans hold 2 samples of 10; the step span's tree row does not repeat that record."""
+    from rlotel.derive.diagnose import FACTS
+    from tests.test_analyze import _tailed_run
+
+    traces = tmp_path / "traces.jsonl"
+    live = [step.verdict for step in _tailed_run(traces)]
+    data = page_data(write_report(traces, tmp_path / "report.html").path)
+    verdicts = data["verdicts"]
+    points = [(verdicts["labels"][i], confidence) for i, confidence, _ in verdicts["points"]]
+    assert points == [(v.label, v.confidence) for v in live]
+    for number, verdict in enumerate(live, 1):
+        card = data["trees"][str(number)]["verdict"]
+        assert (card["label"], card["confidence"]) == (verdict.label, verdict.confidence)
+        assert card["evidence"] == verdict.evidence and card["trends"] == verdict.trends
+        assert all(FACTS not in row["attributes"] for row in span_rows(data, number))
+
+
 def test_truncated_file_renders_what_is_valid(tmp_path, capsys) -> None:
     traces = tmp_path / "traces.jsonl"
     traced_run(traces)

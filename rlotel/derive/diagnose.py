@@ -10,12 +10,13 @@ per token (the system got slower).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from rlotel.base.errors import ConfigError
@@ -35,6 +36,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 GROUPED = frozenset(name for names in GROUPS.values() for name in names)
 WINDOW_BOUND = "window-bound"
+# The step span's record of the facts its verdict was read from (`StepFacts.to_json`):
+# `rlotel analyze` and the report read the verdict again from these, not from the spans.
+FACTS = f"{attr.BOTTLENECK_PREFIX}facts"
 LOWER = {"high": "medium", "medium": "low", "low": "low"}  # one notch less sure
 STAGES = voc.AGENT_LOOP_STAGES
 # The slowest sample's longest stage → the detail with tail evidence, and without it.
@@ -219,6 +223,33 @@ class StepFacts:
             **extra,
         )
 
+    def to_json(self) -> str:
+        """Every field, exactly (floats as `repr`): what a reader gives `from_json` back."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["top_level"] = None if self.top_level is None else sorted(self.top_level)
+        return json.dumps(data, separators=(",", ":"), default=_plain)
+
+    @classmethod
+    def from_json(cls, text: Any) -> StepFacts | None:
+        """The facts `to_json` wrote; None for anything else (a truncated or foreign value)."""
+        try:
+            data = json.loads(text)
+            known = {f.name for f in fields(cls)}
+            data = {key: value for key, value in data.items() if key in known}
+            for key in ("stragglers", "compute_stragglers"):
+                data[key] = {p: (int(r), float(s)) for p, (r, s) in data.get(key, {}).items()}
+            top_level = data.get("top_level")
+            data["top_level"] = None if top_level is None else frozenset(top_level)
+            facts = cls(**data)
+        except (TypeError, ValueError, AttributeError):
+            return None
+        return facts if isinstance(facts.timing_raw, dict) else None
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as its Python number; anything else JSON cannot write, as text."""
+    return value.item() if hasattr(value, "item") else str(value)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -229,13 +260,14 @@ class Verdict:
     evidence: dict[str, float | str]
     next_read: str
     trends: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    facts: StepFacts | None = field(default=None, repr=False, compare=False)  # what it read
 
     @property
     def label(self) -> str:
         return f"{self.kind}/{self.detail}" if self.detail else self.kind
 
     def attributes(self) -> dict[str, float | str]:
-        """Span attributes: `rl.bottleneck` and its evidence."""
+        """Span attributes: `rl.bottleneck`, its evidence, and the facts it was read from."""
         attributes: dict[str, float | str] = {
             attr.BOTTLENECK: self.label,
             f"{attr.BOTTLENECK_PREFIX}confidence": self.confidence,
@@ -247,6 +279,8 @@ class Verdict:
         for name, trend in self.trends.items():
             for key, value in trend.items():
                 attributes[f"{attr.BOTTLENECK_PREFIX}trend.{name}.{key}"] = value
+        if self.facts is not None:
+            attributes[FACTS] = self.facts.to_json()
         return attributes
 
 
@@ -520,22 +554,14 @@ class Diagnoser:
             history = [seen for seen in self._history if seen[0].number < facts.number]
             self._history.append((facts, seconds))
         trends = _trends(facts, seconds, history, self.thresholds)
-        if not trends:
-            return verdict
         confidence, evidence = verdict.confidence, verdict.evidence
         update = trends.get("update-bound")
         if verdict.kind == "rollout-bound" and update is not None:
             # the chain's last link: a rollout reading holds while update_actor is steady
             confidence = LOWER[confidence]
             evidence = {**evidence, "update_grew": update["ratio"]}
-        return Verdict(
-            verdict.kind,
-            verdict.detail,
-            confidence,
-            verdict.share,
-            evidence,
-            verdict.next_read,
-            trends,
+        return replace(
+            verdict, confidence=confidence, evidence=evidence, trends=trends, facts=facts
         )
 
 

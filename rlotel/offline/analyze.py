@@ -3,7 +3,10 @@
 Every source becomes per-step (timing_raw, metrics) records, so `rlotel analyze` prints the
 same ledger table as the demo and `rlotel report` draws the same numbers. Spans are decoded
 by `rlotel.offline.otlp_json`; lines that are neither OTLP requests nor verl log lines are
-counted as skipped, never raised.
+counted as skipped, never raised. A step's verdict is read from the facts the live verdict
+read, recorded on its step span (`rl.bottleneck.facts`): the same label and confidence as
+live. Only a trace without them has its facts rebuilt from the spans, which hold the
+slowest samples alone (the live verdict read every sample).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlotel.derive.diagnose import StepFacts
+from rlotel.derive.diagnose import FACTS, StepFacts
 from rlotel.offline import otlp_json
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
@@ -36,6 +39,7 @@ class StepRecord:
     metrics: dict[str, float]
     facts: StepFacts
     span: SpanRecord | None = None  # the `step` root span, when read from traces
+    recorded: bool = False  # `facts` are the live verdict's own, from the step span
 
 
 @dataclass
@@ -191,7 +195,8 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
             metrics[voc.TOTAL_NUM_TOKENS] = prompt + response
         if attr.THROUGHPUT in attributes:
             metrics[voc.THROUGHPUT] = attributes[attr.THROUGHPUT]
-        facts = StepFacts(
+        recorded = StepFacts.from_json(attributes[FACTS]) if FACTS in attributes else None
+        facts = recorded or StepFacts(  # a trace without them (older): read from the spans
             number,
             timing,
             unaccounted=attributes.get(attr.UNACCOUNTED_S),
@@ -203,7 +208,7 @@ def _steps_from_spans(spans: list[SpanRecord]) -> list[StepRecord]:
             compute_stragglers=compute_stragglers,
             top_level=frozenset(top_level),
         )
-        steps.append(StepRecord(number, timing, metrics, facts, root))
+        steps.append(StepRecord(number, timing, metrics, facts, root, recorded is not None))
     return steps
 
 
@@ -282,6 +287,8 @@ def _merge_summary_metrics(steps: list[StepRecord], summary: dict[str, Any]) -> 
         if logged and isinstance(logged.get("metrics"), dict):
             for key, value in _numeric(logged["metrics"]).items():
                 step.metrics.setdefault(key, value)
+            if step.recorded:
+                continue  # the verdict's facts as the live one read them: nothing to add
             logged_loop = StepFacts.from_metrics(step.number, {}, step.metrics).agent_loop
             step.facts = replace(step.facts, agent_loop={**logged_loop, **step.facts.agent_loop})
 

@@ -6,7 +6,8 @@ CDN, no network fetch, so the file works from `file://` on a laptop with no Graf
 The full plotly.min.js (4.8 MB) took 1.7–2.5 s to compile in a fresh browser; the basic
 bundle (1.2 MB) keeps a 10,000-step report under 4 MB and interactive within a second.
 Numbers come from `rlotel.offline.analyze` (the same ledger `rlotel analyze` prints) and
-verdicts from `rlotel.derive.diagnose`.
+verdicts from `rlotel.derive.diagnose`, read from the facts each step span recorded: the
+live verdicts.
 
 Long runs are downsampled to at most `MAX_POINTS` points per series: consecutive steps are
 bucketed evenly, each point is the bucket's mean (the tail's p99 and max, the bucket's max;
@@ -33,7 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlotel.derive import occupancy
-from rlotel.derive.diagnose import Diagnoser, Verdict, windows
+from rlotel.derive.diagnose import FACTS, Diagnoser, Verdict, windows
 from rlotel.offline import otlp_json
 from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path, without_gc
 from rlotel.offline.otlp_json import SpanRecord
@@ -61,7 +62,8 @@ ASYNC_SUMMARY = (
 _PAGE = Path(__file__).with_name("page.html")
 _SCRIPT = Path(__file__).with_name("page.js")
 PLOTLY_JS = Path(__file__).with_name("plotly-basic.min.js")
-_HIDDEN_ATTRIBUTES = frozenset({attr.RUN, attr.PHASE})  # said by the row itself
+# said by the row itself, or by the step's verdict (the facts it was read from)
+_HIDDEN_ATTRIBUTES = frozenset({attr.RUN, attr.PHASE, FACTS})
 
 
 class ReportError(Exception):
