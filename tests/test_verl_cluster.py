@@ -12,6 +12,7 @@ import pytest
 
 from rlotel.integrations import guard
 from rlotel.integrations import verl_cluster as cluster
+from rlotel.integrations.registered import RUNTIME_ENV
 from tests.helpers import attach_hooks, detach_hooks, hooks_attached
 
 ON = {"RLOTEL_ENABLE": "1"}
@@ -79,7 +80,7 @@ def test_the_patched_factory_adds_them_and_uninstall_puts_verl_back(monkeypatch)
     monkeypatch.setenv("RLOTEL_ENABLE", "1")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
     monkeypatch.setitem(sys.modules, "verl.trainer.constants_ppo", constants_ppo)
-    attach_hooks(cluster.HOOK)
+    attach_hooks(RUNTIME_ENV.name)
     try:
         assert constants_ppo.get_ppo_ray_runtime_env(config=None) == {
             "env_vars": {
@@ -90,7 +91,7 @@ def test_the_patched_factory_adds_them_and_uninstall_puts_verl_back(monkeypatch)
             "working_dir": None,
         }
     finally:
-        detach_hooks(cluster.HOOK)
+        detach_hooks(RUNTIME_ENV.name)
     assert constants_ppo.get_ppo_ray_runtime_env is get_ppo_ray_runtime_env
 
 
@@ -99,7 +100,7 @@ def test_a_failing_addition_leaves_verls_runtime_env_as_it_was(monkeypatch) -> N
     constants_ppo.get_ppo_ray_runtime_env = lambda config=None: {"env_vars": {"A": "1"}}
     monkeypatch.setitem(sys.modules, "verl.trainer.constants_ppo", constants_ppo)
     monkeypatch.setattr(cluster, "with_forwarded", lambda runtime_env: 1 / 0)
-    with hooks_attached(cluster.HOOK):
+    with hooks_attached(RUNTIME_ENV.name):
         assert constants_ppo.get_ppo_ray_runtime_env() == {"env_vars": {"A": "1"}}
 
 

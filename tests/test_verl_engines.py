@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from rlotel.integrations import verl_engines
+from rlotel.integrations.registered import ROLLOUT_REPLICA
 from rlotel.schema import engine_metrics as eng
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def test_the_rollout_job_gets_one_labelled_group_per_engine():
     try:
         labelled = verl_engines.labelled_config(VERL_CONFIG, "exp1")
     finally:
-        verl_engines._replicas.discard(keep[0])
+        ROLLOUT_REPLICA.state.clear()
     ray_job, rollout = labelled["scrape_configs"]
     assert ray_job == VERL_CONFIG["scrape_configs"][0]  # the rest is verl's, unchanged
     assert labelled["global"] == VERL_CONFIG["global"]

@@ -16,6 +16,13 @@ from rlotel.base.drops import HOOK_FAILURES
 from rlotel.integrations import guard, verl_v1
 from rlotel.integrations import verl_fully_async as fully_async
 from rlotel.integrations.hooks import actor_class
+from rlotel.integrations.registered import (
+    FULLY_ASYNC_FIT,
+    FULLY_ASYNC_INIT,
+    FULLY_ASYNC_LOG,
+    FULLY_ASYNC_PARAM_SYNC,
+    FULLY_ASYNC_SAMPLES,
+)
 from rlotel.schema import vocabulary as voc
 from tests.helpers import (
     attach_hooks,
@@ -26,12 +33,15 @@ from tests.helpers import (
 )
 
 # the hooks on the trainer's actor class and its module
-TRAINER_HOOKS = (
-    "verl_fully_async_init",
-    "verl_fully_async_fit",
-    "verl_fully_async_log",
-    "verl_fully_async_param_sync",
-    "verl_fully_async_samples",
+TRAINER_HOOKS = tuple(
+    hook.name
+    for hook in (
+        FULLY_ASYNC_INIT,
+        FULLY_ASYNC_FIT,
+        FULLY_ASYNC_LOG,
+        FULLY_ASYNC_PARAM_SYNC,
+        FULLY_ASYNC_SAMPLES,
+    )
 )
 
 pytestmark = pytest.mark.slow  # verl's real classes: its import and torch's, ~5 s
@@ -129,14 +139,14 @@ def test_queue_samples_are_recorded_and_verls_batch_stays_verls(make_tel, patche
 
 def test_a_failing_hook_leaves_verls_batch_and_is_counted(make_tel, patched_module):
     tel = make_tel(run="fa-fault")
-    before = HOOK_FAILURES.snapshot().get(fully_async.SAMPLES_HOOK, 0)
-    guard.inject([fully_async.SAMPLES_HOOK])
+    before = HOOK_FAILURES.snapshot().get(FULLY_ASYNC_SAMPLES.name, 0)
+    guard.inject([FULLY_ASYNC_SAMPLES.name])
     try:
         with tel.step(1) as step, tel.phase(voc.GEN):
             batch = Trainer(0)._get_samples_from_queue(patched_module, rollout_samples())
     finally:
         guard.inject([])
-    assert HOOK_FAILURES.snapshot()[fully_async.SAMPLES_HOOK] == before + 1
+    assert HOOK_FAILURES.snapshot()[FULLY_ASYNC_SAMPLES.name] == before + 1
     assert batch.meta_info["fully_async/processing_time/max"] == 2.0
     assert verl_v1.STAMP_KEY in batch.non_tensor_batch  # verl's batch as the queue gave it
     assert not step.trace.samples
@@ -172,7 +182,7 @@ def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
 
     from rlotel.integrations import verl_workers
 
-    attach_hooks("verl_fully_async_init")
+    attach_hooks(FULLY_ASYNC_INIT.name)
     monkeypatch.setattr(verl_workers, "HOSTED", verl_workers.Hosted())
     try:
         hosted = actor_class(module.FullyAsyncRollouter)
@@ -186,7 +196,7 @@ def test_the_rollouter_hears_the_run_from_its_config(monkeypatch) -> None:
     finally:
         if rlotel.current() is not None:
             rlotel.current().shutdown()
-        detach_hooks("verl_fully_async_init")
+        detach_hooks(FULLY_ASYNC_INIT.name)
 
 
 def test_each_step_is_logged_once_under_its_step(make_tel) -> None:

@@ -11,18 +11,23 @@ import pytest
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 
 import rlotel
-from rlotel.integrations.registered import REGISTRY
+from rlotel.integrations.registered import (
+    REGISTRY,
+    ROLLOUT_REPLICA,
+    V1_EVICT,
+    V1_FIT,
+    V1_REPLAY_BATCH,
+    V1_SCORE,
+    V1_TOOL,
+    V1_TRAJECTORY,
+    V1_TURN,
+)
 from tests.helpers import attach_hooks, detach_hooks, parse_exposition, scrape
 
 # V1's hooks (the trainer, its replay buffer, the agent-loop worker and its model turns)
-V1_HOOKS = (
-    "verl_v1_fit",
-    "verl_v1_replay_batch",
-    "verl_v1_evict",
-    "verl_v1_trajectory",
-    "verl_v1_score",
-    "verl_v1_turn",
-    "verl_v1_tool",
+V1_HOOKS = tuple(
+    hook.name
+    for hook in (V1_FIT, V1_REPLAY_BATCH, V1_EVICT, V1_TRAJECTORY, V1_SCORE, V1_TURN, V1_TOOL)
 )
 
 STEP = 5
@@ -185,7 +190,7 @@ def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
     recorded them as discarded first, so the step's KS compares the trained p0 with both."""
     from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-    from rlotel.integrations import guard, verl_v1
+    from rlotel.integrations import guard
 
     _write_trajectories(transfer_queue, steps={"p0": STEP, "p1": STEP - 2})
     buffer = ReplayBufferAsync(
@@ -225,7 +230,7 @@ def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
         assert series[discarded] == 2
         # rlotel's part failing leaves verl's eviction as it was: counted, never raised
         _write_trajectories(transfer_queue, steps={"p0": STEP + 1, "p1": STEP - 2})
-        guard.inject([verl_v1.EVICT_HOOK])
+        guard.inject([V1_EVICT.name])
         with tel.step(STEP + 1):
             batch, evicted = buffer.sample(
                 global_steps=STEP + 1, partition_id="train", batch_size=1
@@ -240,7 +245,7 @@ def test_v1_groups_verl_evicts_as_stale_are_the_steps_async_bias_reference(
             for (name, labels), value in series.items()
             if name == "rlotel_integration_failures_total"
         }
-        assert failed[verl_v1.EVICT_HOOK] >= 1  # each poll of the wait: its own call
+        assert failed[V1_EVICT.name] >= 1  # each poll of the wait: its own call
     finally:
         guard.inject([])
         detach_hooks(*V1_HOOKS)
@@ -577,8 +582,7 @@ def test_each_trajectory_counts_for_the_replica_verl_routed_it_to(make_tel, span
         with tel.step(1) as step, tel.phase("gen"):
             verl_v1.record_batch(batch, fetch)
     finally:
-        for replica in replicas:
-            verl_engines._replicas.discard(replica)
+        ROLLOUT_REPLICA.state.clear()
     assert {name: o.ratio for name, o in step.summary.occupancy.items()} == {
         "0": 1.0,
         "1": pytest.approx(0.75),

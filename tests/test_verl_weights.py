@@ -27,8 +27,9 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-from rlotel.integrations import guard, verl_weights
+from rlotel.integrations import guard
 from rlotel.integrations import verl as plugin
+from rlotel.integrations.registered import CHECKPOINT_ENGINE
 from rlotel.schema import vocabulary as voc
 
 pytestmark = pytest.mark.slow  # a Ray cluster and worker processes
@@ -235,7 +236,7 @@ def test_a_failing_hook_leaves_the_update_to_verl(groups, make_tel, span_exporte
     weights arrive, the replicas are resumed) and no stage window is left behind."""
     sync_weights, replica = manager(groups)
     tel = make_tel()
-    guard.inject([verl_weights.HOOK])
+    guard.inject([CHECKPOINT_ENGINE.name])
     try:
         with tel.step(1):
             with tel.phase(voc.UPDATE_WEIGHTS):

@@ -35,6 +35,7 @@ from typing import Any
 
 from rlotel.base import env
 from rlotel.integrations import guard
+from rlotel.integrations.registered import RUNTIME_ENV
 
 log = logging.getLogger("rlotel")
 
@@ -49,7 +50,6 @@ VERL_MODULES = "VERL_USE_EXTERNAL_MODULES"  # modules verl/__init__.py imports, 
 PLUGIN_NAME = "rlotel"  # the entry point's name in the `verl.plugins` group
 PLUGIN_MODULE = "rlotel.integrations.verl"  # what that entry point loads
 RUNTIME_ENV_FACTORY = "get_ppo_ray_runtime_env"
-HOOK = "verl_runtime_env"
 
 
 # --- forwarding --------------------------------------------------------------------------
@@ -96,12 +96,10 @@ def forwarding_runtime_env(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def get_ppo_ray_runtime_env(*args: Any, **kwargs: Any) -> Any:
         runtime_env = original(*args, **kwargs)
-        try:
-            guard.fault(HOOK)
+        with RUNTIME_ENV.guarded():  # else verl's own runtime env, unchanged
+            RUNTIME_ENV.fault()
             return with_forwarded(runtime_env)
-        except Exception as error:  # verl's own runtime env, unchanged
-            guard.failed(HOOK, error)
-            return runtime_env
+        return runtime_env
 
     get_ppo_ray_runtime_env.__wrapped__ = original  # type: ignore[attr-defined]
     return get_ppo_ray_runtime_env

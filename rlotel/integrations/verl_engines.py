@@ -30,22 +30,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlotel.integrations import guard, service
+from rlotel.integrations.registered import PROMETHEUS_WRITER, ROLLOUT_REPLICA
 
 log = logging.getLogger("rlotel")
 
 ROLLOUT_JOB = "rollout"  # the job verl's writer lists the engines in
 WRITE_TASK = "write_config_file"  # verl's per-node task that writes the file
-WRITER_HOOK = "verl_prometheus_writer"
-REPLICA_HOOK = "verl_rollout_replica"
-_replicas: weakref.WeakSet = weakref.WeakSet()  # verl's RolloutReplica objects of this process
+REPLICAS = "replicas"  # ROLLOUT_REPLICA.state[REPLICAS]: verl's RolloutReplica objects here
 
 
 # --- what the targets are ----------------------------------------------------------------
 
 
 def note_replica(replica: Any) -> None:
-    """A verl `RolloutReplica` made in this process (its address is known once it serves)."""
-    _replicas.add(replica)
+    """A verl `RolloutReplica` made in this process (its address is known once it serves);
+    forgotten when the hooks are detached."""
+    ROLLOUT_REPLICA.state.setdefault(REPLICAS, weakref.WeakSet()).add(replica)
 
 
 def replica_ranks(addresses: Sequence[str]) -> list[str]:
@@ -53,7 +53,7 @@ def replica_ranks(addresses: Sequence[str]) -> list[str]:
     position in the list (verl lists its replicas in rank order from 0; its managers that
     start at a later rank hold replicas this process made, so their addresses are known)."""
     known = {}
-    for replica in list(_replicas):
+    for replica in list(ROLLOUT_REPLICA.state.get(REPLICAS, ())):
         address, rank = (
             getattr(replica, "_server_address", None),
             getattr(replica, "replica_rank", None),
@@ -150,14 +150,12 @@ class _LabelledTask:
         return _LabelledTask(self._task.options(*args, **kwargs), self._label, self._labelled)
 
     def remote(self, config_data: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            guard.fault(WRITER_HOOK)
+        with PROMETHEUS_WRITER.guarded():  # else verl's own config is written
+            PROMETHEUS_WRITER.fault()
             labelled = self._label(config_data)
             if labelled is not None:
                 self._labelled.append(True)
                 config_data = labelled
-        except Exception as error:  # verl's own config is written
-            guard.failed(WRITER_HOOK, error)
         return self._task.remote(config_data, *args, **kwargs)
 
 
@@ -167,7 +165,7 @@ def labelling_writer(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def update_prometheus_config(*args: Any, **kwargs: Any) -> Any:
         try:
-            guard.fault(WRITER_HOOK)
+            PROMETHEUS_WRITER.fault()
             run = caller_run()
             labelled: list[bool] = []
             ray = original.__globals__["ray"]
@@ -184,7 +182,7 @@ def labelling_writer(original: Callable[..., Any]) -> Callable[..., Any]:
             )
             writer.__kwdefaults__ = original.__kwdefaults__
         except Exception as error:  # verl's writer runs as it is
-            guard.failed(WRITER_HOOK, error)
+            PROMETHEUS_WRITER.failed(error)
             return original(*args, **kwargs)
         result = writer(*args, **kwargs)
         if not labelled:
@@ -209,11 +207,11 @@ def traced_replica_init(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        guard.attempt(REPLICA_HOOK, note_replica, self)
+        ROLLOUT_REPLICA.attempt(note_replica, self)
 
     return __init__
 
 
 def reset() -> None:
-    """Forget the replicas of this process."""
-    _replicas.clear()
+    """Forget the replicas of this process (detaching the hooks does it too)."""
+    ROLLOUT_REPLICA.state.pop(REPLICAS, None)

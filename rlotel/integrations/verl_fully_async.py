@@ -35,8 +35,15 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
-from rlotel.integrations import guard, process, service, verl_workers
-from rlotel.integrations.hooks import actor_class
+from rlotel.integrations import guard, process, verl_workers
+from rlotel.integrations.hooks import Hook, actor_class
+from rlotel.integrations.registered import (
+    FULLY_ASYNC_FIT,
+    FULLY_ASYNC_INIT,
+    FULLY_ASYNC_LOG,
+    FULLY_ASYNC_PARAM_SYNC,
+    FULLY_ASYNC_SAMPLES,
+)
 from rlotel.schema import vocabulary as voc
 
 MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
@@ -44,33 +51,26 @@ ROLLOUTER_MODULE = "verl.experimental.fully_async_policy.fully_async_rollouter"
 MODE = "fully_async"
 VERL_PARAM_SYNC = voc.TIMING_S + voc.PARAM_SYNC  # verl's name for the sync's window (its key)
 AGGREGATED_KEY = voc.TRAINING + "global_step"  # in every aggregate verl logs per cycle
-INIT_HOOK = "verl_fully_async_init"
-FIT_HOOK = "verl_fully_async_fit"
-SAMPLES_HOOK = "verl_fully_async_samples"
-LOG_HOOK = "verl_fully_async_log"
-PARAM_SYNC_HOOK = "verl_fully_async_param_sync"
 BACKEND = "rlotel"
 
 
-def _original(name: str) -> Any:
+def _original(hook: Hook, name: str) -> Any:
     """verl's own `FullyAsyncTrainer.name` (this process's module, patched or not)."""
     from verl.experimental.fully_async_policy import fully_async_trainer as module
 
-    return _verl_original(actor_class(module.FullyAsyncTrainer), name)
+    return _verl_original(hook, actor_class(module.FullyAsyncTrainer), name)
 
 
-def _module_original(name: str) -> Any:
+def _module_original(hook: Hook, name: str) -> Any:
     from verl.experimental.fully_async_policy import fully_async_trainer as module
 
-    return _verl_original(module, name)
+    return _verl_original(hook, module, name)
 
 
-def _verl_original(owner: Any, name: str) -> Any:
+def _verl_original(hook: Hook, owner: Any, name: str) -> Any:
     """What `owner.name` was before the plugin patched it; as it is where nothing was (an
     uninstalled plugin put verl's own back)."""
-    from rlotel.integrations.registered import REGISTRY
-
-    original = REGISTRY.original(owner, name)
+    original = hook.original(owner, name)
     if getattr(original, "__module__", None) == __name__:
         raise RuntimeError(f"verl's own {name} is not known in this process")
     return original
@@ -83,16 +83,15 @@ def rollouter_init(self, *args, **kwargs):
     """`FullyAsyncRollouter.__init__(config, ...)`: the run is the experiment, and the
     worker telemetry starts before verl's `__init__` makes the agent-loop and reward workers
     (an actor call carries the run only from a process whose telemetry runs)."""
-    try:
-        guard.fault(INIT_HOOK)
+    with FULLY_ASYNC_INIT.guarded():  # the rollouter's processes stay under the run `verl`
+        FULLY_ASYNC_INIT.fault()
         run = guard.argument(args, kwargs, 0, "config").trainer.experiment_name
         verl_workers.hear_run(str(run) if run else None)
         verl_workers.worker_telemetry()  # now: the calls it makes from here carry the run
-    except Exception as error:  # the rollouter's processes stay under the run `verl`
-        guard.failed(INIT_HOOK, error)
     from verl.experimental.fully_async_policy import fully_async_rollouter as module
 
-    _verl_original(actor_class(module.FullyAsyncRollouter), "__init__")(self, *args, **kwargs)
+    rollouter = actor_class(module.FullyAsyncRollouter)
+    _verl_original(FULLY_ASYNC_INIT, rollouter, "__init__")(self, *args, **kwargs)
 
 
 # --- the trainer actor -------------------------------------------------------------------
@@ -102,15 +101,13 @@ def trainer_init(self, *args, **kwargs):
     """`FullyAsyncTrainer.__init__(config, tokenizer, role_worker_mapping,
     resource_pool_manager, ...)`: the process is the driver before verl's `Tracking` starts
     the `rlotel` logger's telemetry."""
-    try:
-        guard.fault(INIT_HOOK)
+    with FULLY_ASYNC_INIT.guarded():  # the trainer starts with a worker's telemetry instead
+        FULLY_ASYNC_INIT.fault()
         config = guard.argument(args, kwargs, 0, "config")
         pools = guard.argument(args, kwargs, 3, "resource_pool_manager")
         process.declare_verl_driver(config, pools.get_n_gpus())
-    except Exception as error:  # the trainer starts with a worker's telemetry instead
-        guard.failed(INIT_HOOK, error)
-    _original("__init__")(self, *args, **kwargs)
-    guard.attempt(INIT_HOOK, _started, self)
+    _original(FULLY_ASYNC_INIT, "__init__")(self, *args, **kwargs)
+    FULLY_ASYNC_INIT.attempt(_started, self)
 
 
 def _started(trainer: Any) -> None:
@@ -125,12 +122,12 @@ def _started(trainer: Any) -> None:
 async def trainer_fit(self, *args, **kwargs):
     """`FullyAsyncTrainer.fit`: verl's logs during it go with the steps; at its end, what is
     left of them goes out and the driver's last steps are exported."""
-    guard.attempt(FIT_HOOK, _fitting, self, True)
+    FULLY_ASYNC_FIT.attempt(_fitting, self, True)
     try:
-        return await _original("fit")(self, *args, **kwargs)
+        return await _original(FULLY_ASYNC_FIT, "fit")(self, *args, **kwargs)
     finally:  # an exception of the loop itself propagates
-        guard.attempt(FIT_HOOK, _fitting, self, False)
-        guard.attempt(FIT_HOOK, process.flush_driver)
+        FULLY_ASYNC_FIT.attempt(_fitting, self, False)
+        FULLY_ASYNC_FIT.attempt(process.flush_driver)
 
 
 def _fitting(trainer: Any, fitting: bool) -> None:
@@ -142,15 +139,15 @@ def _fitting(trainer: Any, fitting: bool) -> None:
 def postprocess_step(self, *args, **kwargs):
     """`_fit_postprocess_step`: verl hands the step's metrics to its aggregator and counts
     the step; rlotel logs them under that step."""
-    result = _original("_fit_postprocess_step")(self, *args, **kwargs)
-    guard.attempt(LOG_HOOK, _log_step, self)
+    result = _original(FULLY_ASYNC_LOG, "_fit_postprocess_step")(self, *args, **kwargs)
+    FULLY_ASYNC_LOG.attempt(_log_step, self)
     return result
 
 
 def _log_step(trainer: Any) -> None:
     logs = _step_logs(trainer)
     if logs is not None:
-        guard.fault(LOG_HOOK)
+        FULLY_ASYNC_LOG.fault()
         logs.step(dict(trainer.metrics), trainer.global_steps - 1)
 
 
@@ -177,20 +174,18 @@ class StepLogs:
             self._send(self._pending_step)
 
     def log(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            guard.fault(LOG_HOOK)
+        with FULLY_ASYNC_LOG.guarded():
+            FULLY_ASYNC_LOG.fault()
             data = guard.argument(args, kwargs, 0, "data")
             step = guard.argument(args, kwargs, 1, "step")
             if AGGREGATED_KEY in data:  # the steps of a sync cycle, each logged already
-                service.of(process.telemetry()).fired(LOG_HOOK)
+                FULLY_ASYNC_LOG.fired(process.telemetry())
                 return
             if not self._fitting:
                 self.backend.log(data=data, step=step)
                 return
             self._pending.update(data)
             self._pending_step = step
-        except Exception as error:
-            guard.failed(LOG_HOOK, error)
 
     def step(self, metrics: dict[str, Any], number: int) -> None:
         """Step `number`'s metrics, with verl's logs since the last step."""
@@ -211,7 +206,7 @@ class StepLogs:
 def marked_timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any) -> Any:
     """verl's `marked_timer` in the trainer's module; `timing_s/param_sync` as rlotel's
     `param_sync` window (any other name: verl's timer, untouched)."""
-    original = _module_original("marked_timer")
+    original = _module_original(FULLY_ASYNC_PARAM_SYNC, "marked_timer")
     if name != VERL_PARAM_SYNC:
         return original(name, timing_raw, *args, **kwargs)
     return _param_sync(original, name, timing_raw, args, kwargs)
@@ -224,10 +219,10 @@ def _param_sync(
     """verl's timer under rlotel's name; its seconds land in `timing_raw[name]`, as verl's."""
     own: dict[str, float] | None = {}
     try:
-        guard.fault(PARAM_SYNC_HOOK)
+        FULLY_ASYNC_PARAM_SYNC.fault()
         timer = original(voc.PARAM_SYNC, own, *args, **kwargs)
     except Exception as error:
-        guard.failed(PARAM_SYNC_HOOK, error)
+        FULLY_ASYNC_PARAM_SYNC.failed(error)
         own, timer = None, original(name, timing_raw, *args, **kwargs)
     try:
         with timer:
@@ -240,12 +235,11 @@ def _param_sync(
 def assemble_batch(rollout_samples: Any, *args: Any, **kwargs: Any) -> Any:
     """`assemble_batch_from_rollout_samples(rollout_samples, ...)` in the trainer's `gen`:
     the samples' per-sample metrics recorded before verl pops and reduces them."""
-    try:
-        guard.fault(SAMPLES_HOOK)
+    with FULLY_ASYNC_SAMPLES.guarded():  # telemetry never stops training
+        FULLY_ASYNC_SAMPLES.fault()
         record(rollout_samples, _caller_param_version(sys._getframe(1)))
-    except Exception as error:  # telemetry never stops training
-        guard.failed(SAMPLES_HOOK, error)
-    return _module_original("assemble_batch_from_rollout_samples")(rollout_samples, *args, **kwargs)
+    original = _module_original(FULLY_ASYNC_SAMPLES, "assemble_batch_from_rollout_samples")
+    return original(rollout_samples, *args, **kwargs)
 
 
 def _caller_param_version(frame: FrameType | None) -> int | None:
@@ -271,7 +265,7 @@ def record(rollout_samples: Sequence[Any], param_version: int | None) -> None:
     )
     if fields is not None:
         records = fields.pop("records")
-        service.of(tel).fired(SAMPLES_HOOK)
+        FULLY_ASYNC_SAMPLES.fired(tel)
         tel.record_samples(records, **fields)
 
 

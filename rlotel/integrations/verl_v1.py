@@ -34,7 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rlotel.base import clock
-from rlotel.integrations import guard, service
+from rlotel.integrations import guard
+from rlotel.integrations.hooks import Hook
+from rlotel.integrations.registered import (
+    V1_EVICT,
+    V1_FIT,
+    V1_REPLAY_BATCH,
+    V1_SCORE,
+    V1_TOOL,
+    V1_TRAJECTORY,
+    V1_TURN,
+)
 from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")
@@ -48,18 +58,11 @@ STAMP_KEY = "rlotel_trajectory"
 # rollout replica that served the trajectory's last model turn, or None
 SERVER_KEY = "rlotel_server"
 TQ_WORKER = "AgentLoopWorkerTQ"  # V1's worker class: only its outputs go to TransferQueue
-REPLAY_HOOK = "verl_v1_replay_batch"
-EVICT_HOOK = "verl_v1_evict"
 # `_terminal_eviction_reasons`' uid sets, in order → rlotel's discard reason (a group in
 # several sets takes the first)
 EVICTION_REASONS = ("stale", "filtered", "other")  # stale, DAPO-filtered, failed
 SURPLUS = "surplus"  # finished groups sync DAPO clears beyond its batch
 _evicting = contextvars.ContextVar("rlotel_verl_evicting", default=False)
-TRAJECTORY_HOOK = "verl_v1_trajectory"
-SCORE_HOOK = "verl_v1_score"
-TURN_HOOK = "verl_v1_turn"
-TOOL_HOOK = "verl_v1_tool"
-FIT_HOOK = "verl_v1_fit"
 
 
 @dataclass
@@ -82,14 +85,12 @@ def traced_materialize(original: Any) -> Any:
     def _materialize_batch(self, *args, **kwargs):
         batch = original(self, *args, **kwargs)
         started = time.perf_counter()
-        try:
-            guard.fault(REPLAY_HOOK)
+        with V1_REPLAY_BATCH.guarded():  # telemetry never stops training
+            V1_REPLAY_BATCH.fault()
             partition_id = args[0] if args else kwargs.get("partition_id")
             if partition_id == TRAIN_PARTITION:
                 record_batch(batch)
-                _spent(REPLAY_HOOK, time.perf_counter() - started)
-        except Exception as error:  # telemetry never stops training
-            guard.failed(REPLAY_HOOK, error)
+                V1_REPLAY_BATCH.fired(None, time.perf_counter() - started)  # in verl's `gen`
         return batch
 
     return _materialize_batch
@@ -101,16 +102,14 @@ def traced_evict(original: Any) -> Any:
 
     def _evict_terminal_groups(self, *args, **kwargs):
         started = time.perf_counter()
-        try:
-            guard.fault(EVICT_HOOK)
+        with V1_EVICT.guarded():  # telemetry never stops training
+            V1_EVICT.fault()
             partition_id = guard.argument(args, kwargs, 1, "partition_id")
             eviction_reasons = guard.argument(args, kwargs, 2, "eviction_reasons")
             if partition_id == TRAIN_PARTITION and any(eviction_reasons[:3]):
                 reasons = dict(zip(EVICTION_REASONS, eviction_reasons[:3], strict=True))
                 record_evicted(self.partitions[partition_id], reasons)
-                _spent(EVICT_HOOK, time.perf_counter() - started)
-        except Exception as error:  # telemetry never stops training
-            guard.failed(EVICT_HOOK, error)
+                V1_EVICT.fired(None, time.perf_counter() - started)
         token = _evicting.set(True)  # its `_clear_groups` call is recorded above
         try:
             return original(self, *args, **kwargs)
@@ -126,15 +125,13 @@ def traced_clear(original: Any) -> Any:
 
     def _clear_groups(self, *args, **kwargs):
         started = time.perf_counter()
-        try:
-            guard.fault(EVICT_HOOK)
+        with V1_EVICT.guarded():  # telemetry never stops training
+            V1_EVICT.fault()
             partition_id = guard.argument(args, kwargs, 0, "partition_id")
             uids = guard.argument(args, kwargs, 1, "uids")
             if partition_id == TRAIN_PARTITION and uids and not _evicting.get():
                 record_evicted(self.partitions[partition_id], {SURPLUS: uids})
-                _spent(EVICT_HOOK, time.perf_counter() - started)
-        except Exception as error:  # telemetry never stops training
-            guard.failed(EVICT_HOOK, error)
+                V1_EVICT.fired(None, time.perf_counter() - started)
         return original(self, *args, **kwargs)
 
     return _clear_groups
@@ -165,15 +162,6 @@ def record_evicted(
         if keys:
             group = _Group(keys, [partition[key] for key in keys], partition_id)
             record_batch(group, fetch, discarded=reason)
-
-
-def _spent(hook: str, seconds: float) -> None:
-    """The hook ran, on verl's thread, for this long (inside verl's `gen` window here)."""
-    import rlotel
-
-    tel = rlotel.current()
-    if tel is not None:
-        service.of(tel).fired(hook, seconds)
 
 
 def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) -> dict[int, str]:
@@ -311,31 +299,27 @@ def _fetch(keys: list[str], partition_id: str) -> tuple[list[Any], list[dict]]:
 # in the worker) that find verl's original there, patched or not.
 
 
-def _agent_loop_original(name: str) -> Any:
+def _agent_loop_original(hook: Hook, name: str) -> Any:
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    from rlotel.integrations.registered import REGISTRY
-
-    return REGISTRY.original(AgentLoopWorker, name)  # as it is where rlotel patched nothing
+    return hook.original(AgentLoopWorker, name)  # as it is where rlotel patched nothing
 
 
 async def run_agent_loop(self, *args, **kwargs):
     """`AgentLoopWorker._run_agent_loop`: V1 trajectories as spans under the dispatching
     phase, their real start kept for the stamp."""
-    original = _agent_loop_original("_run_agent_loop")
+    original = _agent_loop_original(V1_TRAJECTORY, "_run_agent_loop")
     phase = None
-    try:
+    with V1_TRAJECTORY.guarded():
         phase = _open_trajectory(self)
-    except Exception as error:
-        guard.failed(TRAJECTORY_HOOK, error)
     if phase is None:
         return await original(self, *args, **kwargs)
     try:
         result = await original(self, *args, **kwargs)
     except BaseException as raised:
-        guard.exit_context(TRAJECTORY_HOOK, phase, raised)
+        V1_TRAJECTORY.exit_context(phase, raised)
         raise
-    guard.exit_context(TRAJECTORY_HOOK, phase, None)
+    V1_TRAJECTORY.exit_context(phase, None)
     return result
 
 
@@ -354,8 +338,8 @@ def _open_trajectory(worker: Any) -> Any:
     tel, carrier = rlotel.current(), call_carrier()
     if tel is None or carrier is None:  # no traced call dispatched it
         return None
-    guard.fault(TRAJECTORY_HOOK)
-    service.of(tel).fired(TRAJECTORY_HOOK)
+    V1_TRAJECTORY.fault()
+    V1_TRAJECTORY.fired(tel)
     phase = tel.phase(vocabulary.TRAJECTORY, context=carrier)
     phase.__enter__()
     try:
@@ -369,9 +353,9 @@ def _open_trajectory(worker: Any) -> Any:
 async def compute_score(self, *args, **kwargs):
     """`AgentLoopWorker._compute_score(outputs, ...)`: stamps the trajectory's times, turns,
     tool calls and span."""
-    result = await _agent_loop_original("_compute_score")(self, *args, **kwargs)
-    try:
-        guard.fault(SCORE_HOOK)
+    result = await _agent_loop_original(V1_SCORE, "_compute_score")(self, *args, **kwargs)
+    with V1_SCORE.guarded():  # telemetry never stops a rollout
+        V1_SCORE.fault()
         trajectory = _trajectory.get()
         if trajectory is not None:
             outputs = args[0] if args else kwargs["outputs"]
@@ -391,8 +375,6 @@ async def compute_score(self, *args, **kwargs):
                 output.extra_fields[SERVER_KEY] = servers[-1] if servers else None
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
-    except Exception as error:  # telemetry never stops a rollout
-        guard.failed(SCORE_HOOK, error)
     return result
 
 
@@ -406,11 +388,9 @@ def traced_server_generate(original: Any) -> Any:
             return await original(self, *args, **kwargs)
         start = clock.unix_ns()
         result = await original(self, *args, **kwargs)
-        try:
-            guard.fault(TURN_HOOK)
+        with V1_TURN.guarded():  # telemetry never stops a rollout
+            V1_TURN.fault()
             trajectory.turns.append((start, clock.unix_ns()))
-        except Exception as error:  # telemetry never stops a rollout
-            guard.failed(TURN_HOOK, error)
         return result
 
     return generate
@@ -427,12 +407,10 @@ def traced_tool_call(original: Any) -> Any:
             return await original(self, *args, **kwargs)
         start = clock.unix_ns()
         result = await original(self, *args, **kwargs)
-        try:
-            guard.fault(TOOL_HOOK)
+        with V1_TOOL.guarded():  # telemetry never stops a rollout
+            V1_TOOL.fault()
             call = args[0] if args else kwargs["tool_call"]
             trajectory.tools.append((str(call.name), start, clock.unix_ns()))
-        except Exception as error:  # telemetry never stops a rollout
-            guard.failed(TOOL_HOOK, error)
         return result
 
     return call_tool
@@ -445,12 +423,10 @@ def traced_server_release(original: Any) -> Any:
     def release(self, *args, **kwargs):
         trajectory = _trajectory.get()
         if trajectory is not None:
-            try:
-                guard.fault(TURN_HOOK)
+            with V1_TURN.guarded():  # telemetry never stops a rollout
+                V1_TURN.fault()
                 server = args[0] if args else kwargs["server_id"]
                 trajectory.servers.append(str(server))
-            except Exception as error:  # telemetry never stops a rollout
-                guard.failed(TURN_HOOK, error)
         return original(self, *args, **kwargs)
 
     return release
@@ -460,16 +436,14 @@ def traced_fit(original: Any) -> Any:
     def fit(self, *args, **kwargs):
         from rlotel.integrations import process
 
-        try:
-            guard.fault(FIT_HOOK)
+        with V1_FIT.guarded():
+            V1_FIT.fault()
             process.declare_verl_driver(self.config, self._get_n_gpus_for_throughput())
             set_mode(getattr(self, "trainer_mode", "sync"))
-        except Exception as error:
-            guard.failed(FIT_HOOK, error)
         try:
             return original(self, *args, **kwargs)
         finally:  # its last steps go out now; an exception of the loop itself propagates
-            guard.attempt(FIT_HOOK, process.flush_driver)
+            V1_FIT.attempt(process.flush_driver)
 
     return fit
 

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from typing import Any
 
 import rlotel
-from rlotel.integrations import guard, service
+from rlotel.integrations import service
+from rlotel.integrations.registered import CHECKPOINT_ENGINE
 from rlotel.schema import vocabulary as voc
 
-HOOK = "verl_checkpoint_engine"
 COLOCATED_BACKEND = "naive"  # one actor call, no stages
 # worker-group calls inside an update: (verl's method, the engine method) → (window, nested)
 ENGINE_METHOD = "execute_checkpoint_engine"
@@ -75,20 +75,20 @@ class _Stages:
     def close(self, inner_only: bool = False, raised: BaseException | None = None) -> None:
         inner, self.inner = self.inner, None
         if inner is not None:
-            guard.exit_context(HOOK, inner, raised)
+            CHECKPOINT_ENGINE.exit_context(inner, raised)
         if not inner_only:
             stage, self.stage = self.stage, None
             if stage is not None:
-                guard.exit_context(HOOK, stage, raised)
+                CHECKPOINT_ENGINE.exit_context(stage, raised)
 
     def end(self, raised: BaseException | None) -> None:
         self.close(False, raised)
         own, self.own = self.own, None
         if own is not None:
-            guard.exit_context(HOOK, own, raised)
+            CHECKPOINT_ENGINE.exit_context(own, raised)
 
     def dispatched(self, method_name: str, args: tuple, kwargs: dict) -> None:
-        guard.fault(HOOK)
+        CHECKPOINT_ENGINE.fault()
         for (method, engine_method), (name, nested) in DISPATCHED.items():
             if method_name.endswith(method) and (
                 engine_method is None or _engine_method(args, kwargs) == engine_method
@@ -111,15 +111,13 @@ _current: contextvars.ContextVar[_Stages | None] = contextvars.ContextVar(
 def _begin() -> _Stages | None:
     """The update's stages, where this process's telemetry runs: an update before it started
     (verl's first sync, before `fit` declares the driver) must not start a worker's."""
-    try:
+    with CHECKPOINT_ENGINE.guarded():
         tel = rlotel.current()
         if tel is None:
             return None
-        guard.fault(HOOK)
+        CHECKPOINT_ENGINE.fault()
         return _Stages(tel)
-    except Exception as error:
-        guard.failed(HOOK, error)
-        return None
+    return None
 
 
 def traced_update(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,17 +151,15 @@ async def _update(
         raise
     finally:
         _current.reset(token)
-        guard.attempt(HOOK, stages.end, raised)
+        CHECKPOINT_ENGINE.attempt(stages.end, raised)
 
 
 def _stage_call(stages: _Stages, name: str) -> bool:
-    try:
-        guard.fault(HOOK)
+    with CHECKPOINT_ENGINE.guarded():
+        CHECKPOINT_ENGINE.fault()
         stages.enter(name)
         return True
-    except Exception as error:
-        guard.failed(HOOK, error)
-        return False
+    return False
 
 
 def traced_stage(original: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -179,9 +175,9 @@ def traced_stage(original: Callable[..., Any], name: str) -> Callable[..., Any]:
             try:
                 result = original(self, *args, **kwargs)
             except BaseException as error:
-                guard.attempt(HOOK, stages.close, False, error)
+                CHECKPOINT_ENGINE.attempt(stages.close, False, error)
                 raise
-            guard.attempt(HOOK, stages.close)
+            CHECKPOINT_ENGINE.attempt(stages.close)
             return result
 
         return stage
@@ -194,9 +190,9 @@ def traced_stage(original: Callable[..., Any], name: str) -> Callable[..., Any]:
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as error:
-            guard.attempt(HOOK, stages.close, False, error)
+            CHECKPOINT_ENGINE.attempt(stages.close, False, error)
             raise
-        guard.attempt(HOOK, stages.close)
+        CHECKPOINT_ENGINE.attempt(stages.close)
         return result
 
     return async_stage
@@ -209,7 +205,7 @@ def traced_execute_all(original: Callable[..., Any]) -> Callable[..., Any]:
     def execute_all(self, method_name, *args, **kwargs):
         stages = _current.get()
         if stages is not None:
-            guard.attempt(HOOK, stages.dispatched, method_name, args, kwargs)
+            CHECKPOINT_ENGINE.attempt(stages.dispatched, method_name, args, kwargs)
         return original(self, method_name, *args, **kwargs)
 
     return execute_all

@@ -21,7 +21,8 @@ import logging
 from typing import Any
 
 from rlotel.base import env
-from rlotel.integrations import guard, service
+from rlotel.integrations import guard
+from rlotel.integrations.registered import VLLM_ENGINE, VLLM_REQUEST, VLLM_SPAN_EXPORTER
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary
 
@@ -29,18 +30,13 @@ log = logging.getLogger("rlotel")
 
 ENGINE_SERVICE = "vllm"  # service.name of the engine's spans unless OTEL_SERVICE_NAME says
 SERVICE_NAME = attr.SERVICE_NAME
-ENGINE_HOOK = "vllm_engine"
-REQUEST_HOOK = "vllm_request_context"
-EXPORTER_HOOK = "vllm_span_exporter"
 
 
 def traced_engine_init(original: Any) -> Any:
     def __init__(self, *args, **kwargs):
-        try:
-            guard.fault(ENGINE_HOOK)
+        with VLLM_ENGINE.guarded():  # else the engine starts as it would without rlotel
+            VLLM_ENGINE.fault()
             kwargs = _traced_engine_options(args, kwargs)
-        except Exception as error:  # the engine starts as it would without rlotel
-            guard.failed(ENGINE_HOOK, error)
         original(self, *args, **kwargs)
 
     return __init__
@@ -72,11 +68,9 @@ def _traced_engine_options(args: tuple, kwargs: dict) -> dict:
 
 def traced_generate(original: Any) -> Any:
     def generate(self, *args, **kwargs):  # returns vLLM's own async generator: no per-token cost
-        try:
-            guard.fault(REQUEST_HOOK)
+        with VLLM_REQUEST.guarded():  # never fail a request over its trace context
+            VLLM_REQUEST.fault()
             kwargs = _with_trace_headers(kwargs)
-        except Exception as error:  # never fail a request over its trace context
-            guard.failed(REQUEST_HOOK, error)
         return original(self, *args, **kwargs)
 
     return generate
@@ -93,20 +87,18 @@ def _with_trace_headers(kwargs: dict) -> dict:
     carrier = tel.current_context() if tel is not None else None
     if not carrier:
         return kwargs
-    service.of(tel).fired(REQUEST_HOOK)
+    VLLM_REQUEST.fired(tel)
     return {**kwargs, "trace_headers": carrier}
 
 
 def checked_exporter(original: Any) -> Any:
     def get_span_exporter(*args, **kwargs):
         exporter = original(*args, **kwargs)
-        try:
-            guard.fault(EXPORTER_HOOK)
+        with VLLM_SPAN_EXPORTER.guarded():
+            VLLM_SPAN_EXPORTER.fault()
             endpoint = args[0] if args else kwargs["endpoint"]
             return DeliveryCheck(exporter, endpoint)
-        except Exception as error:
-            guard.failed(EXPORTER_HOOK, error)
-            return exporter
+        return exporter
 
     return get_span_exporter
 
@@ -123,7 +115,7 @@ class DeliveryCheck:
         result = self._exporter.export(*args, **kwargs)
         if not self._checked:
             self._checked = True
-            guard.attempt(EXPORTER_HOOK, self._say, result)
+            VLLM_SPAN_EXPORTER.attempt(self._say, result)
         return result
 
     def _say(self, result: Any) -> None:
