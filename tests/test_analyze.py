@@ -131,11 +131,13 @@ def test_only_the_steps_own_windows_compete_in_the_verdict_from_traces(tmp_path)
     assert step.facts.top_level == {"gen", "update_actor"}
 
 
-def _tailed_run(path, strip_facts: bool = False) -> list:
+def _tailed_run(path, strip_facts: bool = False, **options) -> list:
     """3 steps whose gen holds 10 samples, one of them 8x as slow; 2 sample spans a step
     (the slowest): the live verdict read all 10, the spans hold 2. `strip_facts`: the file
     as an rlotel that recorded no facts wrote it."""
-    tel = rlotel.init(run="facts", prometheus_port=None, traces_file=path, max_sample_spans=2)
+    tel = rlotel.init(
+        run="facts", prometheus_port=None, traces_file=path, max_sample_spans=2, **options
+    )
     closed = []
     for number in range(1, 4):
         with tel.step(number) as step:
@@ -180,3 +182,26 @@ def test_offline_verdict_reads_the_facts_the_live_one_read(tmp_path, capsys):
     assert not any(s.recorded for s in rebuilt)
     assert all("agent_loop/generate_sequences/max" not in s.facts.agent_loop for s in rebuilt)
     assert diagnoser.observe(rebuilt[-1].facts).label == "rollout-bound/uniform-generation"
+
+
+def test_offline_verdicts_use_the_thresholds_the_run_was_diagnosed_with(tmp_path, capsys):
+    """A run with its own thresholds (a tail only at 10x the mean): analyze and the report
+    read its verdicts with them, as live did, not with the defaults."""
+    from rlotel.derive.diagnose import Diagnoser
+    from rlotel.offline.analyze import load_run, thresholds
+    from rlotel.offline.report import report_data
+
+    own = rlotel.Thresholds(tail_ratio=10.0)
+    path = tmp_path / "traces.jsonl"
+    closed = _tailed_run(path, bottleneck_thresholds=own)
+    live = [(s.verdict.label, s.verdict.confidence) for s in closed]
+    assert live[-1][0] != "rollout-bound/generation-tail"  # the defaults would say it is
+    run = load_run(path)
+    assert thresholds(run) == own
+    default = Diagnoser().observe(run.steps[-1].facts)
+    assert default.label == "rollout-bound/generation-tail"
+    assert cli.main(["analyze", str(path)]) == 0
+    assert f"last step: {live[-1][0]} ({live[-1][1]} confidence" in capsys.readouterr().out
+    trees = report_data(run, tmp_path, "t")["trees"]
+    assert [(trees[str(n)]["verdict"]["label"], trees[str(n)]["verdict"]["confidence"])
+            for n in (1, 2, 3)] == live  # fmt: skip

@@ -36,7 +36,7 @@ from rlotel.integrations import (
 )
 from rlotel.integrations.clock_exchange import ClockExchange
 from rlotel.integrations.hooks import actor_class
-from rlotel.integrations.registered import HOOKS
+from rlotel.integrations.registered import HOOKS, ROLLOUT_REPLICA
 from rlotel.schema import vocabulary as voc
 
 EXTRA = ("added positionally",)
@@ -273,7 +273,7 @@ def prometheus_writer() -> Case:
 
 def replica_init() -> Case:
     case = method(verl_engines.traced_replica_init)
-    verl_engines.reset()
+    ROLLOUT_REPLICA.state.clear()  # the stand-in replica is forgotten
     return case
 
 

@@ -405,3 +405,11 @@ def test_uninstall_puts_back_every_patch_rlotel_made() -> None:
     assert not moved, [(before[k][0], k[1]) for k in moved]
     assert vars(Worker)["update_actor"] is rays
     assert Worker().update_actor() == "verl's"
+
+
+def test_a_hook_travels_by_reference() -> None:
+    """A wrapper that closes over its hook pickles (Ray sends some by value): the receiving
+    process gets its own registered hook, not a copy."""
+    import pickle
+
+    assert all(pickle.loads(pickle.dumps(hook)) is hook for hook in HOOKS)

@@ -17,6 +17,7 @@ import pytest
 import verl  # noqa: F401  (every test here runs verl: a broken install fails the module)
 
 from rlotel.integrations import registered
+from rlotel.integrations.registered import AGENT_LOOP
 from tests.helpers import file_spans, parse_exposition, scrape
 
 SCRIPT = textwrap.dedent(
@@ -394,9 +395,7 @@ def test_v0_trajectories_count_for_their_replicas_and_leave_verls_batch_as_verls
         with tel.step(1) as step, tel.phase("gen"):
             agent_loop.AgentLoopManager._performance_metrics(None, chunks, output)
     finally:
-        plugin.uninstall()
-        for replica in replicas:
-            verl_engines._replicas.discard(replica)
+        plugin.uninstall()  # forgets the replicas too
     assert sorted(output.non_tensor_batch) == ["uid"]
     assert {name: o.ratio for name, o in step.summary.occupancy.items()} == {
         "0": 1.0,
@@ -466,15 +465,15 @@ def test_verls_batch_holds_exactly_verls_columns(columns, failing, make_tel) -> 
     wrapped = plugin.performance_metrics(
         lambda self, metrics, output: seen.append(set(output.non_tensor_batch))
     )
-    before = HOOK_FAILURES.snapshot().get(plugin.AGENT_LOOP_HOOK, 0)
-    guard.inject([plugin.AGENT_LOOP_HOOK] if failing else [])
+    before = HOOK_FAILURES.snapshot().get(AGENT_LOOP.name, 0)
+    guard.inject([AGENT_LOOP.name] if failing else [])
     try:
         with tel.step(1) as step, tel.phase("gen"):
             wrapped(object(), [[{"generate_sequences": 0.004}]], output)
     finally:
         guard.inject([])
     assert seen == [{"uid"}]
-    failures = HOOK_FAILURES.snapshot().get(plugin.AGENT_LOOP_HOOK, 0) - before
+    failures = HOOK_FAILURES.snapshot().get(AGENT_LOOP.name, 0) - before
     assert failures == (1 if failing else 0)
     batches = step.trace.samples or []
     assert len(batches) == (0 if failing else 1)
@@ -496,7 +495,7 @@ def test_a_trainer_that_overrides_fit_is_the_driver_from_its_tracking(monkeypatc
     with socket.socket() as probe:  # a free loopback port for the documented /metrics
         probe.bind(("127.0.0.1", 0))
         free_port = probe.getsockname()[1]
-    monkeypatch.setattr(process, "_driver", [])
+    monkeypatch.setattr(process, "_driver", None)
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(free_port))
 
     class OneStepOffTrainer:  # its own fit, as verl's OneStepOffRayTrainer
@@ -517,7 +516,7 @@ def test_a_trainer_that_overrides_fit_is_the_driver_from_its_tracking(monkeypatc
             tel = rlotel.current()
             assert tel.config.run == "one-step-off"
             assert tel.metrics_url == f"http://127.0.0.1:{free_port}/metrics"
-            assert process._driver[0].n_gpus == 3
+            assert process._driver.n_gpus == 3
         finally:
             tracking.finish()
     assert rlotel.current() is None
@@ -533,7 +532,7 @@ def test_the_driver_says_once_at_start_which_hooks_did_not_attach(monkeypatch, c
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(probe.getsockname()[1]))
-    monkeypatch.setattr(process, "_driver", [])
+    monkeypatch.setattr(process, "_driver", None)
     monkeypatch.delattr(agent_loop.AgentLoopManager, "_performance_metrics")  # verl moved it
     plugin.install()
     try:
@@ -548,7 +547,9 @@ def test_the_driver_says_once_at_start_which_hooks_did_not_attach(monkeypatch, c
     ]
 
 
-def test_a_training_batch_between_steps_is_training_and_validation_is_what_verl_marks(make_tel):
+def test_a_training_batch_between_steps_is_training_and_validation_is_what_verl_marks(
+    make_tel, monkeypatch: pytest.MonkeyPatch
+):
     """verl marks validation on the prompts its `AgentLoopManager.generate_sequences` gets
     (`meta_info["validate"]`): one-step-off's next batch, finishing between two steps, is
     recorded; a validation batch inside a step is not."""
@@ -556,18 +557,16 @@ def test_a_training_batch_between_steps_is_training_and_validation_is_what_verl_
 
     tel = make_tel(run="between")
     recorded: list[int] = []
+    batches: list[Any] = []
+    monkeypatch.setattr(tel, "record_samples", lambda metrics, **kw: batches.append(metrics))
     performance_metrics = plugin.performance_metrics(lambda self, metrics, output: None)
 
     def generate_sequences(prompts: Any) -> None:  # verl's caller, as far as rlotel reads it
         performance_metrics(object(), [[{"generate_sequences": 0.01}]], types.SimpleNamespace())
 
-    def validation() -> int:
-        return tel.drops.hooks().get("verl_agent_loop_validation", 0)
-
-    before = validation()
     generate_sequences(types.SimpleNamespace(meta_info={"validate": False}))  # between steps
-    recorded.append(validation() - before)
+    recorded.append(len(batches))
     with tel.step(1), tel.phase("gen"):
         generate_sequences(types.SimpleNamespace(meta_info={"validate": True}))
-    recorded.append(validation() - before)
-    assert recorded == [0, 1]  # the batch between steps is training; the marked one is not
+    recorded.append(len(batches))
+    assert recorded == [1, 1]  # the batch between steps is training; the marked one is not

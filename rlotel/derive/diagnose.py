@@ -39,6 +39,7 @@ WINDOW_BOUND = "window-bound"
 # The step span's record of the facts its verdict was read from (`StepFacts.to_json`):
 # `rlotel analyze` and the report read the verdict again from these, not from the spans.
 FACTS = f"{attr.BOTTLENECK_PREFIX}facts"
+THRESHOLDS = f"{attr.BOTTLENECK_PREFIX}thresholds"  # a run's own, where not the defaults
 LOWER = {"high": "medium", "medium": "low", "low": "low"}  # one notch less sure
 STAGES = voc.AGENT_LOOP_STAGES
 # The slowest sample's longest stage → the detail with tail evidence, and without it.
@@ -116,6 +117,15 @@ class Thresholds:
     straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
     async_bias_ks: float = 0.2  # KS of trained vs generated at which the batch is biased
     tail_share: float = 0.5  # rollout tail seconds ÷ gen at which the tail is the story
+
+    @classmethod
+    def from_json(cls, text: Any) -> Thresholds:
+        """The thresholds a step span recorded (`THRESHOLDS`); the defaults for anything else."""
+        try:
+            known = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in json.loads(text).items() if k in known}).validated()
+        except Exception:
+            return cls()
 
     def validated(self) -> Thresholds:
         """Raises `ConfigError` (at init) for a threshold the verdict cannot work with."""
@@ -261,6 +271,7 @@ class Verdict:
     next_read: str
     trends: dict[str, dict[str, float | str]] = field(default_factory=dict)
     facts: StepFacts | None = field(default=None, repr=False, compare=False)  # what it read
+    thresholds: Thresholds | None = field(default=None, repr=False, compare=False)  # read with
 
     @property
     def label(self) -> str:
@@ -281,6 +292,8 @@ class Verdict:
                 attributes[f"{attr.BOTTLENECK_PREFIX}trend.{name}.{key}"] = value
         if self.facts is not None:
             attributes[FACTS] = self.facts.to_json()
+        if self.thresholds is not None and self.thresholds != Thresholds():
+            attributes[THRESHOLDS] = json.dumps(vars(self.thresholds), separators=(",", ":"))
         return attributes
 
 
@@ -561,7 +574,12 @@ class Diagnoser:
             confidence = LOWER[confidence]
             evidence = {**evidence, "update_grew": update["ratio"]}
         return replace(
-            verdict, confidence=confidence, evidence=evidence, trends=trends, facts=facts
+            verdict,
+            confidence=confidence,
+            evidence=evidence,
+            trends=trends,
+            facts=facts,
+            thresholds=self.thresholds,
         )
 
 

@@ -72,6 +72,10 @@ class Hook:
     def __repr__(self) -> str:
         return f"Hook({self.name!r})"
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Pickled by reference (a wrapper Ray sends by value): the receiving process's own."""
+        return _registered, (self.name,)
+
     # --- what its wrappers use ------------------------------------------------------------
 
     def guarded(self) -> _Guarded:
@@ -106,12 +110,13 @@ class Hook:
     def fired(self, tel: Any = None, seconds: float = 0.0) -> None:
         """This hook ran (`rlotel_integration_events_total{hook}`), costing the caller
         `seconds`; counted in `tel`, else the process's telemetry (none yet: not counted)."""
-        if tel is None:
-            import rlotel
+        with self.guarded():
+            if tel is None:
+                import rlotel
 
-            tel = rlotel.current()
-        if tel is not None:
-            tel.drops.fired(self.name, seconds)
+                tel = rlotel.current()
+            if tel is not None:
+                tel.drops.fired(self.name, seconds)
 
     def original(self, owner: Any, name: str) -> Any:
         """What `owner.name` was before this process's hooks replaced it."""
@@ -121,6 +126,12 @@ class Hook:
         """A patch made at run time (a class Ray loads), undone with this hook's targets."""
         if self._registry is not None:
             self._registry.patch(self, owner, name, replacement)
+
+
+def _registered(name: str) -> Hook:
+    from rlotel.integrations.registered import REGISTRY
+
+    return REGISTRY.hooks[name]
 
 
 class _Guarded:

@@ -210,8 +210,3 @@ def traced_replica_init(original: Callable[..., None]) -> Callable[..., None]:
         ROLLOUT_REPLICA.attempt(note_replica, self)
 
     return __init__
-
-
-def reset() -> None:
-    """Forget the replicas of this process (detaching the hooks does it too)."""
-    ROLLOUT_REPLICA.state.pop(REPLICAS, None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlotel.derive.diagnose import FACTS, StepFacts
+from rlotel.derive.diagnose import FACTS, THRESHOLDS, StepFacts, Thresholds
 from rlotel.offline import otlp_json
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
@@ -52,6 +52,15 @@ class Run:
     skipped_lines: int = 0
     files: list[Path] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+
+
+def thresholds(run: Run) -> Thresholds:
+    """The verdict thresholds the run was diagnosed with live (recorded on its step spans
+    where not the defaults): offline verdicts are read with the same."""
+    recorded = next(
+        (s.attributes[THRESHOLDS] for s in run.spans if THRESHOLDS in s.attributes), None
+    )
+    return Thresholds.from_json(recorded) if recorded is not None else Thresholds()
 
 
 def load_steps(path: Path) -> list[StepRecord]:

@@ -467,6 +467,12 @@ def test_every_hook_failing_trains_exactly_as_without_rlotel(
     )
     healthy = doctor.traces_counts(str(plugin_on / "traces"))
     assert set(healthy["events"]) >= fired and not healthy["failures"], healthy
+    # what the doctor counts is registered hooks, and every hook this run reaches (it failed
+    # in the chaos run, in a process that keeps a traces file) fired in the healthy one
+    assert set(healthy["events"]) <= REGISTERED, sorted(set(healthy["events"]) - REGISTERED)
+    reached = set(doctor.traces_counts(str(every_hook_failing / "traces"))["failures"])
+    unfired = {hook for hook in reached if not healthy["events"].get(hook)}
+    assert not unfired, f"ran, yet the doctor says fired 0: {sorted(unfired)}"
     assert not healthy["not_attached"], healthy
     assert not re.search(r'File "[^"]*/rlotel/', console)
 
@@ -733,3 +739,30 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
     assert found["alerts firing"][2] == []  # on-call keeps them on: a healthy run fires none
     run = json.loads((plugin_on / "run.json").read_text())
     figure(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
+
+
+def test_one_verdict_per_step_live_analyze_and_report(plugin_on: Path, tmp_path: Path) -> None:
+    """verl's real step: the verdict the trainer said live (its step span), `rlotel analyze`
+    and the report give each step the same label and confidence, from the facts the live
+    path recorded on the step span."""
+    from rlotel.derive.diagnose import FACTS, Diagnoser
+    from tests.test_report import page_data
+
+    roots = [s["attrs"] for s in spans_by_role(plugin_on)["trainer"] if s["name"] == voc.STEP]
+    assert all(FACTS in attrs for attrs in roots), "a step span without its verdict's facts"
+    live = {a["rl.step"]: (a["rl.bottleneck"], a["rl.bottleneck.confidence"]) for a in roots}
+    assert sorted(live) == list(range(1, STEPS + 1)), sorted(live)
+    diagnoser = Diagnoser()  # what `rlotel analyze` reads each step's verdict with
+    analyzed = {
+        step.number: (verdict.label, verdict.confidence)
+        for step in analyze.load_run(plugin_on / "traces").steps
+        for verdict in (diagnoser.observe(step.facts),)
+    }
+    report = tmp_path / "report.html"
+    assert cli.main(["report", str(plugin_on / "traces"), "-o", str(report)]) == 0
+    trees = page_data(report)["trees"]
+    reported = {
+        n: (trees[str(n)]["verdict"]["label"], trees[str(n)]["verdict"]["confidence"]) for n in live
+    }
+    figure("verdicts by step, live:", live)
+    assert analyzed == live and reported == live, (live, analyzed, reported)

@@ -34,9 +34,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlotel.derive import occupancy
-from rlotel.derive.diagnose import FACTS, Diagnoser, Verdict, windows
+from rlotel.derive.diagnose import FACTS, THRESHOLDS, Diagnoser, Verdict, windows
 from rlotel.offline import otlp_json
-from rlotel.offline.analyze import Run, StepRecord, load_run, resolve_capture_path, without_gc
+from rlotel.offline.analyze import (
+    Run,
+    StepRecord,
+    load_run,
+    resolve_capture_path,
+    thresholds,
+    without_gc,
+)
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
@@ -63,7 +70,7 @@ _PAGE = Path(__file__).with_name("page.html")
 _SCRIPT = Path(__file__).with_name("page.js")
 PLOTLY_JS = Path(__file__).with_name("plotly-basic.min.js")
 # said by the row itself, or by the step's verdict (the facts it was read from)
-_HIDDEN_ATTRIBUTES = frozenset({attr.RUN, attr.PHASE, FACTS})
+_HIDDEN_ATTRIBUTES = frozenset({attr.RUN, attr.PHASE, FACTS, THRESHOLDS})
 
 
 class ReportError(Exception):
@@ -127,7 +134,7 @@ def render_html(data: dict[str, Any]) -> str:
 def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
     """Everything the page draws, JSON-ready (None where a value is missing)."""
     steps = run.steps
-    diagnoser = Diagnoser()
+    diagnoser = Diagnoser(thresholds(run))  # the run's own, as live
     verdicts = [diagnoser.observe(step.facts) for step in steps]
     trees = _SpanIndex(run.spans)
     samples = trees.samples_by_step(steps)
