@@ -413,3 +413,24 @@ def test_a_hook_travels_by_reference() -> None:
     import pickle
 
     assert all(pickle.loads(pickle.dumps(hook)) is hook for hook in HOOKS)
+
+
+def test_every_hook_label_is_a_registered_hook_by_construction() -> None:
+    """The `{hook}` label of the events and failures series is only ever written through a
+    `Hook` (`hook.fired`, `hook.failed`, `hook.guarded`, ...): no module of rlotel calls the
+    counters or the guard's fault points with a name of its own."""
+    import ast
+
+    import rlotel
+
+    package = Path(rlotel.__file__).parent
+    counted = {("guard", "fault"), ("guard", "failed"), ("drops", "fired")}
+    callers = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if (name, node.func.attr) in counted:
+                    callers.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert callers and all(c.startswith("integrations/hooks.py:") for c in callers), callers

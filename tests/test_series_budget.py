@@ -147,7 +147,7 @@ def test_a_worker_serves_only_the_worker_families(make_tel):
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     for name in ("generate_sequences", "compute_log_prob", "update_actor"):
         with tel.phase(name, context=carrier):
-            tel.drops.fired("ray_actor_call")
+            tel.drops.fired("ray_actor_class")
             if name != "update_actor":
                 continue
             deadline = time.monotonic() + 10

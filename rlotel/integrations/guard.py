@@ -11,6 +11,10 @@ exception raised by the wrapped code itself propagates unchanged.
 A call rlotel cannot interpret (arguments a newer verl or Ray passes that rlotel does not
 know) is passed through untraced and counted the same way.
 
+Wrappers reach this through their `Hook` (`rlotel.integrations.hooks`): `hook.guarded()`,
+`hook.fault()`, `hook.attempt(...)`, so every failure is counted under a registered hook's
+name; `fault` and `failed` here are what those call.
+
 `RLOTEL_TEST_FAULTS` (test-only, off unless a test sets it) names hooks, or `all`, whose
 rlotel part raises `InjectedFault` first thing, so a test can check the rule on the real
 library.
@@ -19,7 +23,7 @@ library.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from rlotel.base import env
@@ -83,30 +87,6 @@ def warn_once(key: str, message: str, *args: Any) -> None:
     """`message` logged the first time `key` comes up in this process."""
     if once(key):
         log.warning(message, *args)
-
-
-def attempt(hook: str, function: Callable[..., Any], *args: Any) -> None:
-    """rlotel's `function(*args)`, its failure counted under `hook`; never raises."""
-    try:
-        fault(hook)
-        function(*args)
-    except Exception as error:
-        failed(hook, error)
-
-
-def exit_context(hook: str, context: Any, raised: BaseException | None) -> bool:
-    """`context.__exit__` after the wrapped call returned or raised `raised`: never raises
-    (the call's own exception is the one that propagates); False when rlotel's exit
-    failed."""
-    try:
-        if raised is None:
-            context.__exit__(None, None, None)
-        else:
-            context.__exit__(type(raised), raised, raised.__traceback__)
-    except Exception as error:
-        failed(hook, error)
-        return False
-    return True
 
 
 def argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:

@@ -24,10 +24,6 @@ class TelemetryService:
 
     # --- counting -------------------------------------------------------------------------
 
-    def fired(self, hook: str, seconds: float = 0.0) -> None:
-        """`hook` ran (`rlotel_integration_events_total`), costing the caller `seconds`."""
-        self._tel.drops.fired(hook, seconds)
-
     def dropped(self, signal: str, reason: str, detail: str, count: int = 1) -> None:
         """Inputs of `signal` dropped (`rlotel_telemetry_dropped_total`), said once."""
         self._tel.drops.add(signal, reason, detail, count)
