@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlotel.cli import commands as cli
+from rlotel.integrations.registered import HOOKS
 from tests.e2e import wheel_sources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +146,26 @@ def test_the_installed_stack_command_writes_the_shipped_files(installed, tmp_pat
     assert amtool is not None, "amtool is missing: `make system-deps` installs it"
     alerts = outside(amtool, "check-config", "collector/alertmanager.yml", cwd=out)
     assert alerts.returncode == 0, alerts.stdout + alerts.stderr
+
+
+@pytest.mark.slow
+def test_the_installed_doctor_says_plainly_what_is_missing(installed, tmp_path):
+    """`pip install rlotel` and nothing else: `rlotel doctor` runs (every module it imports
+    is a declared dependency: `packaging` was not, a ModuleNotFoundError) and says that verl,
+    Ray and vLLM are not there, `ok: false`, exit 1 (it was green, exit 0, "these versions are
+    the ones rlotel's tests run")."""
+    table = outside(str(installed / "rlotel"), "doctor", cwd=tmp_path)
+    assert table.returncode == 1 and "Traceback" not in table.stderr, table.stdout + table.stderr
+    said = " ".join(table.stdout.split())
+    hooks = sum(hook.library in ("verl", "ray", "vllm") for hook in HOOKS)
+    assert f"not installed here: verl, ray, vllm ({hooks} of rlotel's hooks" in said, said
+    assert "tests run" not in said and "every hook that applies attached" not in said
+    result = outside(str(installed / "rlotel"), "doctor", "--json", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["missing"] == ["verl", "ray", "vllm"] and not facts["ok"]
+    assert facts["versions"] == dict.fromkeys(("verl", "ray", "vllm", "torch", "transferqueue"))
+    assert {row["state"] for row in facts["hooks"]} == {"not_applicable"}
 
 
 def test_stack_refuses_to_replace_files_unless_forced(tmp_path, capsys):

@@ -689,60 +689,7 @@ def main(argv: list[str] | None = None) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from rlotel.cli import doctor
 
-    try:
-        facts = doctor.report(args.metrics, args.traces)
-    except OSError as error:  # an unreachable /metrics, a directory without hook files
-        errors.print(f"[red]rlotel: {error}[/red]")
-        return 2
-    if args.json:
-        print(json.dumps(facts, indent=2))
-        return 0 if facts["ok"] else 1
-    versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in facts["versions"].items())
-    console.print(f"rlotel {rlotel.__version__}; {versions}")
-    untested = facts["untested"]
-    console.print(
-        f"[yellow]not tested with {', '.join(untested)}[/yellow]"
-        if untested
-        else "these versions are the ones rlotel's tests run"
-    )
-    run = facts.get("run")
-    table = Table(title="rlotel's hooks")
-    for column in (
-        "hook",
-        "library",
-        "state",
-        "why / what is lost",
-        *(("fired", "failed", "not attached in") if run else ()),
-    ):
-        table.add_column(column)
-    style = {"attached": "green", "not_attached": "red", "not_applicable": "dim"}
-    for row in facts["hooks"]:
-        state = row["state"]
-        why = (
-            row["why"]
-            if state == "not_applicable"
-            else f"{row['why']}; lost: {row['gives']}"
-            if state == "not_attached"
-            else row["gives"]
-        )
-        cells = [row["hook"], row["library"], f"[{style.get(state, '')}]{state}[/]", why]
-        if run:
-            cells += [
-                f"{run['events'].get(row['hook'], 0):g}",
-                f"{run['failures'].get(row['hook'], 0):g}",
-                f"{n:g} processes" if (n := run["not_attached"].get(row["hook"])) else "",
-            ]
-        table.add_row(*cells)
-    console.print(table)
-    for failure in facts["failed_imports"]:
-        console.print(f"[yellow]module failed to import: {failure}[/yellow]")
-    missing = [row["hook"] for row in facts["hooks"] if row["state"] == "not_attached"]
-    console.print(
-        f"[red]not attached: {', '.join(missing)}[/red]"
-        if missing
-        else "every hook that applies attached"
-    )
-    return 0 if facts["ok"] else 1
+    return doctor.main(args.metrics, args.traces, as_json=args.json)
 
 
 def _checked_path(args: argparse.Namespace) -> int:

@@ -394,48 +394,84 @@ def v0_fit(original: Callable[..., Any]) -> Callable[..., Any]:
 # --- install -----------------------------------------------------------------------------
 
 
-# [low, high): what the e2e and unit tests run (constraints.txt, tests/e2e/engine-constraints.txt)
-TESTED = {"verl": ("0.9.1", "0.9.2"), "ray": ("2.60.0", "2.61.0")}
-# Below these the plugin steps aside (verl's plugin entry point and Ray's tracing hook came
-# then). Above, each hook attaches where its target is still there: a moved one is reported
-# as not attached (`rlotel doctor`), the rest keep working.
+# [low, high): what the e2e and unit tests run (constraints.txt, tests/e2e/engine-constraints.txt,
+# the Makefile's engine venv). `rlotel doctor` compares every version it names with these.
+TESTED = {
+    "verl": ("0.9.1", "0.9.2"),
+    "ray": ("2.60.0", "2.61.0"),
+    "vllm": ("0.27.1", "0.27.2"),
+    "torch": ("2.13.0", "2.13.1"),
+    "transferqueue": ("0.1.11", "0.1.12"),
+}
+# The one floor: a release older than this and the plugin steps aside (verl's plugin entry
+# point and Ray's tracing hook came then). From it on, each hook attaches where its target is
+# there: a moved one is reported as not attached (`rlotel doctor`), the rest keep working. So
+# too, with the "not tested" line, for a build on the way to the floor's release (0.9.0.dev,
+# 0.9.0rc1: PEP 440 orders them below 0.9.0) and for a version that cannot be read.
 SINCE = {"verl": "0.9.0", "ray": "2.41.0"}
 
 
-def versions_outside(ranges: dict[str, tuple[str, str]]) -> list[str]:
-    """`name version (range)` of each installed package outside its range."""
-    from packaging.version import Version
+def _parsed(version: str) -> Any:
+    """`packaging.version.Version(version)`, None when it is not a PEP 440 version."""
+    from packaging.version import InvalidVersion, Version
 
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return None
+
+
+def unreadable(name: str) -> str | None:
+    """What stands for `name`'s version where `name` imports here but its version cannot be
+    read: the text of a version that is not PEP 440, or "(none)" (an empty version file; a
+    tree without one and no distribution); None when it reads (or `name` is not installed)."""
+    from rlotel.integrations.hooks import absence
+    from rlotel.integrations.registered import installed_version
+
+    version = installed_version(name)
+    if version is None:
+        return "(none)" if absence(name) is None else None
+    return None if _parsed(version) is not None else version or "(none)"
+
+
+def versions_outside(ranges: dict[str, tuple[str, str]]) -> list[str]:
+    """`name version (range)` of each installed package outside its range, or whose
+    version cannot be read."""
     from rlotel.integrations.registered import installed_version
 
     outside = []
     for name, (low, high) in ranges.items():
+        cannot_read = unreadable(name)
         version = installed_version(name)
-        if version is None:
+        if cannot_read is not None:
+            outside.append(f"{name} {cannot_read} (a version it cannot read; >={low},<{high})")
+        elif version is None:
             continue  # verl imports Ray lazily where it is not installed
-        if not Version(low) <= Version(version) < Version(high):
+        elif not _parsed(low) <= _parsed(version) < _parsed(high):
             outside.append(f"{name} {version} (>={low},<{high})")
     return outside
 
 
 def too_old_for(since: dict[str, str]) -> list[str]:
-    """`name >= low (found version)` of each installed package older than it needs."""
-    from packaging.version import Version
-
+    """`name >= low (found version)` of each installed package clearly older than it needs:
+    a release before `low` (a build on the way to `low`, 0.9.0.dev, is not; nor is a
+    version that cannot be read)."""
     from rlotel.integrations.registered import installed_version
 
-    found = {name: installed_version(name) for name in since}
-    return [
-        f"{name} >= {low} (found {found[name]})"
-        for name, low in since.items()
-        if found[name] is not None and Version(found[name]) < Version(low)
-    ]
+    old = []
+    for name, low in since.items():
+        version = installed_version(name)
+        parsed = None if version is None else _parsed(version)
+        if parsed is not None and _parsed(parsed.base_version) < _parsed(low):
+            old.append(f"{name} >= {low} (found {version})")
+    return old
 
 
 def install() -> None:
     """Attach every hook as its module is imported (idempotent), each on its own: a hook
     whose target moved is reported and the others work. Versions rlotel was not tested
-    with: one warning; older than the first supported: nothing attached."""
+    with (a dev build of a supported one, one it cannot read): one warning; a release older
+    than the floor (`SINCE`): nothing attached."""
     from rlotel.integrations.registered import REGISTRY
 
     if REGISTRY.active:

@@ -202,7 +202,10 @@ def open_replies(output: Any) -> Any:
 def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
     """Seconds until each rank's reply, waited for here instead of in verl's `ray.get`
     (which then returns at once): the driver is blocked on them either way. Meanwhile the
-    ranks not yet replied are known, so a stall of the phase names them."""
+    ranks not yet replied are known, so a stall of the phase names them. Every reply in at
+    once is taken in one wait; only when none is in does it block, until the next one is:
+    replies that arrive together cost O(ranks), not a wait per rank over every pending one
+    (quadratic: 1,024 ready replies took 0.8 s)."""
     wait = None
     try:
         import ray
@@ -212,7 +215,9 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         pending = list(refs)
         wait = tel.waiting_on_ranks(set(rank_of.values()))
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+            if not ready:  # none in yet: blocked until the next one is, no polling
+                ready, pending = ray.wait(pending, num_returns=1)
             now = time.perf_counter()
             if CLOCK.awaiting:
                 CLOCK.replied(ready)
