@@ -188,9 +188,14 @@ def report(metrics_urls: list[str], traces_dirs: list[str] = ()) -> dict[str, An
 
     sources = [run_counts(url) for url in metrics_urls]
     sources += [traces_counts(directory) for directory in traces_dirs]
-    logging.getLogger("rlotel").setLevel(logging.ERROR)  # the table says it, once
-    with contextlib.redirect_stdout(sys.stderr):  # what the imported libraries print
-        examined = examine()
+    logger = logging.getLogger("rlotel")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # the table says it, once
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # what the imported libraries print
+            examined = examine()
+    finally:
+        logger.setLevel(level)  # as it was for the rest of the process (a test's)
     versions = examined.versions
     facts: dict[str, Any] = {
         "versions": versions,
