@@ -128,10 +128,11 @@ class Hook:
             self._registry.patch(self, owner, name, replacement)
 
 
-def _registered(name: str) -> Hook:
-    from rlotel.integrations.registered import REGISTRY
+_BY_NAME: dict[str, Hook] = {}  # the first registry's hook of each name: the process's own
 
-    return REGISTRY.hooks[name]
+
+def _registered(name: str) -> Hook:
+    return _BY_NAME[name]
 
 
 class _Guarded:
@@ -202,6 +203,7 @@ class Registry:
         self.hooks = {hook.name: hook for hook in hooks}
         for hook in self.hooks.values():
             hook._registry = self
+            _BY_NAME.setdefault(hook.name, hook)
         self._version = version  # a library's installed version, None when absent
         self._lock = threading.RLock()
         self._patches: dict[str, list[_Patch]] = {}  # by hook, in the order applied
@@ -396,6 +398,10 @@ def absence(module: str) -> str | None:
 
 
 def _older(version: str | None, since: str) -> bool:
-    from packaging.version import Version
+    """False where the version cannot be read (a tree saying `unknown`): its hooks are tried."""
+    from packaging.version import InvalidVersion, Version
 
-    return version is not None and Version(version) < Version(since)
+    try:
+        return version is not None and Version(version) < Version(since)
+    except InvalidVersion:
+        return False
