@@ -316,10 +316,6 @@ class Trace:
         self.captures: tuple[Capture, ...] = ()  # a worker call's: profiler outputs it wrote
         self.events: tuple[tuple[str, int, dict[str, Any]], ...] = ()  # its root's (Unix ns)
 
-    @property
-    def sample_spans(self) -> int:
-        return sum(len(batch.spans) for batch in self.samples)
-
 
 class Summary(Protocol):
     """What the ledger holds of a closed step's numbers: `rlotel.derive.summary.StepSummary`,
@@ -487,10 +483,6 @@ class Step:
             self._published.set()
 
 
-def _nothing() -> None:
-    """A ledger without a publisher to wake."""
-
-
 def _length(values: Any) -> int:
     try:
         return len(values)
@@ -519,7 +511,8 @@ class Ledger:
         self.hooks: tuple[StepHooks, ...] = ()
         self.phase_range: Callable[[str], Any] | None = None  # a context manager per phase
         self.summarize = summarize  # a closed step's numbers (`rlotel.derive.summary`), wired in
-        self.wake: Callable[[], None] = _nothing  # the publisher's, to handle what is queued now
+        # The publisher's, to handle what is queued now (none yet: nothing to wake).
+        self.wake: Callable[[], None] = lambda: None
         self.verdict_wait_s = verdict_wait_s
         self.records: list[Phase] | None = None
         self.loose_root: Phase | None = None
@@ -560,12 +553,9 @@ class Ledger:
         self, batch: SampleBatch, max_spans: int, remote: tuple[int, int] | None = None
     ) -> bool:
         """Give samples their parent, ids and span budget: the remote phase `remote` names
-        (trace and span id from another process's carrier), else the open trace's
-        innermost phase. The one attach path of `record_samples`.
-
-        Returns True when the batch joined the open trace (it is published with it); False
-        when the caller publishes it on its own (remote, or no trace open: no spans then).
-        """
+        (from another process's carrier), else the open trace's innermost phase. True when
+        the batch joined the open trace (it is published with it); False when the caller
+        publishes it on its own (remote, or no trace open: no spans then)."""
         batch.end_ns = perf_counter_ns()
         trace = self.current_trace
         parent = (innermost_open(trace.records) or trace.root) if trace is not None else None
@@ -579,7 +569,8 @@ class Ledger:
             return False
         batch.trace_id = trace.trace_id
         batch.parent = parent
-        samples.pick_sample_spans(batch, max_spans - trace.sample_spans)
+        taken = sum(len(earlier.spans) for earlier in trace.samples)
+        samples.pick_sample_spans(batch, max_spans - taken)
         trace.samples.append(batch)
         return True
 
@@ -647,8 +638,7 @@ class Ledger:
         self.close_step(step, IncompleteStep(f"step {step.number} did not complete"))
 
     def open_loose(self, root: Phase) -> list[Phase]:
-        """A phase with no step open becomes the root of a trace of its own, or, given a
-        propagated context, a child of a phase in another process. Returns its records."""
+        """A phase with no trace open becomes the root of a trace of its own: its records."""
         self._loose = Trace(root, self.last_step_number)
         self.loose_root = root
         self.records = self._loose.records

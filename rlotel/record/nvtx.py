@@ -43,13 +43,10 @@ class _NvtxPackage:
 class _TorchCudaNvtx:
     def __init__(self, module) -> None:
         self._range_push = module.range_push
-        self._range_pop = module.range_pop
+        self.pop = module.range_pop
 
     def push(self, name: str, color: str | None) -> None:
-        self._range_push(name)
-
-    def pop(self) -> None:
-        self._range_pop()
+        self._range_push(name)  # torch's ranges take no colour
 
 
 def detect_backend() -> NvtxBackend | None:

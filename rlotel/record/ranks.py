@@ -72,12 +72,8 @@ class RankSeconds:
 
 def spreads(rank_seconds: Mapping[int, RankSeconds]) -> dict[int, RankSpread]:
     """Span id → spread of every phase that ran on at least two ranks."""
-    result = {}
-    for span_id, seconds in rank_seconds.items():
-        spread = seconds.spread()
-        if spread is not None:
-            result[span_id] = spread
-    return result
+    found = ((span_id, seconds.spread()) for span_id, seconds in rank_seconds.items())
+    return {span_id: spread for span_id, spread in found if spread is not None}
 
 
 # --- compute and collective time per rank ------------------------------------------------
@@ -176,9 +172,5 @@ class RankCompute:
 
 def compute_spreads(rank_compute: Mapping[int, RankCompute]) -> dict[int, ComputeSpread]:
     """Span id → compute spread of every phase whose ranks reported compute (≥ 2 ranks)."""
-    result = {}
-    for span_id, compute in rank_compute.items():
-        spread = compute.spread()
-        if spread is not None:
-            result[span_id] = spread
-    return result
+    found = ((span_id, compute.spread()) for span_id, compute in rank_compute.items())
+    return {span_id: spread for span_id, spread in found if spread is not None}

@@ -148,16 +148,12 @@ class SampleBatch:
         column = self.columns[field]
         return column[~np.isnan(column)]
 
-    def durations_aligned(self) -> bool:
-        lengths = {self.columns[f].size for f in DURATION_FIELDS if f in self.columns}
-        return len(lengths) == 1
-
     def totals(self) -> np.ndarray | None:
         """Per-sample sum of the duration stages present (-inf where any is invalid)."""
         if self._totals is not None:
             return self._totals
         present = [self.columns[f] for f in DURATION_FIELDS if f in self.columns]
-        if not present or not self.durations_aligned():
+        if len({column.size for column in present}) != 1:  # none, or of different lengths
             return None
         total = present[0]
         for column in present[1:]:
@@ -179,13 +175,11 @@ def build_batch(
     if records is not None:
         raw.update(_columns_from_records(records, drops))
     for name, values in fields.items():
-        if name in span_values and name not in FIELDS:  # reward is both: column and span
-            continue
-        if name not in FIELDS:
+        if name in FIELDS:  # a column (reward is a span field too)
+            if values is not None:
+                raw[name] = values
+        elif name not in SPAN_FIELDS:  # span-only fields are read below
             drops.add("samples", "unknown_field", f"record_samples({name}=...) is not a field")
-            continue
-        if values is not None:
-            raw[name] = values
     version_values = {name: raw.pop(name) for name in VERSION_FIELDS if name in raw}
     columns = {name: _column(name, values, drops) for name, values in raw.items()}
     columns = {name: column for name, column in columns.items() if column.size}
@@ -465,8 +459,7 @@ def _parts(per_sample: dict[str, Any], name: str, index: int, drops: Drops) -> t
     entries = list(value)
     kept = [part for part in (_part(entry, named) for entry in entries) if part is not None]
     bad = len(entries) - len(kept)
-    if len(kept) > MAX_PARTS:
-        kept = kept[:MAX_PARTS]
+    kept = kept[:MAX_PARTS]
     dropped = len(entries) - len(kept)
     if dropped:
         shape = "(tool name, start_ns, end_ns)" if named else "(start_ns, end_ns)"
@@ -550,9 +543,7 @@ def verl_aggregates(batches: list[SampleBatch]) -> dict[str, float]:
     aligned = [b for b in batches if b.totals() is not None]
     if not aligned:
         return metrics
-    totals = (
-        aligned[0].totals() if len(aligned) == 1 else np.concatenate([b.totals() for b in aligned])
-    )
+    totals = np.concatenate([b.totals() for b in aligned])
     if not np.isfinite(totals).any():
         return metrics
     slowest = int(np.argmax(totals))

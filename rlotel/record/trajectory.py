@@ -73,11 +73,9 @@ def _as_int64(values: Any) -> np.ndarray | None:
         array = np.asarray(values)
     except (TypeError, ValueError):
         return None
-    if array.ndim != 1:
+    if array.ndim != 1 or array.dtype.kind not in "iu":
         return None
-    if array.dtype.kind in "iu":
-        return array.astype(np.int64)  # a copy: the caller may reuse its arrays
-    return None
+    return array.astype(np.int64)  # a copy: the caller may reuse its arrays
 
 
 def _times(start: Any, end: Any, drops: Drops) -> tuple[np.ndarray, np.ndarray] | None:
