@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlotel.base.drops import Drops, as_finite_float, describe, encodable
-from rlotel.derive import staleness
 from rlotel.publish.sink import Sink
 from rlotel.record import ranks
 from rlotel.record.capture import Capture
@@ -46,22 +45,24 @@ class Recorder(Sink):
     def on_step(self, step: Step) -> None:
         self.observe_step(step)
         self.on_trace(step.trace)
-        self.observe_staleness(step.summary.consumed)
-        self.observe_occupancy(step.summary.occupancy)
+        consumed = step.summary.consumed  # verl V1's per-trajectory staleness and version span
+        if consumed is not None:
+            self.store.observe_counts(cat.SAMPLE_STALENESS, *consumed.staleness)
+            self.store.observe_counts(cat.SAMPLE_WEIGHT_SPAN, *consumed.spans)
+        for replica, measured in step.summary.occupancy.items():  # rlotel.derive.occupancy
+            self.store.set(cat.ROLLOUT_OCCUPANCY, measured.ratio, replica)
+            self.store.set(cat.ROLLOUT_TAIL, measured.tail_seconds, replica)
 
     def on_trace(self, trace: Trace) -> None:
         if self._rank is not None and isinstance(trace.root, RemotePhase):
             self.observe_rank_call(trace)
         for batch in trace.samples:
-            self.observe_samples(batch)
+            self.on_samples(batch)
         rank_time = trace.rank_time
         if rank_time is not None:  # a worker call: compute vs collectives of this rank
             labels = (rank_time.phase, rank_time.role, str(rank_time.rank))
             self.store.set(cat.RANK_COMPUTE, rank_time.compute_s, *labels)
             self.store.set(cat.RANK_COLLECTIVE, rank_time.collective_s, *labels)
-
-    def on_samples(self, batch: SampleBatch) -> None:
-        self.observe_samples(batch)
 
     def on_log(self, data: Mapping[str, Any], step: Any) -> None:
         self.observe_log(data, step)
@@ -144,19 +145,6 @@ class Recorder(Sink):
             elif key.startswith(voc.ASYNC_BIAS_KS):
                 store.set(cat.ASYNC_BIAS_KS, value, key[len(voc.ASYNC_BIAS_KS) :])
 
-    def observe_occupancy(self, replicas: Mapping[str, Any]) -> None:
-        """Each replica's measured occupancy and tail of the last step (rlotel.derive.occupancy)."""
-        for replica, measured in replicas.items():
-            self.store.set(cat.ROLLOUT_OCCUPANCY, measured.ratio, replica)
-            self.store.set(cat.ROLLOUT_TAIL, measured.tail_seconds, replica)
-
-    def observe_staleness(self, consumed: staleness.Consumed | None) -> None:
-        """Every sample a step consumed with weight versions: its staleness and the
-        versions it spans (verl V1's per-trajectory quantities)."""
-        if consumed is not None:
-            self.store.observe_counts(cat.SAMPLE_STALENESS, *consumed.staleness)
-            self.store.observe_counts(cat.SAMPLE_WEIGHT_SPAN, *consumed.spans)
-
     def _set_phase_seconds(self, phases: Mapping[str, float]) -> None:
         self._phases_seen.update(phases)
         for name in self._phases_seen:
@@ -196,7 +184,7 @@ class Recorder(Sink):
             for i in last.tolist()
         ]
 
-    def observe_samples(self, batch: SampleBatch) -> None:
+    def on_samples(self, batch: SampleBatch) -> None:
         """Every valid sample into the stage/length histograms; sample spans as exemplars.
         Samples generated and never trained are only counted, by reason."""
         if batch.discarded is not None:
@@ -268,17 +256,13 @@ class Recorder(Sink):
         self._count_step(int(number))
 
     def _map_known(self, key: str, value: float) -> None:
-        """Gauges of one verl metric key; unknown keys go to the capped generic gauge."""
-        store = self.store
-        target: tuple | None = None
+        """Gauges of one verl metric key; unknown keys go to the capped generic gauge, where
+        a negative value stands (a loss may be below 0) unless it is a `timing_s/` key."""
+        target: tuple = (cat.TRAIN_METRIC, value, key)
         reason = voc.eviction_reason(key)
         if reason is not None:
-            if value < 0:
-                self._drops.add("metrics", "negative", f"{key}={value}")
-            else:
-                store.inc(cat.REPLAY_EVICTED, value, reason)
-            return
-        if key.startswith(voc.TIMING_PER_TOKEN_MS):
+            target = (cat.REPLAY_EVICTED, value, reason)
+        elif key.startswith(voc.TIMING_PER_TOKEN_MS):
             target = (cat.PHASE_TIME_PER_TOKEN, value / 1000, key[len(voc.TIMING_PER_TOKEN_MS) :])
         elif key == voc.THROUGHPUT:
             target = (cat.THROUGHPUT, value)
@@ -294,12 +278,9 @@ class Recorder(Sink):
                 target = (cat.AGENT_LOOP_SLOWEST, value, field)
             elif field in LENGTH_KINDS:
                 target = (cat.AGENT_LOOP_SLOWEST_LENGTH, value, LENGTH_KINDS[field])
-        if target is None:
-            if key.startswith(voc.TIMING_S) and value < 0:
-                self._drops.add("metrics", "negative", f"{key}={value}")
-            else:
-                store.set(cat.TRAIN_METRIC, value, key)
-        elif value < 0:
+        if value < 0 and (target[0] is not cat.TRAIN_METRIC or key.startswith(voc.TIMING_S)):
             self._drops.add("metrics", "negative", f"{key}={value}")
+        elif reason is not None:
+            self.store.inc(*target)  # evicted samples: a count
         else:
-            store.set(*target)
+            self.store.set(*target)

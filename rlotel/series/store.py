@@ -138,8 +138,7 @@ class SeriesStore:
 
     @property
     def version(self) -> tuple[int, int, int]:
-        """Changes whenever a series, a drop or a hook failure count may have changed (cache
-        key)."""
+        """A cache key: changes whenever a series, a drop or a hook failure count may change."""
         return self._writes, self._drops.total, HOOK_FAILURES.total
 
     def _admit(self, spec: cat.MetricSpec, family: Mapping, labels: Labels) -> bool:
