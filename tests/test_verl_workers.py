@@ -317,3 +317,35 @@ def test_a_rank_hung_in_update_actor_is_named_by_the_driver_and_its_own_metrics(
     assert ages.get(str(1 - SLOW_RANK), 0.0) == 0.0  # the other rank replied: closed
     for worker in group.workers:
         ray.kill(worker)
+
+
+def test_reply_timing_grows_linearly_with_the_ranks(ray_cluster):
+    """The driver times each rank's reply of a worker-group call: with every reply already
+    in, 16x the ranks cost about 16-25x here, Ray's own wait included (it was a wait per rank
+    over every pending one: quadratic, 100x and more).
+    A ratio of two sizes in one run, the best of three each, not an absolute time."""
+
+    class Ranks:
+        def waiting_on_ranks(self, ranks: set[int]) -> None:
+            return None
+
+        def done_waiting(self, wait: None) -> None:
+            pass
+
+        def record_rank_seconds(self, seconds: dict[int, float]) -> None:
+            self.seconds = seconds
+
+    def best(n: int) -> float:
+        refs = [ray.put(rank) for rank in range(n)]  # replies, all in
+        times = []
+        for _ in range(3):
+            ranks, started = Ranks(), time.perf_counter()
+            verl_workers._time_replies(ranks, refs, started)
+            times.append(time.perf_counter() - started)
+            assert sorted(ranks.seconds) == list(range(n))
+        return min(times)
+
+    small, large = best(256), best(4096)
+    ratio = large / small
+    print(f"reply timing: 256 ranks {small * 1e3:.2f} ms, 4,096 ranks {large * 1e3:.2f} ms")
+    assert ratio < 60, f"16x the ranks cost {ratio:.0f}x: quadratic again"
