@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -29,10 +29,12 @@ from rlotel.publish.pipeline import LogRecord, Pipeline
 from rlotel.publish.publisher import Publisher
 from rlotel.publish.sink import CompositeSink
 from rlotel.record.ledger import (
+    IncompleteStep,
     Ledger,
     Phase,
     RemotePhase,
     Step,
+    Trace,
     innermost_open,
 )
 from rlotel.record.propagation import parse, traceparent
@@ -89,6 +91,7 @@ class Telemetry:
             config, self.drops, self._publisher.submit, self._pipeline, self.ledger
         )
         self.ledger.hooks = tuple(self._hooks)
+        self._beside: Beside | None = None  # made by the first verl timer (`timed_into`)
         self._closed = False
         atexit.register(self.shutdown)  # flush what training closed, within the time bound
         _flush_on_sigterm(self)
@@ -145,6 +148,22 @@ class Telemetry:
     @property
     def current_step(self) -> Step | None:
         return self.ledger.current_step
+
+    def timed_into(self, window: Phase | Step, timing_raw: MutableMapping[str, float]) -> None:
+        """A verl timer's: `window` (a phase, or a step before it opens) sums its seconds into
+        `timing_raw`. A phase timed into another dict than its step's is the step's whose dict
+        verl merges its seconds into (`Beside`)."""
+        try:
+            beside = self._beside
+            if beside is None:  # first among the hooks: they see the windows verl credits
+                beside = self._beside = Beside(
+                    lambda trace: self._publisher.submit(self._pipeline.trace, trace)
+                )
+                self._hooks.insert(0, beside)
+                self.ledger.hooks = (beside, *self.ledger.hooks)
+            beside.timed_into(window, timing_raw, self.ledger.current_step)
+        except Exception as error:
+            self.drops.add("spans", "internal_error", f"timed_into: {error!r}")
 
     def record_samples(
         self,
@@ -393,6 +412,92 @@ class Telemetry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+class Beside:
+    """verl's timers sum each window's seconds into a dict (`timing_raw`), and verl credits a
+    step with what is in its dict when it logs it. A window timed into another dict is
+    credited where verl merges that dict: one-step-off times the next batch's `generate_async`
+    in the task that generates it, beside the step, and merges its dict into the dict of the
+    step that consumes the batch. So such a window (with what nests in it and the samples
+    under it) leaves the step it opened in when that step closes without its seconds, and
+    joins the first step that closes with them — the very number its dict holds — in its
+    own dict. Closed before a step opened that then closes without them, or still waiting at
+    the end: no step's, a trace of its own (`rl.step` the step it opened in)."""
+
+    def __init__(self, publish: Callable[[Trace], None]) -> None:
+        self._publish = publish
+        self._step: tuple[Step, MutableMapping[str, float]] | None = None  # the next or open
+        self._opened: list[tuple[Phase, MutableMapping[str, float]]] = []  # in it, elsewhere
+        self._waiting: list[tuple[Trace, MutableMapping[str, float]]] = []  # in no step yet
+
+    def timed_into(
+        self, window: Phase | Step, into: MutableMapping[str, float], open_step: Step | None
+    ) -> None:
+        if isinstance(window, Step):
+            self._step = (window, into)
+        elif self._step is not None and self._step[0] is open_step and into is not self._step[1]:
+            self._opened.append((window, into))
+
+    def on_step_start(self, number: int) -> None:
+        """Nothing to do: a window is judged when its step closes."""
+
+    def on_step_end(self, step: Step) -> None:
+        own = self._step[1] if self._step is not None and self._step[0] is step else None
+        opened, self._opened, self._step = self._opened, [], None
+        trace, waiting, self._waiting = step.trace, self._waiting, []
+        for held, into in waiting:
+            window = held.root
+            if _credited(window, into, own):
+                window.parent = None  # a window of this step's own
+                trace.records += (window, *held.records)
+                for batch in held.samples:
+                    batch.trace_id = trace.trace_id
+                trace.samples += held.samples
+            elif 0 < window.end_ns < trace.root.start_ns:
+                self._publish(held)  # this step was verl's to merge it into: none will
+            else:
+                self._waiting.append((held, into))
+        for window, into in opened:
+            if not _credited(window, into, own) and window in trace.records:
+                self._waiting.append((_take_out(trace, window), into))
+
+    def flush(self) -> None:
+        """The end of the run: each window still waiting is a trace of its own."""
+        waiting, self._waiting = self._waiting, []
+        now = time.perf_counter_ns()
+        for held, _ in waiting:
+            for record in (held.root, *held.records):
+                if not record.end_ns:
+                    record.end_ns, record.error = now, IncompleteStep("still open at exit")
+            self._publish(held)
+
+
+def _credited(window: Phase, into: Mapping[str, float], own: Mapping[str, float] | None) -> bool:
+    """verl merged the closed `window`'s dict into `own` (a step's): the number is the same."""
+    name = window.name
+    return bool(window.end_ns) and own is not None and name in into and own.get(name) is into[name]
+
+
+def _take_out(trace: Trace, window: Phase) -> Trace:
+    """`window`, what nests in it and the samples under it, out of `trace`: a trace of their
+    own (records list parents before children)."""
+    held = Trace(window, trace.step)
+    inside, kept = {id(window)}, []
+    for record in trace.records:
+        if record is window:
+            continue
+        if record.parent is not None and id(record.parent) in inside:
+            inside.add(id(record))
+            held.records.append(record)
+        else:
+            kept.append(record)
+    trace.records[:] = kept
+    held.samples = [b for b in trace.samples if b.parent is not None and id(b.parent) in inside]
+    trace.samples[:] = [b for b in trace.samples if b not in held.samples]
+    for batch in held.samples:
+        batch.trace_id = held.trace_id
+    return held
 
 
 OWN_THREADS = "rlotel-"  # how every thread rlotel starts is named

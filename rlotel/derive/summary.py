@@ -86,7 +86,9 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
             metrics.get(vocabulary.ROLLOUT_TAIL_SECONDS, 0.0),
         )
     )
-    covered = vocabulary.covered_by_intervals((start, end) for _, start, end in top_level)
+    covered = vocabulary.covered_by_intervals(  # within the step (`generate_async` is beside)
+        (max(start, root.start_ns), min(end, root.end_ns)) for _, start, end in top_level
+    )
     unaccounted = vocabulary.unaccounted(timing[vocabulary.STEP], covered)
     facts = StepFacts.from_metrics(
         step.number,

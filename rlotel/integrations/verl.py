@@ -78,7 +78,7 @@ def traced_timer(original: Callable[..., Iterator[None]]) -> Callable[..., Itera
     def _timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: Any):
         started = time.perf_counter()
         try:
-            scope, record = _open_timer(name, sys._getframe(1))
+            scope, record = _open_timer(name, timing_raw, sys._getframe(1))
             scope.__enter__()
         except Exception as error:
             guard.failed(TIMER_HOOK, error)
@@ -99,7 +99,7 @@ def traced_timer(original: Callable[..., Iterator[None]]) -> Callable[..., Itera
     return _timer
 
 
-def _open_timer(name: str, timer_frame: FrameType) -> tuple[Any, Any]:
+def _open_timer(name: str, timing_raw: dict, timer_frame: FrameType) -> tuple[Any, Any]:
     """(the context to enter, the record that times it): the `step` timer opens the
     ledger step, any other a phase (summed into timing_raw once, like verl, on close)."""
     tel = telemetry()
@@ -118,6 +118,7 @@ def _open_timer(name: str, timer_frame: FrameType) -> tuple[Any, Any]:
         record = scope
     if caller_marks:  # verl's NVTX/MSTX timer pushed this range: one range, not two
         record.marks_nvtx = False
+    tel.timed_into(scope, timing_raw)  # the step verl credits with it: whose dict gets it
     return scope, record
 
 
