@@ -34,16 +34,10 @@ def bucket_labels(bounds: Iterable[float]) -> list[str]:
 
 
 def buckets(point: HistogramPoint) -> list[tuple]:
-    """(`le`, cumulative count[, exemplar]) per bucket, `+Inf` last."""
-    bounds = bucket_labels(point.bounds)
-    rows: list[tuple] = []
-    for index, (le, count) in enumerate(zip(bounds, point.cumulative.tolist(), strict=True)):
-        exemplar = point.exemplars.get(index)
-        if exemplar is None:
-            rows.append((le, float(count)))
-        else:
-            rows.append((le, float(count), Exemplar(*exemplar)))
-    return rows
+    """(`le`, cumulative count, exemplar or None) per bucket, `+Inf` last."""
+    exemplars = {index: Exemplar(*exemplar) for index, exemplar in point.exemplars.items()}
+    counts = zip(bucket_labels(point.bounds), point.cumulative.tolist(), strict=True)
+    return [(le, float(count), exemplars.get(index)) for index, (le, count) in enumerate(counts)]
 
 
 class StoreCollector(Collector):

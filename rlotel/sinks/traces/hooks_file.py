@@ -33,16 +33,13 @@ class HookCountsFile(Sink):
         self._drops = drops
         self._written: dict[str, Any] | None = None
 
-    def facts(self) -> dict[str, Any]:
-        return {
+    def _write(self) -> None:
+        facts = {
             "pid": os.getpid(),
             "states": HOOK_STATES.snapshot(),
             "events": self._drops.hooks(),
             "failures": HOOK_FAILURES.snapshot(),
         }
-
-    def _write(self) -> None:
-        facts = self.facts()
         if facts == self._written:
             return
         partial = self._path.with_name(self._path.name + ".partial")

@@ -201,18 +201,7 @@ class SpanBuilder:
             if children and not extras.end_ns:  # placed by its stage seconds: enclose them
                 start = min(start, *(child.start_ns for child in children))
                 end = max(end, *(child.end_ns for child in children))
-            events: tuple[EventData, ...] = ()
-            if extras.reward is not None:
-                events = (
-                    EventData(
-                        attr.EVALUATION_EVENT,
-                        end,
-                        {
-                            attr.EVALUATION_NAME: attr.REWARD_EVALUATION,
-                            attr.EVALUATION_SCORE: extras.reward,
-                        },
-                    ),
-                )
+            events = () if extras.reward is None else (_reward_event(extras.reward, end),)
             result.append(
                 span._replace(
                     start_ns=start, end_ns=end, attributes=attributes, links=links, events=events
@@ -311,6 +300,12 @@ class SpanBuilder:
         return [block]
 
 
+def _reward_event(reward: float, time_ns: int) -> EventData:
+    """A sample's reward as the GenAI evaluation event, at the end of its span."""
+    score = {attr.EVALUATION_NAME: attr.REWARD_EVALUATION, attr.EVALUATION_SCORE: reward}
+    return EventData(attr.EVALUATION_EVENT, time_ns, score)
+
+
 def _trajectory_parts(
     sample: SpanData, extras: SpanExtras, common: dict[str, Any]
 ) -> list[SpanData]:
@@ -358,10 +353,9 @@ def _sample_key(field: str) -> tuple[str, bool]:
 def _partial(builder: SpanBuilder, phase: OpenPhase) -> list[SpanItem]:
     """The open spans of a stalled phase's trace, as they stand now: each ends now and says
     `rl.incomplete` and how long it has been open (`rl.open_s`); the stalled one also
-    `rl.stalled`. The
-    same span ids come again, complete, if the trace ever closes (readers keep that one).
-    Ids are drawn here for spans that have none yet; the training thread draws them the
-    same way (a lost race would give one span two ids: a window of a few bytecodes)."""
+    `rl.stalled`. The same span ids come again, complete, if the trace ever closes (readers
+    keep that one). Ids are drawn here for spans that have none yet, as the training thread
+    draws them (a lost race would give one span two ids: a window of a few bytecodes)."""
     trace, now = phase.trace, time.perf_counter_ns()
     offset = clock.unix_ns() - now
     common: dict[str, Any] = {attr.RUN: builder.run}
@@ -476,10 +470,7 @@ class SpanSink(Sink):
                 self._put(_partial(self._build, phase))
 
     def force_flush(self, deadline: float) -> bool:
-        done = True
-        for queue in self._queues:
-            done = queue.flush(deadline) and done
-        return done
+        return all([queue.flush(deadline) for queue in self._queues])  # a list: flush each
 
     def shutdown(self, deadline: float) -> None:
         for queue in self._queues:
