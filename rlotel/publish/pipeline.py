@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlotel.base.drops import Drops
 from rlotel.derive.diagnose import Diagnoser
@@ -21,14 +21,11 @@ from rlotel.record.ledger import Step, Trace
 from rlotel.record.samples import SampleBatch
 
 
-class LogRecord:
+class LogRecord(NamedTuple):
     """A `tel.log` call: a snapshot of the dict and the step it belongs to."""
 
-    __slots__ = ("data", "step")
-
-    def __init__(self, data: dict, step: Any) -> None:
-        self.data = data
-        self.step = step
+    data: dict
+    step: Any
 
 
 class Pipeline:

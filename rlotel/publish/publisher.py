@@ -164,8 +164,7 @@ class Worker:
         return True
 
     def stop(self, deadline: float) -> bool:
-        """Handle what is queued, then end the thread; False if it is still running at
-        `deadline`."""
+        """Handle what is queued, then end the thread; False if still running at `deadline`."""
         self._stopping = True
         self._wake.set()
         self._thread.join(min(max(deadline - time.monotonic(), 0.0), threading.TIMEOUT_MAX))

@@ -84,10 +84,8 @@ class Recorder(Sink):
         the driver's step, which is the call's trace (one trace per step). A method called
         again in the same step adds up; its first call in a later step starts over."""
         call = trace.root
-        last = self._rank_calls.get(call.name)
-        seconds = call.seconds
-        if last is not None and last[0] == trace.trace_id:
-            seconds += last[1]
+        last_trace, last_s = self._rank_calls.get(call.name, (0, 0.0))  # trace ids are never 0
+        seconds = call.seconds + (last_s if last_trace == trace.trace_id else 0.0)
         self._rank_calls[call.name] = (trace.trace_id, seconds)
         self.store.set(cat.RANK_PHASE_SECONDS, seconds, call.name, *self._rank)
 
