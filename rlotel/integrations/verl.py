@@ -38,6 +38,7 @@ from rlotel.integrations.process import (
     telemetry,
     verl_profile_config,
 )
+from rlotel.integrations.registered import AGENT_LOOP, FIT, TIMER, TRACKING
 from rlotel.schema import vocabulary as voc
 
 log = logging.getLogger("rlotel")
@@ -49,9 +50,6 @@ RANGE_MARKING_TIMERS = ("profiler.nvtx_profile", "profiler.mstx_profile")
 
 
 # --- timers ------------------------------------------------------------------------------
-
-
-TIMER_HOOK = "verl_timer"
 
 
 def _caller_global_step(frame: FrameType | None) -> int | None:
@@ -81,7 +79,7 @@ def traced_timer(original: Callable[..., Iterator[None]]) -> Callable[..., Itera
             scope, record = _open_timer(name, timing_raw, sys._getframe(1))
             scope.__enter__()
         except Exception as error:
-            guard.failed(TIMER_HOOK, error)
+            TIMER.failed(error)
             return (yield from original(name, timing_raw, *args, **kwargs))
         # options rlotel does not know (a newer verl): verl's own timer runs with them,
         # inside rlotel's window, and keeps timing_raw itself
@@ -103,7 +101,7 @@ def _open_timer(name: str, timing_raw: dict, timer_frame: FrameType) -> tuple[An
     """(the context to enter, the record that times it): the `step` timer opens the
     ledger step, any other a phase (summed into timing_raw once, like verl, on close)."""
     tel = telemetry()
-    guard.fault(TIMER_HOOK)
+    TIMER.fault()
     caller_marks = timer_frame.f_globals.get("__name__", "").endswith(RANGE_MARKING_TIMERS)
     if name == "step" and tel.current_step is None:
         number = _caller_global_step(timer_frame)
@@ -134,17 +132,15 @@ def _close_timer(
     """verl's `timing_raw[name]` gains the window's seconds whatever rlotel's close does
     (unless verl's own timer ran and counted them)."""
     seconds = time.perf_counter() - started
-    if guard.exit_context(TIMER_HOOK, scope, raised):
-        try:
+    if TIMER.exit_context(scope, raised):
+        with TIMER.guarded():
             seconds = record.seconds
-        except Exception as error:
-            guard.failed(TIMER_HOOK, error)
     if not verl_times:
         timing_raw[name] = timing_raw.get(name, 0) + seconds
         _count_codetiming(name, seconds)
-    try:
+    with TIMER.guarded():
         tel = telemetry()
-        service.of(tel).fired(TIMER_HOOK)
+        TIMER.fired(tel)
         # a step that raised (fully async's last, around an ended queue) owes no samples
         if (
             record is not scope
@@ -158,8 +154,6 @@ def _close_timer(
                 "loop or replay buffer hook did not fire): the tail histograms stay empty",
                 scope.number,
             )
-    except Exception as error:
-        guard.failed(TIMER_HOOK, error)
 
 
 def _count_codetiming(name: str, seconds: float) -> None:
@@ -173,12 +167,6 @@ def _count_codetiming(name: str, seconds: float) -> None:
 
 
 # --- Tracking backend --------------------------------------------------------------------
-
-
-TRACKING_HOOK = "verl_tracking"
-TRACKING_LOG_HOOK = "verl_tracking_log"
-AGENT_LOOP_HOOK = "verl_agent_loop_metrics"
-FIT_HOOK = "verl_fit"
 
 
 class RlotelBackend:
@@ -197,23 +185,19 @@ class RlotelBackend:
             )
 
     def log(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            guard.fault(TRACKING_LOG_HOOK)
+        with TRACKING.guarded():
+            TRACKING.fault()
             data, step = (
                 guard.argument(args, kwargs, 0, "data"),
                 guard.argument(args, kwargs, 1, "step"),
             )
-            service.of(self.tel).fired(TRACKING_LOG_HOOK)
+            TRACKING.fired(self.tel)
             self.tel.log(data, step)
-        except Exception as error:
-            guard.failed(TRACKING_LOG_HOOK, error)
 
     def finish(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            guard.fault(TRACKING_HOOK)
+        with TRACKING.guarded():
+            TRACKING.fault()
             self.tel.shutdown()
-        except Exception as error:
-            guard.failed(TRACKING_HOOK, error)
 
 
 def with_rlotel_backend(supported: list[str]) -> list[str]:
@@ -229,8 +213,8 @@ def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        try:
-            guard.fault(TRACKING_HOOK)
+        with TRACKING.guarded():  # verl's loggers work on without this one
+            TRACKING.fault()
             given = parameters.bind(self, *args, **kwargs)
             given.apply_defaults()
             options = given.arguments
@@ -245,8 +229,6 @@ def tracking_init(original: Callable[..., None]) -> Callable[..., None]:
                     options.get("config"),
                 )
                 self.logger[BACKEND] = backend
-        except Exception as error:  # verl's loggers work on without this one
-            guard.failed(TRACKING_HOOK, error)
 
     return __init__
 
@@ -291,20 +273,16 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _performance_metrics(self, *args, **kwargs):
         columns = _take_rlotel_columns(args, kwargs)  # whatever else fails: verl's data only
-        try:
+        with AGENT_LOOP.guarded():
             tel = telemetry()
-            guard.fault(AGENT_LOOP_HOOK)
+            AGENT_LOOP.fault()
             metrics = guard.argument(args, kwargs, 0, "metrics")
             output = guard.argument(args, kwargs, 1, "output")
-            service.of(tel).fired(AGENT_LOOP_HOOK)
+            AGENT_LOOP.fired(tel)
             stamped = _trajectories(*columns)
             # validation (verl marks it; `testing`) never goes into the training histograms
-            if _is_validation(tel, output, sys._getframe(1)):
-                service.of(tel).fired("verl_agent_loop_validation")
-            else:
+            if not _is_validation(tel, output, sys._getframe(1)):
                 tel.record_samples(metrics, **_sample_lengths(output), **stamped)
-        except Exception as error:
-            guard.failed(AGENT_LOOP_HOOK, error)
         return original(self, *args, **kwargs)
 
     return _performance_metrics
@@ -339,7 +317,7 @@ def _take_rlotel_columns(args: tuple, kwargs: dict) -> tuple[Any, Any]:
             return None, None
         return pop(verl_v1.STAMP_KEY, None), pop(verl_v1.SERVER_KEY, None)
     except Exception as error:  # verl's call goes on with what it was given
-        guard.failed(AGENT_LOOP_HOOK, error)
+        AGENT_LOOP.failed(error)
         return None, None
 
 
@@ -379,15 +357,14 @@ def v0_fit(original: Callable[..., Any]) -> Callable[..., Any]:
     """V0's `RayPPOTrainer.fit` (`trainer.use_v1=false`) declares its process the driver."""
 
     def fit(self, *args, **kwargs):
-        try:
-            guard.fault(FIT_HOOK)
+        with FIT.guarded():
+            FIT.fault()
             declare_verl_driver(self.config, self.resource_pool_manager.get_n_gpus())
-        except Exception as error:
-            guard.failed(FIT_HOOK, error)
         try:
             return original(self, *args, **kwargs)
         finally:  # its last steps go out now; an exception of the loop itself propagates
-            guard.attempt(FIT_HOOK, flush_driver)
+            FIT.fired()  # counted where the loop's telemetry now is
+            FIT.attempt(flush_driver)
 
     return fit
 
@@ -532,12 +509,9 @@ class _Unheard(logging.StreamHandler):
 def uninstall() -> None:
     """Undo every hook, each patched object as it was (tests; a process that wants verl
     back), and forget what the hooks held."""
-    from rlotel.integrations import collectives, verl_engines
     from rlotel.integrations.registered import REGISTRY
 
     REGISTRY.detach()
-    verl_engines.reset()
-    collectives.uninstall()
 
 
 def patched() -> bool:
