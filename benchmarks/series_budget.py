@@ -86,7 +86,7 @@ LABELS: dict[str, Label] = {
     "quantity": Label(len(BIAS_QUANTITIES), ", ".join(BIAS_QUANTITIES)),
     "reason": Label(8, "replay-buffer eviction reasons verl gives (staleness, filter_groups, …)"),
     "replica": Label(lambda scale: scale.replicas, "rollout replicas: GPUs ÷ GPUs per replica"),
-    "hook": Label(12, "hook names: 8 fire in rlotel/integrations today"),
+    "hook": Label(len(HOOKS), "every registered hook: each counts when it runs"),
     "signal": Label(6, "metrics, samples, spans, tokens, profile, replay"),
     "verdict": Label(1, "one verdict at a time (the family is replaced)"),
     "detail": Label(1, "one verdict at a time (the family is replaced)"),

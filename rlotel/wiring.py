@@ -88,7 +88,7 @@ def build_exports(
     spans_file = process_file(config, ".jsonl")
     if spans_file is not None:  # one file per process, and its hooks' counts beside it
         exporters["traces_dir"] = JsonLinesExporter(spans_file)
-        exports.sinks.append(HookCountsFile(spans_file.with_suffix(SUFFIX), drops))
+        exports.sinks.append(HookCountsFile(spans_file.with_suffix(SUFFIX)))
     for index, exporter in enumerate(config.span_exporters):
         exporters[f"{type(exporter).__name__}#{index}"] = exporter
     store = SeriesStore(

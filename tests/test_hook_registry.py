@@ -16,7 +16,7 @@ import pytest
 
 from rlotel.integrations import verl as plugin
 from rlotel.integrations.hooks import Hook, Registry, State, Target
-from rlotel.integrations.registered import HOOKS, REGISTRY
+from rlotel.integrations.registered import HOOKS, REGISTRY, TIMER
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
@@ -226,7 +226,11 @@ def test_doctor_on_verl_0_9_1_every_hook_attached(
     assert code == 0 and facts["ok"]
     mine_missing = {hook for hook, state in mine["states"].items() if state == "not_attached"}
     assert facts["run"] == {
-        "events": {"verl_timer": 3.0, "verl_tracking": 1.0},
+        "events": {  # each process's own count, summed
+            **mine["events"],
+            "verl_timer": mine["events"]["verl_timer"] + 1,
+            "verl_tracking": mine["events"].get("verl_tracking", 0) + 1,
+        },
         # each process's own count, summed
         "failures": {**mine["failures"], "verl_tracking": mine["failures"]["verl_tracking"] + 1},
         "not_attached": {
@@ -242,19 +246,21 @@ def _a_run_of_two_processes(
     """A traces directory as two processes of a job leave it (this one's file as its
     telemetry wrote it, at shutdown; another's beside it), and this process's facts."""
     from rlotel.base.drops import HOOK_FAILURES
+    from rlotel.base.hook_states import HOOK_EVENTS
     from rlotel.sinks.traces import hooks_file
 
     traces = tmp_path / "traces"
     monkeypatch.setenv("RLOTEL_TRACES_DIR", str(traces))
     tel = make_tel(run="doctor", prometheus_port=None)
-    tel.drops.fired("verl_timer")
-    tel.drops.fired("verl_timer")
+    fired = HOOK_EVENTS.snapshot()[0].get("verl_timer", 0)  # the process's: every test's so far
+    TIMER.fired()
+    TIMER.fired()
     before = HOOK_FAILURES.snapshot().get("verl_tracking", 0)
-    HOOK_FAILURES.add("verl_tracking")  # the process's count: every test's so far
+    HOOK_FAILURES.add("verl_tracking")
     tel.shutdown()
     (path,) = traces.glob(f"*{hooks_file.SUFFIX}")
     mine = json.loads(path.read_text())
-    assert mine["events"] == {"verl_timer": 2}
+    assert mine["events"]["verl_timer"] == fired + 2
     assert mine["failures"]["verl_tracking"] == before + 1
     other = {
         "pid": 1,
@@ -289,16 +295,18 @@ def test_doctor_on_verl_0_9_0_every_hook_with_a_target_there_attached() -> None:
 
 def test_doctor_reads_which_hooks_fired_and_failed_from_a_live_metrics(make_tel) -> None:
     from rlotel.base.drops import HOOK_FAILURES
+    from rlotel.base.hook_states import HOOK_EVENTS
     from rlotel.cli import doctor
 
     tel = make_tel(run="doctor", prometheus_port=0)
-    tel.drops.fired("verl_timer")
-    tel.drops.fired("verl_timer")
+    fired = HOOK_EVENTS.snapshot()[0].get("verl_timer", 0)
+    TIMER.fired()
+    TIMER.fired()
     before = HOOK_FAILURES.snapshot().get("verl_tracking", 0)
     HOOK_FAILURES.add("verl_tracking")
     tel.flush()
     counts = doctor.run_counts(tel.metrics_url)
-    assert counts["events"]["verl_timer"] == 2
+    assert counts["events"]["verl_timer"] == fired + 2
     assert counts["failures"]["verl_tracking"] == before + 1
 
 
@@ -424,7 +432,7 @@ def test_every_hook_label_is_a_registered_hook_by_construction() -> None:
     import rlotel
 
     package = Path(rlotel.__file__).parent
-    counted = {("guard", "fault"), ("guard", "failed"), ("drops", "fired")}
+    counted = {("guard", "fault"), ("guard", "failed"), ("HOOK_EVENTS", "fired")}
     callers = []
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -17,6 +17,7 @@ from opentelemetry.sdk.metrics._internal._view_instrument_match import (
 import rlotel
 from benchmarks import series_budget as sb
 from rlotel.derive.goodput import DEFAULT_BUCKETS
+from rlotel.integrations.registered import HOOKS, RAY_ACTOR_CLASS
 from rlotel.schema import catalogue as cat
 from tests.helpers import parse_exposition, scrape
 
@@ -69,11 +70,11 @@ def test_the_limits_are_the_real_defaults():
 def test_bounds_cover_the_names_in_the_code():
     scale = sb.Scale(8)
     assert sb.LABELS["phase"].at(scale) >= len(DEFAULT_BUCKETS) + 1  # + the step itself
-    pairs, hooks = set(), set()
+    pairs = set()
     for path in (ROOT / "rlotel").rglob("*.py"):
         source = path.read_text()
         pairs |= set(re.findall(r'\.add\(\s*"(\w+)",\s*"(\w+)"', source))
-        hooks |= set(re.findall(r'(?:fired|_spent)\(\s*"(\w+)"', source))
+    hooks = {hook.name for hook in HOOKS}  # every {hook} label is a registered hook's name
     assert pairs and hooks
     assert len(pairs) <= sb.FAMILY_SETS[cat.DROPPED.name].at(scale)
     assert len({signal for signal, _ in pairs}) <= sb.LABELS["signal"].at(scale)
@@ -147,7 +148,7 @@ def test_a_worker_serves_only_the_worker_families(make_tel):
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     for name in ("generate_sequences", "compute_log_prob", "update_actor"):
         with tel.phase(name, context=carrier):
-            tel.drops.fired("ray_actor_class")
+            RAY_ACTOR_CLASS.fired()
             if name != "update_actor":
                 continue
             deadline = time.monotonic() + 10

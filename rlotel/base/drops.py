@@ -23,13 +23,11 @@ LOG_INTERVAL_S = 60.0
 
 
 class Drops:
-    """Thread-safe drop counters keyed by (signal, reason), and how often each
-    integration hook fired: the health of the telemetry itself."""
+    """Thread-safe drop counters keyed by (signal, reason): the health of the telemetry
+    itself."""
 
     def __init__(self, log_interval_s: float = LOG_INTERVAL_S) -> None:
         self._counts: Counter[tuple[str, str]] = Counter()
-        self._hooks: Counter[str] = Counter()
-        self._hook_seconds: Counter[str] = Counter()
         self.total = 0  # every drop so far; only grows (a cheap "changed?" check for readers)
         self._last_logged: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -58,23 +56,6 @@ class Drops:
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._counts)
-
-    def fired(self, hook: str, seconds: float = 0.0) -> None:
-        """A zero-code integration hook ran (`rlotel_integration_events_total{hook}`): one
-        that stops counting has stopped firing — the library it patches moved. `seconds`:
-        what it cost the caller's thread (`rlotel_integration_seconds_total{hook}`)."""
-        with self._lock:
-            self._hooks[hook] += 1
-            if seconds:
-                self._hook_seconds[hook] += seconds
-
-    def hooks(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._hooks)
-
-    def hook_seconds(self) -> dict[str, float]:
-        with self._lock:
-            return dict(self._hook_seconds)
 
 
 class HookFailures:

@@ -25,7 +25,7 @@ from enum import StrEnum
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from rlotel.base.hook_states import HOOK_STATES
+from rlotel.base.hook_states import HOOK_EVENTS, HOOK_STATES
 from rlotel.integrations import guard
 
 log = logging.getLogger("rlotel")
@@ -107,16 +107,10 @@ class Hook:
             return True
         return False
 
-    def fired(self, tel: Any = None, seconds: float = 0.0) -> None:
+    def fired(self, seconds: float = 0.0) -> None:
         """This hook ran (`rlotel_integration_events_total{hook}`), costing the caller
-        `seconds`; counted in `tel`, else the process's telemetry (none yet: not counted)."""
-        with self.guarded():
-            if tel is None:
-                import rlotel
-
-                tel = rlotel.current()
-            if tel is not None:
-                tel.drops.fired(self.name, seconds)
+        `seconds`: counted for the process, before its telemetry starts too."""
+        HOOK_EVENTS.fired(self.name, seconds)
 
     def original(self, owner: Any, name: str) -> Any:
         """What `owner.name` was before this process's hooks replaced it."""

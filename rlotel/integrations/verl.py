@@ -139,8 +139,7 @@ def _close_timer(
         timing_raw[name] = timing_raw.get(name, 0) + seconds
         _count_codetiming(name, seconds)
     with TIMER.guarded():
-        tel = telemetry()
-        TIMER.fired(tel)
+        TIMER.fired()
         # a step that raised (fully async's last, around an ended queue) owes no samples
         if (
             record is not scope
@@ -191,7 +190,7 @@ class RlotelBackend:
                 guard.argument(args, kwargs, 0, "data"),
                 guard.argument(args, kwargs, 1, "step"),
             )
-            TRACKING.fired(self.tel)
+            TRACKING.fired()
             self.tel.log(data, step)
 
     def finish(self, *args: Any, **kwargs: Any) -> None:
@@ -278,7 +277,7 @@ def performance_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
             AGENT_LOOP.fault()
             metrics = guard.argument(args, kwargs, 0, "metrics")
             output = guard.argument(args, kwargs, 1, "output")
-            AGENT_LOOP.fired(tel)
+            AGENT_LOOP.fired()
             stamped = _trajectories(*columns)
             # validation (verl marks it; `testing`) never goes into the training histograms
             if not _is_validation(tel, output, sys._getframe(1)):

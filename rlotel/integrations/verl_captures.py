@@ -593,7 +593,7 @@ def _record_finish(command: Any, started_ns: int) -> None:
         watch.events.append((attr.PROFILE_HOOK_EVENT, started_ns, attributes))
     tel = rlotel.current()
     if tel is not None:
-        PROFILE_FINISH.fired(tel)
+        PROFILE_FINISH.fired()
         if status != 0:
             service.of(tel).dropped(
                 "profile",
@@ -630,7 +630,7 @@ def _record_oom(profiler: Any, started_ns: int) -> None:
     watch = _current.get()
     tel = rlotel.current()
     if tel is not None:
-        MEMORY_OOM.fired(tel)
+        MEMORY_OOM.fired()
     for path in written:
         attributes = {attr.PROFILE_PATH: str(path), attr.PROFILE_SIZE: path.stat().st_size}
         if watch is not None:

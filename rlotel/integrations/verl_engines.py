@@ -46,6 +46,7 @@ def note_replica(replica: Any) -> None:
     """A verl `RolloutReplica` made in this process (its address is known once it serves);
     forgotten when the hooks are detached."""
     ROLLOUT_REPLICA.state.setdefault(REPLICAS, weakref.WeakSet()).add(replica)
+    ROLLOUT_REPLICA.fired()
 
 
 def replica_ranks(addresses: Sequence[str]) -> list[str]:
@@ -152,6 +153,7 @@ class _LabelledTask:
     def remote(self, config_data: Any, *args: Any, **kwargs: Any) -> Any:
         with PROMETHEUS_WRITER.guarded():  # else verl's own config is written
             PROMETHEUS_WRITER.fault()
+            PROMETHEUS_WRITER.fired()
             labelled = self._label(config_data)
             if labelled is not None:
                 self._labelled.append(True)

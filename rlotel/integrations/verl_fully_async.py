@@ -114,6 +114,7 @@ def _started(trainer: Any) -> None:
     if not process.is_driver():
         return
     process.telemetry().set_mode(MODE)
+    FULLY_ASYNC_INIT.fired()
     loggers = trainer.logger.logger
     if BACKEND in loggers and not isinstance(loggers[BACKEND], StepLogs):
         loggers[BACKEND] = StepLogs(loggers[BACKEND])
@@ -127,6 +128,7 @@ async def trainer_fit(self, *args, **kwargs):
         return await _original(FULLY_ASYNC_FIT, "fit")(self, *args, **kwargs)
     finally:  # an exception of the loop itself propagates
         FULLY_ASYNC_FIT.attempt(_fitting, self, False)
+        FULLY_ASYNC_FIT.fired()
         FULLY_ASYNC_FIT.attempt(process.flush_driver)
 
 
@@ -179,7 +181,7 @@ class StepLogs:
             data = guard.argument(args, kwargs, 0, "data")
             step = guard.argument(args, kwargs, 1, "step")
             if AGGREGATED_KEY in data:  # the steps of a sync cycle, each logged already
-                FULLY_ASYNC_LOG.fired(process.telemetry())
+                FULLY_ASYNC_LOG.fired()
                 return
             if not self._fitting:
                 self.backend.log(data=data, step=step)
@@ -221,6 +223,7 @@ def _param_sync(
     try:
         FULLY_ASYNC_PARAM_SYNC.fault()
         timer = original(voc.PARAM_SYNC, own, *args, **kwargs)
+        FULLY_ASYNC_PARAM_SYNC.fired()
     except Exception as error:
         FULLY_ASYNC_PARAM_SYNC.failed(error)
         own, timer = None, original(name, timing_raw, *args, **kwargs)
@@ -265,7 +268,7 @@ def record(rollout_samples: Sequence[Any], param_version: int | None) -> None:
     )
     if fields is not None:
         records = fields.pop("records")
-        FULLY_ASYNC_SAMPLES.fired(tel)
+        FULLY_ASYNC_SAMPLES.fired()
         tel.record_samples(records, **fields)
 
 

@@ -90,7 +90,7 @@ def traced_materialize(original: Any) -> Any:
             partition_id = args[0] if args else kwargs.get("partition_id")
             if partition_id == TRAIN_PARTITION:
                 record_batch(batch)
-                V1_REPLAY_BATCH.fired(None, time.perf_counter() - started)  # in verl's `gen`
+                V1_REPLAY_BATCH.fired(time.perf_counter() - started)  # in verl's `gen`
         return batch
 
     return _materialize_batch
@@ -109,7 +109,7 @@ def traced_evict(original: Any) -> Any:
             if partition_id == TRAIN_PARTITION and any(eviction_reasons[:3]):
                 reasons = dict(zip(EVICTION_REASONS, eviction_reasons[:3], strict=True))
                 record_evicted(self.partitions[partition_id], reasons)
-                V1_EVICT.fired(None, time.perf_counter() - started)
+                V1_EVICT.fired(time.perf_counter() - started)
         token = _evicting.set(True)  # its `_clear_groups` call is recorded above
         try:
             return original(self, *args, **kwargs)
@@ -131,7 +131,7 @@ def traced_clear(original: Any) -> Any:
             uids = guard.argument(args, kwargs, 1, "uids")
             if partition_id == TRAIN_PARTITION and uids and not _evicting.get():
                 record_evicted(self.partitions[partition_id], {SURPLUS: uids})
-                V1_EVICT.fired(None, time.perf_counter() - started)
+                V1_EVICT.fired(time.perf_counter() - started)
         return original(self, *args, **kwargs)
 
     return _clear_groups
@@ -339,7 +339,7 @@ def _open_trajectory(worker: Any) -> Any:
     if tel is None or carrier is None:  # no traced call dispatched it
         return None
     V1_TRAJECTORY.fault()
-    V1_TRAJECTORY.fired(tel)
+    V1_TRAJECTORY.fired()
     phase = tel.phase(vocabulary.TRAJECTORY, context=carrier)
     phase.__enter__()
     try:
@@ -358,6 +358,7 @@ async def compute_score(self, *args, **kwargs):
         V1_SCORE.fault()
         trajectory = _trajectory.get()
         if trajectory is not None:
+            V1_SCORE.fired()
             outputs = args[0] if args else kwargs["outputs"]
             end = clock.unix_ns()
             for output in outputs:
@@ -391,6 +392,7 @@ def traced_server_generate(original: Any) -> Any:
         with V1_TURN.guarded():  # telemetry never stops a rollout
             V1_TURN.fault()
             trajectory.turns.append((start, clock.unix_ns()))
+            V1_TURN.fired()
         return result
 
     return generate
@@ -411,6 +413,7 @@ def traced_tool_call(original: Any) -> Any:
             V1_TOOL.fault()
             call = args[0] if args else kwargs["tool_call"]
             trajectory.tools.append((str(call.name), start, clock.unix_ns()))
+            V1_TOOL.fired()
         return result
 
     return call_tool
@@ -443,6 +446,7 @@ def traced_fit(original: Any) -> Any:
         try:
             return original(self, *args, **kwargs)
         finally:  # its last steps go out now; an exception of the loop itself propagates
+            V1_FIT.fired()  # counted where the loop's telemetry now is
             V1_FIT.attempt(process.flush_driver)
 
     return fit

@@ -116,6 +116,7 @@ def _begin() -> _Stages | None:
         if tel is None:
             return None
         CHECKPOINT_ENGINE.fault()
+        CHECKPOINT_ENGINE.fired()
         return _Stages(tel)
     return None
 

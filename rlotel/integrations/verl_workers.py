@@ -38,6 +38,7 @@ from rlotel.integrations.clock_exchange import CLOCK_KEY, ClockExchange
 from rlotel.integrations.registered import (
     RAY_ACTOR_CLASS,
     RAY_ACTOR_SUBMIT,
+    TORCH_COLLECTIVE,
     WORKER_GROUP,
 )
 from rlotel.record.propagation import run_of, traceparent, with_run
@@ -142,7 +143,7 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
             current = rlotel.current() if blocking else None
             if current is not None and service.of(current).in_trace():
                 tel = current
-                WORKER_GROUP.fired(tel)
+                WORKER_GROUP.fired()
         if tel is None:
             return execute_fn(*args, **kwargs)
         started = time.perf_counter()
@@ -274,7 +275,7 @@ def _submit_carrier(method: Any, kwargs: Any) -> tuple[dict[str, str] | None, bo
     carrier = _carrier(tel, actor)
     stamped = False
     if carrier is not None:
-        RAY_ACTOR_SUBMIT.fired(tel)
+        RAY_ACTOR_SUBMIT.fired()
         if actor not in CLOCK.done and TRACEPARENT in carrier:
             carrier, stamped = CLOCK.stamp(actor, carrier)
         if _replies_wanted.get() and TRACEPARENT in carrier:
@@ -432,6 +433,8 @@ class _Call:
             return
         try:
             collectives.close_tally(tally)
+            if tally.calls:  # the collectives of this call were timed
+                TORCH_COLLECTIVE.fired()
             if tally.device_calls:  # asynchronous to the host: its clock cannot split them
                 guard.warn_once(
                     "device_collectives",
@@ -514,7 +517,7 @@ class _WorkerCall:
         if not name.startswith("_"):  # verl's own plumbing (`_query_dispatch_info`, ...)
             tel = worker_telemetry(instance, carrier)
             RAY_ACTOR_CLASS.fault()
-            RAY_ACTOR_CLASS.fired(tel)
+            RAY_ACTOR_CLASS.fired()
             self.phase = tel.phase(name, context=carrier)
             self.captures = verl_captures.watch_call(instance, name)
             if _in_process_group() and (collectives.installed() or collectives.install()):

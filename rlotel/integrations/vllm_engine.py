@@ -87,7 +87,7 @@ def _with_trace_headers(kwargs: dict) -> dict:
     carrier = tel.current_context() if tel is not None else None
     if not carrier:
         return kwargs
-    VLLM_REQUEST.fired(tel)
+    VLLM_REQUEST.fired()
     return {**kwargs, "trace_headers": carrier}
 
 

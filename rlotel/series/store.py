@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rlotel.base.drops import HOOK_FAILURES, Drops, encodable
-from rlotel.base.hook_states import HOOK_STATES
+from rlotel.base.hook_states import HOOK_EVENTS, HOOK_STATES
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
 
@@ -241,8 +241,7 @@ class SeriesStore:
                 for spec, family in self._histograms.items()
             }
             drops = self._drops.snapshot()
-            hooks = self._drops.hooks()
-            hook_seconds = self._drops.hook_seconds()
+            hooks, hook_seconds = HOOK_EVENTS.snapshot()
         for (signal, reason), count in drops.items():
             scalars.setdefault(cat.DROPPED, {})[(signal, reason)] = float(count)
         for hook, count in hooks.items():

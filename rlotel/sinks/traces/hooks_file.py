@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlotel.base.drops import HOOK_FAILURES, Drops
-from rlotel.base.hook_states import HOOK_STATES
+from rlotel.base.drops import HOOK_FAILURES
+from rlotel.base.hook_states import HOOK_EVENTS, HOOK_STATES
 from rlotel.publish.sink import Sink
 
 if TYPE_CHECKING:
@@ -28,16 +28,15 @@ class HookCountsFile(Sink):
     when a count or state changed, and at flush and shutdown: a killed process leaves its
     counts of the last second."""
 
-    def __init__(self, path: Path, drops: Drops) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._drops = drops
         self._written: dict[str, Any] | None = None
 
     def _write(self) -> None:
         facts = {
             "pid": os.getpid(),
             "states": HOOK_STATES.snapshot(),
-            "events": self._drops.hooks(),
+            "events": HOOK_EVENTS.snapshot()[0],
             "failures": HOOK_FAILURES.snapshot(),
         }
         if facts == self._written:
