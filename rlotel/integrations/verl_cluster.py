@@ -98,6 +98,7 @@ def forwarding_runtime_env(original: Callable[..., Any]) -> Callable[..., Any]:
         runtime_env = original(*args, **kwargs)
         with RUNTIME_ENV.guarded():  # else verl's own runtime env, unchanged
             RUNTIME_ENV.fault()
+            RUNTIME_ENV.fired()
             return with_forwarded(runtime_env)
         return runtime_env
 

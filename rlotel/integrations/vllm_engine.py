@@ -37,6 +37,7 @@ def traced_engine_init(original: Any) -> Any:
         with VLLM_ENGINE.guarded():  # else the engine starts as it would without rlotel
             VLLM_ENGINE.fault()
             kwargs = _traced_engine_options(args, kwargs)
+            VLLM_ENGINE.fired()
         original(self, *args, **kwargs)
 
     return __init__
@@ -97,6 +98,7 @@ def checked_exporter(original: Any) -> Any:
         with VLLM_SPAN_EXPORTER.guarded():
             VLLM_SPAN_EXPORTER.fault()
             endpoint = args[0] if args else kwargs["endpoint"]
+            VLLM_SPAN_EXPORTER.fired()
             return DeliveryCheck(exporter, endpoint)
         return exporter
 
