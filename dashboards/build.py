@@ -1,6 +1,6 @@
-"""Grafana dashboards and the Grafana gen-tail alert, built from data.
+"""Grafana dashboards, built from data.
 
-    python dashboards/build.py           # (re)write the dashboards and the alert provisioning
+    python dashboards/build.py           # (re)write the dashboards
     python dashboards/build.py --check   # fail on drift or on a metric nothing exports
 
 Panels are data: each `Panel` lists `Target`s, and each target names the catalogue entries
@@ -8,10 +8,11 @@ Panels are data: each `Panel` lists `Target`s, and each target names the catalog
 queries; units come from those entries. The check parses every PromQL expression
 (`promql_names`) and fails when a target queries a series other than the ones it names,
 or a name that neither rlotel, an engine nor a recording rule in the shipped stack's
-`collector/rules/` provides. The Grafana alert takes its query, threshold, `for` and severity
-from the Prometheus rule file, so the two cannot drift. The outputs are written beside this
-file (and the alert into `collector/`): the one copy docker-compose.yml mounts and the wheel
-carries (`rlotel stack DIR`).
+`collector/rules/` provides. The outputs are written beside this file: the one copy
+docker-compose.yml mounts and the wheel carries (`rlotel stack DIR`). Alerts are not built
+here: they are the Prometheus rules alone (`collector/rules/`, routed by Alertmanager), and
+Grafana shows them through its datasources without a copy of its own, so one condition
+notifies once.
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import promql_parser
-import yaml
 from grafana_foundation_sdk.builders import (
-    alerting,
-    expr,
     heatmap,
     prometheus,
     stat,
@@ -44,7 +41,6 @@ from grafana_foundation_sdk.builders.dashboard import (
     Row,
 )
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.alerting import RelativeTimeRange
 from grafana_foundation_sdk.models.common import StackingMode
 from grafana_foundation_sdk.models.dashboard import (
     DashboardLinkType,
@@ -79,7 +75,6 @@ OUTPUTS = {
     STEP_UID: STACK / "dashboards" / "rl-step-breakdown.json",
     TAIL_UID: STACK / "dashboards" / "rl-rollout-tail.json",
 }
-ALERTS = STACK / "collector" / "grafana" / "provisioning" / "alerting" / "rlotel-alerts.json"
 # Grafana units for the catalogue's units.
 UNITS = {"seconds": "s", "ratio": "percentunit", "tokens": "short", "steps": "short", "": "short"}
 GEN = 'stage="generate_sequences"'
@@ -656,114 +651,6 @@ def dashboard(board: Board) -> Dashboard:
     return built
 
 
-# --- the Grafana alert, from the Prometheus rules ----------------------------------------
-
-
-@dataclass(frozen=True)
-class ThresholdAlert:
-    """A Prometheus alert `<recorded> <op> on() group_left() <threshold>`, resolved: the
-    recorded series' expression, the comparison, the threshold's number, `for`, severity."""
-
-    name: str
-    query: str
-    op: str
-    threshold: float
-    for_: str
-    severity: str
-
-
-def threshold_alert(name: str, rules: dict[str, Any]) -> ThresholdAlert:
-    """Resolve alert `name` of a parsed rule file through its recording and threshold rules."""
-    by_name = {
-        rule.get("record") or rule["alert"]: rule
-        for group in rules["groups"]
-        for rule in group["rules"]
-    }
-    alert = by_name[name]
-    comparison = promql_names.parse(alert["expr"])
-    if not (
-        isinstance(comparison, promql_parser.BinaryExpr)
-        and isinstance(comparison.lhs, promql_parser.VectorSelector)
-        and isinstance(comparison.rhs, promql_parser.VectorSelector)
-    ):
-        raise ValueError(f"{name}: not `<recorded series> <op> <threshold series>`")
-    constant = promql_names.parse(by_name[comparison.rhs.name]["expr"])
-    if not (
-        isinstance(constant, promql_parser.Call)
-        and constant.func.name == "vector"
-        and isinstance(constant.args[0], promql_parser.NumberLiteral)
-    ):
-        raise ValueError(f"{comparison.rhs.name}: a threshold is `vector(<number>)`")
-    return ThresholdAlert(
-        name=name,
-        query=by_name[comparison.lhs.name]["expr"],
-        op=str(comparison.op),
-        threshold=constant.args[0].val,
-        for_=alert["for"],
-        severity=alert["labels"]["severity"],
-    )
-
-
-def gen_tail_alert(rules: dict[str, Any]) -> alerting.RuleGroup:
-    """RLGenTailLatencyHigh as Grafana alerting provisioning, from the Prometheus rules."""
-    alert = threshold_alert("RLGenTailLatencyHigh", rules)
-    p99 = prometheus.Dataquery().expr(alert.query).ref_id("A").range()
-    return (
-        alerting.RuleGroup("rlotel")
-        .folder_uid("rlotel")
-        .interval("1m")
-        .with_rule(
-            alerting.Rule(alert.name)
-            .uid("rlotel-gen-tail-latency-high")
-            .condition("C")
-            .for_val(alert.for_)
-            .labels({"severity": alert.severity})
-            .annotations(
-                {
-                    "summary": f"Generation p99 latency above {alert.threshold:g} s for "
-                    "{{ $labels.run }}",
-                    "description": "The slowest 1% of rollout samples take longer than the "
-                    "threshold; open the Rollout tail dashboard and follow an exemplar.",
-                }
-            )
-            .with_query(
-                alerting.Query("A")
-                .datasource_uid("prometheus")
-                .relative_time_range(RelativeTimeRange(from_val=600, to=0))
-                .model(p99)
-            )
-            .with_query(
-                alerting.Query("B")
-                .datasource_uid("__expr__")
-                .model(expr.TypeReduce().ref_id("B").expression("A").reducer("last"))
-            )
-            .with_query(
-                alerting.Query("C")
-                .datasource_uid("__expr__")
-                .model(expr.TypeMath().ref_id("C").expression(f"$B {alert.op} {alert.threshold:g}"))
-            )
-            .no_data_state("OK")
-            .exec_err_state("Error")
-        )
-    )
-
-
-def file_provisioning(group: dict) -> dict:
-    """The SDK builds the alerting API's shape (`title`, `folderUid`); Grafana's provisioning
-    files read groups by `name` and `folder` (a folder title: the dashboards' "RL")."""
-    rules = [
-        {k: v for k, v in rule.items() if k not in ("folderUID", "ruleGroup", "orgID")}
-        for rule in group["rules"]
-    ]
-    return {
-        "orgId": 1,
-        "name": group["title"],
-        "folder": "RL",
-        "interval": group["interval"],
-        "rules": rules,
-    }
-
-
 def render(builder) -> str:
     return (
         json.dumps(
@@ -775,14 +662,10 @@ def render(builder) -> str:
     )
 
 
-def outputs(rules_path: Path = RULES) -> dict[Path, str]:
-    rules = yaml.safe_load(rules_path.read_text())
-    alert_group = file_provisioning(json.loads(render(gen_tail_alert(rules))))
+def outputs() -> dict[Path, str]:
     return {
         OUTPUTS[STEP_UID]: render(dashboard(STEP_BREAKDOWN)),
         OUTPUTS[TAIL_UID]: render(dashboard(ROLLOUT_TAIL)),
-        ALERTS: json.dumps({"apiVersion": 1, "groups": [alert_group]}, indent=2, sort_keys=True)
-        + "\n",
     }
 
 
@@ -790,7 +673,7 @@ def outputs(rules_path: Path = RULES) -> dict[Path, str]:
 
 
 def expressions(node) -> list[str]:
-    """Every PromQL expression in a dashboard or alert JSON (keys `expr`, variable queries)."""
+    """Every PromQL expression in a dashboard JSON (keys `expr`, variable queries)."""
     if isinstance(node, dict):
         found = []
         for key, item in node.items():

@@ -4,7 +4,8 @@ An expression is parsed into PromQL's syntax tree (promql-parser, the Rust parse
 follows Prometheus' grammar), so a name is found only where PromQL selects a series — not
 inside a label value, a function name or a `by (...)` list — and an expression that does
 not parse is an error too. A name is known when rlotel exports it (`rlotel.schema.catalogue`), a
-rollout engine serves it (`rlotel.schema.engine_metrics`) or a recording rule records it.
+rollout engine serves it (`rlotel.schema.engine_metrics`), a recording rule records it or
+Prometheus writes it for every scrape (`up`).
 
 `dashboards/build.py --check` and `tests/test_alert_rules.py` both use this module.
 """
@@ -96,9 +97,21 @@ def exported_names() -> set[str]:
     return catalogue.series_names() | engine_metrics.series_names()
 
 
+# Series Prometheus writes itself for every target it scrapes (RLTrainerDown reads `up`).
+SCRAPE_NAMES = frozenset(
+    {
+        "up",
+        "scrape_duration_seconds",
+        "scrape_samples_scraped",
+        "scrape_samples_post_metric_relabeling",
+        "scrape_series_added",
+    }
+)
+
+
 def known_names(rules_dir: Path = RULES_DIR) -> set[str]:
     """Every name a dashboard or rule may query."""
-    return exported_names() | recorded_names(rules_dir)
+    return exported_names() | SCRAPE_NAMES | recorded_names(rules_dir)
 
 
 def unknown_names(expressions: Iterable[str], known: set[str]) -> list[tuple[str, str]]:

@@ -13,11 +13,14 @@ import yaml
 
 from dashboards import promql_names
 
+ROOT = promql_names.STACK
 RULES_DIR = promql_names.RULES_DIR
 RULES = RULES_DIR / "rlotel.rules.yml"
 RULE_TESTS = RULES_DIR / "rlotel.rules.test.yml"
 
 ALERTS = (
+    "RLTrainerDown",
+    "RLTrainerAbsent",
     "RLGenTailLatencyHigh",
     "RLGenTailSpread",
     "RLThroughputDrop",
@@ -36,6 +39,11 @@ ALERTS = (
 )
 # Judged in-process (no progress for stall_after_s): the rule reads the flag.
 JUDGED_IN_PROCESS = {"RLPhaseStalled"}
+# Read the scrape, not a run's series (`up`, `absent()`): no threshold, and no `run` label.
+SCRAPE_ALERTS = {"RLTrainerDown", "RLTrainerAbsent"}
+# Where each alert's runbook is: a section of this page, relative to the stack's root (the
+# repository, or the DIR `rlotel stack DIR` writes, which carries the page).
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
 Rule = dict[str, Any]
 
@@ -59,7 +67,8 @@ def all_rules(rules: dict[str, Any]) -> list[Rule]:
 def unknown_names(rules: dict[str, Any]) -> list[str]:
     """Names the rules' expressions select, or their annotations mention, that neither rlotel
     nor a rollout engine exports and no rule records (the checker `dashboards/build.py` uses)."""
-    known = promql_names.exported_names() | promql_names.recorded_in(rules)
+    known = promql_names.exported_names() | promql_names.SCRAPE_NAMES
+    known |= promql_names.recorded_in(rules)
     problems = []
     for rule in all_rules(rules):
         where = rule.get("record") or rule.get("alert")
@@ -129,7 +138,10 @@ def test_every_alert_has_for_severity_and_annotations() -> None:
         assert rule.get("labels", {}).get("severity") in {"warning", "critical"}, name
         annotations = rule.get("annotations", {})
         assert annotations.get("summary") and annotations.get("description"), name
-        assert "$labels.run" in annotations["summary"], name
+        if name == "RLTrainerDown":  # one per target: `up` has no `run`
+            assert "$labels.instance" in annotations["summary"], name
+        elif name not in SCRAPE_ALERTS:
+            assert "$labels.run" in annotations["summary"], name
 
 
 def test_thresholds_are_defined_once_and_used() -> None:
@@ -137,7 +149,7 @@ def test_thresholds_are_defined_once_and_used() -> None:
     rules = load_rules()
     groups = {group["name"]: group["rules"] for group in rules["groups"]}
     thresholds = {rule["record"] for rule in groups["rlotel-thresholds"]}
-    assert len(thresholds) == len(set(ALERTS) - JUDGED_IN_PROCESS)
+    assert len(thresholds) == len(set(ALERTS) - JUDGED_IN_PROCESS - SCRAPE_ALERTS)
     assert all(":alert_" in name for name in thresholds)
     used = [
         name
@@ -148,3 +160,51 @@ def test_thresholds_are_defined_once_and_used() -> None:
     assert sorted(used) == sorted(thresholds)  # each threshold used by exactly one alert
     for rule in groups["rlotel-alerts"]:  # numbers live in the thresholds group only
         assert not re.search(r"[<>]=?\s*[\d.]+", rule["expr"]), rule["alert"]
+
+
+def _sections(page: Path) -> dict[str, str]:
+    """Each `## ` section of a page by its GitHub anchor: its text up to the next heading."""
+    sections: dict[str, str] = {}
+    for chunk in re.split(r"^## ", page.read_text(), flags=re.MULTILINE)[1:]:
+        heading, _, body = chunk.partition("\n")
+        sections[re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")] = body
+    return sections
+
+
+def test_every_alert_links_its_runbook_section_which_says_what_to_look_at_first() -> None:
+    """`runbook_url` on every alert: `docs/runbooks.md#<alert>`, a section of the page that
+    says when the alert fires and what to look at first, and the page has no section for an
+    alert that does not exist."""
+    alerts = [rule for rule in all_rules(load_rules()) if "alert" in rule]
+    sections = _sections(RUNBOOKS)
+    for rule in alerts:
+        url = rule["annotations"].get("runbook_url")
+        assert url == f"docs/runbooks.md#{rule['alert'].lower()}", (rule["alert"], url)
+        body = sections.get(url.partition("#")[2])
+        assert body is not None, f"{rule['alert']}: no section {url} in {RUNBOOKS.name}"
+        assert "**Fires when**" in body and "**Look first**" in body, rule["alert"]
+    assert set(sections) == {rule["alert"].lower() for rule in alerts}
+
+
+def test_the_scrape_alerts_watch_every_job_that_scrapes_rlotel_and_no_other() -> None:
+    """RLTrainerDown reads `up` of the jobs named `rlotel` or `rlotel-*`: the trainer, the
+    compose demo and the workers in collector/prometheus.yml, not the engines, the Collector
+    or Prometheus itself."""
+    alerts = {rule["alert"]: rule for rule in all_rules(load_rules()) if "alert" in rule}
+    (matcher,) = re.findall(r'up\{job=~"([^"]+)"\}', alerts["RLTrainerDown"]["expr"])
+    assert re.findall(r'up\{job=~"([^"]+)"\}', alerts["RLTrainerAbsent"]["expr"]) == [matcher]
+    config = yaml.safe_load((RULES_DIR.parent / "prometheus.yml").read_text())
+    watched = {
+        job["job_name"]
+        for job in config["scrape_configs"]
+        if re.fullmatch(matcher, job["job_name"])
+    }
+    assert watched == {"rlotel", "rlotel-demo", "rlotel-workers"}
+
+
+def test_the_runbooks_name_only_series_that_exist() -> None:
+    """A runbook that says "look at rlotel_x" sends its reader to a real series."""
+    known = promql_names.known_names()
+    mentioned = promql_names.mentioned_names(RUNBOOKS.read_text())
+    assert "rlotel_last_step_timestamp_seconds" in mentioned
+    assert [name for name in mentioned if name not in known] == []

@@ -69,18 +69,10 @@ def load_rules() -> dict:
 
 
 def sourced_expressions() -> list[tuple[str, str]]:
-    """(where, PromQL) for every panel target, the Grafana alert and every recording rule."""
+    """(where, PromQL) for every panel target and every recording rule."""
     found = []
-    for path, text in build.outputs().items():
+    for text in build.outputs().values():
         document = json.loads(text)
-        if path == build.ALERTS:
-            found += [
-                (rule["title"], expression)
-                for group in document["groups"]
-                for rule in group["rules"]
-                for expression in build.expressions(rule)
-            ]
-            continue
         for panel in document["panels"]:
             found += [
                 (f"{document['title']} / {panel['title']}", target["expr"])
@@ -294,56 +286,25 @@ def test_the_evictions_panel_counts_each_reasons_first_evictions(make_tel, prome
     assert answer == {"staleness": 3.0, "filter_groups": 2.0}
 
 
-# --- the Grafana alert and the Prometheus rules ------------------------------------------
+# --- alerts: the Prometheus rules only ---------------------------------------------------
 
 
-def grafana_rule() -> dict:
-    (group,) = json.loads(build.ALERTS.read_text())["groups"]
-    (rule,) = group["rules"]
-    return rule
-
-
-def test_grafana_alert_provisioning_shape():
-    """Grafana's file provisioner reads groups by name and folder; rules need data + condition."""
-    alerts = json.loads(build.ALERTS.read_text())
-    assert alerts["apiVersion"] == 1
-    (group,) = alerts["groups"]
-    assert group["name"] == "rlotel" and group["folder"] == "RL" and group["interval"] == "1m"
-    rule = grafana_rule()
-    assert rule["title"] == "RLGenTailLatencyHigh" and rule["for"] == "10m"
-    assert rule["condition"] in {query["refId"] for query in rule["data"]}
-    assert {q["datasourceUid"] for q in rule["data"]} == {"prometheus", "__expr__"}
-
-
-def test_grafana_alert_agrees_with_the_prometheus_rule():
-    rules = {
-        rule.get("record") or rule["alert"]: rule
-        for group in load_rules()["groups"]
-        for rule in group["rules"]
-    }
-    alert = rules["RLGenTailLatencyHigh"]
-    recorded, threshold_name = promql_names.selected_names(alert["expr"])
-    threshold = float(re.fullmatch(r"vector\((.+)\)", rules[threshold_name]["expr"]).group(1))
-    rule = grafana_rule()
-    data = {query["refId"]: query["model"] for query in rule["data"]}
-    assert rule["for"] == alert["for"]
-    assert rule["labels"]["severity"] == alert["labels"]["severity"]
-    assert data["A"]["expr"] == rules[recorded]["expr"]
-    assert data[rule["condition"]]["expression"] == f"$B > {threshold:g}"
-
-
-def test_grafana_alert_is_generated_from_the_rules_file():
-    rules = load_rules()
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if rule.get("record") == "rlotel:alert_gen_p99_threshold:seconds":
-                rule["expr"] = "vector(90)"
-            if rule.get("alert") == "RLGenTailLatencyHigh":
-                rule["for"] = "7m"
-    (rule,) = json.loads(build.render(build.gen_tail_alert(rules)))["rules"]
-    assert rule["for"] == "7m"
-    assert {q["refId"]: q["model"] for q in rule["data"]}["C"]["expression"] == "$B > 90"
-    assert "above 90 s" in rule["annotations"]["summary"]
+def test_alerts_notify_once_from_prometheus_not_grafana():
+    """One notification per condition: the alerts are the Prometheus rules, routed by the
+    stack's Alertmanager; Grafana provisions no alert rule of its own (it had a copy of
+    RLGenTailLatencyHigh, a second notification for the same condition) and shows
+    Prometheus' alerts through its Alertmanager datasource."""
+    provisioning = COLLECTOR / "grafana" / "provisioning"
+    assert not (provisioning / "alerting").exists()
+    assert all("alerting" not in path.parts for path in build.outputs())
+    sources = yaml.safe_load((provisioning / "datasources" / "datasources.yaml").read_text())
+    (alertmanager,) = [s for s in sources["datasources"] if s["type"] == "alertmanager"]
+    assert alertmanager["url"] == "http://alertmanager:9093"
+    config = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
+    (targets,) = [
+        c["targets"] for a in config["alerting"]["alertmanagers"] for c in a["static_configs"]
+    ]
+    assert targets == ["alertmanager:9093"]
 
 
 # --- live queries against a real Prometheus ----------------------------------------------
