@@ -1,6 +1,9 @@
 """The observability stack's configs (docker-compose.yml, collector/) hold together.
 
-No container runs here: each test checks what local tools and parsing can prove.
+No container runs here: each test checks what local tools and parsing can prove. The stack
+`rlotel stack DIR` writes is the same: its docker-compose.yml is the repository's, byte for
+byte, and every path it mounts, and every file its services' configs name, resolves inside
+DIR (`docker compose config` cannot run here: no Docker Compose).
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+import tomllib
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from tests.e2e import wheel_sources
+from rlotel.offline.stack import write_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -150,12 +154,24 @@ def test_the_stack_is_mounted_from_the_top_level_collector_and_dashboards():
     assert "./dashboards" in stack["grafana"] and "./collector" in stack["prometheus"]
 
 
-def test_the_demo_service_mounts_what_the_package_build_reads():
-    """The demo container builds the wheel from its mounts: each top-level file or folder the
-    wheel's sources come from (tests/e2e/wheel_sources.py) is mounted into /src."""
-    needed = {name.split("/")[0] for name in wheel_sources.sources(ROOT)}
-    mounted = {Path(source).parts[0] for source in bind_sources(services()["demo"])}
-    assert needed == mounted, f"missing {needed - mounted}, extra {mounted - needed}"
+def test_the_demo_service_installs_this_release_from_the_index_not_a_source_tree():
+    """The demo mounts nothing (a stack directory has no source tree): it pip-installs
+    `rlotel[<extra>]==<this version>`, an extra pyproject.toml declares, unless
+    RLOTEL_REQUIREMENT names another requirement."""
+    demo = services()["demo"]
+    assert "volumes" not in demo and "working_dir" not in demo
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    default = re.fullmatch(
+        r"\$\{RLOTEL_REQUIREMENT:-rlotel\[(\w+)\]==(.+)\}",
+        demo["environment"]["RLOTEL_REQUIREMENT"],
+    )
+    assert default, demo["environment"]["RLOTEL_REQUIREMENT"]
+    extra, version = default.groups()
+    assert version == project["version"], "docker-compose.yml pins another rlotel release"
+    assert extra in project["optional-dependencies"]
+    script = demo["command"][-1]
+    assert 'pip install --no-cache-dir "$$RLOTEL_REQUIREMENT"' in script
+    assert "rlotel demo --addr 0.0.0.0 --port 9464" in script
 
 
 def test_every_image_is_pinned():
@@ -223,11 +239,18 @@ def test_config_addresses_name_compose_services():
     assert tempo_port == host_port(tempo_grpc["grpc"]["endpoint"])[1]
 
     metrics_port = host_port(collector["exporters"]["prometheus"]["endpoint"])[1]
+    jobs = load(COLLECTOR / "prometheus.yml")["scrape_configs"]
     targets = [
         host_port(target)
-        for job in load(COLLECTOR / "prometheus.yml")["scrape_configs"]
+        for job in jobs
         for static in job.get("static_configs", [])
         for target in static["targets"]
+    ]
+    targets += [  # names found by DNS: compose services (profiles `demo`, `scale`)
+        (name, sd["port"])
+        for job in jobs
+        for sd in job.get("dns_sd_configs", [])
+        for name in sd["names"]
     ]
     assert ("otel-collector", metrics_port) in targets
     assert {host for host, _ in targets} <= names | NON_SERVICE_HOSTS
@@ -266,3 +289,137 @@ def test_discovery_jobs_read_directories_the_stack_mounts():
         assert (COLLECTOR / directory).is_dir(), f"collector/{directory}/ is missing"
     keep = jobs["rollout-engines"]["relabel_configs"][0]
     assert keep == {"source_labels": ["replica"], "regex": ".+", "action": "keep"}
+
+
+# --- the stack `rlotel stack DIR` writes --------------------------------------------------
+
+# Command-line flags of the stack's images that name a config file inside the container.
+CONFIG_FLAG = re.compile(r"^--?config(?:\.file)?=(/.+)$")
+
+
+def mounts(service: dict[str, Any], root: Path) -> dict[PurePosixPath, Path]:
+    """A service's bind mounts: container path → host path (relative to `root`)."""
+    found = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            source, target = volume["source"], volume["target"]
+        else:
+            source, target = volume.split(":")[:2]
+        found[PurePosixPath(target)] = (root / source).resolve()
+    return found
+
+
+def in_container(path: str, service: dict[str, Any], root: Path) -> Path | None:
+    """Where a container path of `service` lies on the host: under the deepest mount that
+    holds it, or None when no mount does (a path the image itself provides)."""
+    wanted = PurePosixPath(path)
+    holders = [target for target in mounts(service, root) if wanted.is_relative_to(target)]
+    if not holders:
+        return None
+    target = max(holders, key=lambda t: len(t.parts))
+    return mounts(service, root)[target].joinpath(*wanted.relative_to(target).parts)
+
+
+def unresolved(root: Path) -> list[str]:
+    """What the stack at `root` mounts or names that is not a file or folder inside `root`:
+    every bind mount's source; each config file a service's command names; what the
+    Prometheus config reads beside itself (rule files, discovery folders) and where Grafana
+    looks for the dashboards."""
+    compose = load(root / "docker-compose.yml")
+    problems = []
+    for name, service in compose["services"].items():
+        for target, source in mounts(service, root).items():
+            if not source.is_relative_to(root.resolve()):
+                problems.append(f"{name}: {source} (mounted at {target}) is outside {root}")
+            elif not source.exists():
+                problems.append(f"{name}: {source} (mounted at {target}) does not exist")
+        for argument in service.get("command") or []:
+            flag = CONFIG_FLAG.match(str(argument))
+            if flag:
+                host = in_container(flag.group(1), service, root)
+                if host is None or not host.is_file():
+                    problems.append(f"{name}: {argument} is no file of the stack")
+    prometheus = compose["services"]["prometheus"]
+    config_path = in_container("/etc/prometheus/prometheus.yml", prometheus, root)
+    assert config_path is not None
+    config = load(config_path)
+    for pattern in config.get("rule_files", []):
+        if not list(config_path.parent.glob(pattern)):
+            problems.append(f"prometheus: rule_files {pattern} matches nothing")
+    for job in config["scrape_configs"]:
+        for sd in job.get("file_sd_configs", []):
+            for pattern in sd["files"]:
+                if not (config_path.parent / pattern).parent.is_dir():
+                    problems.append(f"prometheus: {job['job_name']} reads {pattern}: no folder")
+    grafana = compose["services"]["grafana"]
+    provisioning = in_container("/etc/grafana/provisioning", grafana, root)
+    assert provisioning is not None
+    for provider in load(provisioning / "dashboards" / "dashboards.yaml")["providers"]:
+        boards = in_container(provider["options"]["path"], grafana, root)
+        if boards is None or not list(boards.glob("*.json")):
+            problems.append(f"grafana: no dashboards at {provider['options']['path']}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    """`rlotel stack DIR`'s files, in a directory of their own."""
+    directory = tmp_path_factory.mktemp("stack")
+    write_stack(directory)
+    return directory
+
+
+def test_rlotel_stack_writes_the_repositorys_compose_file(written):
+    """One owner: DIR/docker-compose.yml is the repository's file, byte for byte."""
+    assert (written / "docker-compose.yml").read_bytes() == COMPOSE.read_bytes()
+    assert (written / "docs" / "runbooks.md").read_bytes() == (
+        ROOT / "docs" / "runbooks.md"
+    ).read_bytes()
+
+
+def test_every_mount_and_config_file_of_the_written_stack_resolves_inside_it(written):
+    assert unresolved(written) == []
+    checked = {
+        name: sorted(
+            str(source.relative_to(written)) for source in mounts(service, written).values()
+        )
+        for name, service in load(written / "docker-compose.yml")["services"].items()
+    }
+    assert checked["prometheus"] == ["collector"]
+    assert checked["grafana"] == ["collector/grafana/provisioning", "dashboards"]
+    assert checked["demo"] == []
+
+
+def test_the_mount_check_rejects_what_a_stack_directory_does_not_hold(written, tmp_path):
+    """The demo service as it was (the source tree mounted into /src), a mount out of DIR
+    and a config path no mount holds: each one named."""
+    shutil.copytree(written, tmp_path / "stack")
+    root = tmp_path / "stack"
+    compose = load(root / "docker-compose.yml")
+    compose["services"]["demo"]["volumes"] = ["./pyproject.toml:/src/pyproject.toml:ro"]
+    compose["services"]["tempo"]["volumes"] = ["../tempo.yaml:/etc/tempo.yaml:ro"]
+    compose["services"]["alertmanager"]["command"] = ["--config.file=/etc/am/alertmanager.yml"]
+    (root / "docker-compose.yml").write_text(yaml.safe_dump(compose))
+    problems = unresolved(root)
+    assert len(problems) == 4, problems
+    assert any("demo:" in p and "pyproject.toml" in p and "does not exist" in p for p in problems)
+    assert any(p.startswith("tempo:") and "outside" in p for p in problems)
+    assert any(p.startswith("tempo: -config.file=/etc/tempo.yaml") for p in problems)
+    assert any(p.startswith("alertmanager: --config.file=/etc/am/") for p in problems)
+
+
+@pytest.mark.slow
+def test_promtool_amtool_and_the_compose_spec_accept_the_written_stack(written):
+    promtool, amtool = shutil.which("promtool"), shutil.which("amtool")
+    checker = tool("check-jsonschema")
+    assert promtool and amtool, "promtool and amtool: `make system-deps` installs them"
+    assert checker, "check-jsonschema is not installed in the venv"
+    config = run([promtool, "check", "config", str(written / "collector" / "prometheus.yml")])
+    assert config.returncode == 0, config.stdout + config.stderr
+    assert "SUCCESS: 1 rule files found" in config.stdout
+    alerts = run([amtool, "check-config", str(written / "collector" / "alertmanager.yml")])
+    assert alerts.returncode == 0, alerts.stdout + alerts.stderr
+    compose = run(
+        [checker, "--builtin-schema", "vendor.compose-spec", str(written / "docker-compose.yml")]
+    )
+    assert compose.returncode == 0, compose.stdout + compose.stderr
