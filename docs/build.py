@@ -1,22 +1,35 @@
-"""Generated documentation pages, built from the code that owns their facts.
+"""Generated documentation, built from the code and configs that own their facts.
 
-    python docs/build.py           # (re)write docs/metrics.md
-    python docs/build.py --check   # fail when the committed page drifts from the catalogue
+    python docs/build.py           # (re)write docs/metrics.md and production.md's tables
+    python docs/build.py --check   # fail when a committed page drifts from its sources
 
 The metric list is `rlotel.schema.catalogue`: one row per family, with the series name PromQL
 uses, its kind, unit, labels and help, so the page cannot omit or misname a family.
+docs/production.md opens with two tables written between markers: every alert of
+`collector/rules/rlotel.rules.yml` (its condition is the "Fires when" line of its section of
+docs/runbooks.md; threshold, `for` and severity are the rule's) and every scrape job of
+`collector/prometheus.yml` (target and discovery are the job's; what labels it gives is
+`JOB_LABELS` below, which must name every job).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
+
+import yaml
 
 from rlotel.schema import catalogue as cat
 
 DOCS = Path(__file__).resolve().parent
 METRICS = DOCS / "metrics.md"
+PRODUCTION = DOCS / "production.md"
+RUNBOOKS = DOCS / "runbooks.md"
+COLLECTOR = DOCS.parent / "collector"
+RULES = COLLECTOR / "rules" / "rlotel.rules.yml"
+PROMETHEUS = COLLECTOR / "prometheus.yml"
 
 HEAD = """# Metrics
 
@@ -72,18 +85,135 @@ def metrics_page() -> str:
     return HEAD + "\n".join(rows) + "\n"
 
 
+# --- docs/production.md: the alerts and the scrape jobs ------------------------------------
+
+# `<op> on() group_left() <threshold rule>`: how an alert compares with its threshold.
+THRESHOLD = re.compile(r"([<>]=?)\s*on\(\)\s*group_left\(\)\s*(rlotel:alert_\w+:(\w+))")
+UNITS = {"seconds": " s", "per_second": "/s", "steps": " steps", "ratio": "", "count": ""}
+# What each scrape job's targets carry besides `job` and `instance`.
+JOB_LABELS = {
+    "rlotel": "none; every rlotel series carries its own `run`",
+    "rlotel-demo": "none; every rlotel series carries its own `run`",
+    "rlotel-workers": "`role`, `rank`, `node` from the worker's file; `honor_labels` keeps "
+    "the per-rank series' own `role` and `rank`",
+    "rollout-engines": "`replica` (required: a target without it is dropped) and `run` from "
+    "the file; `vllm_*` / `sglang_*` renamed back to `vllm:` / `sglang:`",
+    "otel-collector": "none; span metrics carry the spans' `rl_phase`, `rl_run`",
+    "otelcol-tier1": "none (profile `scale`)",
+    "otelcol-tier2": "none (profile `scale`); one `instance` per tier-2 replica, sum over it",
+    "prometheus": "none",
+}
+BEGIN, END = "<!-- {}:begin (python docs/build.py) -->", "<!-- {}:end -->"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def fires_when(runbooks: str) -> dict[str, str]:
+    """Each runbook section's "Fires when" paragraph, by the section's alert name."""
+    found = {}
+    for section in re.split(r"^## ", runbooks, flags=re.MULTILINE)[1:]:
+        name, _, body = section.partition("\n")
+        paragraph = re.search(r"\*\*Fires when\*\*(.+?)(?:\n\n|$)", body, re.S)
+        if paragraph:
+            text = _cell(paragraph.group(1)).rstrip(".")
+            found[name.strip()] = text[0].upper() + text[1:]
+    return found
+
+
+def alerts_table(rules: dict, runbooks: str) -> str:
+    by_name = {
+        rule.get("record") or rule["alert"]: rule
+        for group in rules["groups"]
+        for rule in group["rules"]
+    }
+    conditions = fires_when(runbooks)
+    rows = [
+        "| alert | fires when | threshold | for | severity | runbook |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, rule in by_name.items():
+        if "alert" not in rule:
+            continue
+        if name not in conditions:
+            raise ValueError(f"{name}: no '**Fires when**' in its section of {RUNBOOKS.name}")
+        compared = THRESHOLD.search(rule["expr"])
+        threshold = "—"
+        if compared:
+            op, record, unit = compared.groups()
+            value = re.fullmatch(r"vector\((.+)\)", by_name[record]["expr"].strip()).group(1)
+            threshold = f"{op} {value}{UNITS[unit]}"
+        anchor = rule["annotations"]["runbook_url"].removeprefix("docs/")
+        rows.append(
+            f"| `{name}` | {conditions[name]} | {threshold} | {rule['for']} "
+            f"| {rule['labels']['severity']} | [{name}]({anchor}) |"
+        )
+    return "\n".join(rows)
+
+
+def _discovery(job: dict) -> tuple[str, str]:
+    """(targets, how they are found) of one scrape job."""
+    if "static_configs" in job:
+        targets = [t for static in job["static_configs"] for t in static["targets"]]
+        return ", ".join(f"`{t}`" for t in targets), "static"
+    if "file_sd_configs" in job:
+        files = [f for sd in job["file_sd_configs"] for f in sd["files"]]
+        return ", ".join(f"`collector/{f}`" for f in files), "file (one JSON per target)"
+    if "dns_sd_configs" in job:
+        (sd,) = job["dns_sd_configs"]
+        names = ", ".join(f"`{n}:{sd['port']}`" for n in sd["names"])
+        return names, f"DNS {sd['type']} (every address the name resolves to)"
+    raise ValueError(f"{job['job_name']}: a discovery docs/build.py does not describe")
+
+
+def scrape_jobs_table(config: dict) -> str:
+    jobs = [job["job_name"] for job in config["scrape_configs"]]
+    if sorted(jobs) != sorted(JOB_LABELS):
+        raise ValueError(f"JOB_LABELS names {sorted(JOB_LABELS)}, prometheus.yml {sorted(jobs)}")
+    rows = [
+        "| job | target | discovery | labels (besides `job`, `instance`) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for job in config["scrape_configs"]:
+        targets, how = _discovery(job)
+        rows.append(f"| `{job['job_name']}` | {targets} | {how} | {JOB_LABELS[job['job_name']]} |")
+    return "\n".join(rows)
+
+
+def _replace(page: str, marker: str, table: str) -> str:
+    begin, end = BEGIN.format(marker), END.format(marker)
+    if page.count(begin) != 1 or page.count(end) != 1:
+        raise ValueError(f"{PRODUCTION.name}: no single {begin} ... {end}")
+    head, rest = page.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def production_page(page: str | None = None) -> str:
+    """docs/production.md with its alerts and scrape-jobs tables written from their sources."""
+    page = PRODUCTION.read_text() if page is None else page
+    rules = yaml.safe_load(RULES.read_text())
+    page = _replace(page, "alerts", alerts_table(rules, RUNBOOKS.read_text()))
+    return _replace(page, "scrape-jobs", scrape_jobs_table(yaml.safe_load(PROMETHEUS.read_text())))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="verify instead of writing")
     args = parser.parse_args()
-    page = metrics_page()
-    if args.check:
-        if not METRICS.exists() or METRICS.read_text() != page:
-            print(f"{METRICS} drifted from rlotel/schema/catalogue.py: run python docs/build.py")
-            return 1
-        return 0
-    METRICS.write_text(page)
-    return 0
+    pages = {
+        METRICS: (metrics_page(), "rlotel/schema/catalogue.py"),
+        PRODUCTION: (production_page(), "collector/rules/, collector/prometheus.yml, runbooks.md"),
+    }
+    drifted = 0
+    for path, (page, source) in pages.items():
+        if not args.check:
+            path.write_text(page)
+        elif not path.exists() or path.read_text() != page:
+            print(f"{path} drifted from {source}: run python docs/build.py")
+            drifted = 1
+    return drifted
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from rlotel.cli import commands as cli
 from rlotel.offline.stack import write_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +173,10 @@ def test_the_demo_service_installs_this_release_from_the_index_not_a_source_tree
     assert extra in project["optional-dependencies"]
     script = demo["command"][-1]
     assert 'pip install --no-cache-dir "$$RLOTEL_REQUIREMENT"' in script
-    assert "rlotel demo --addr 0.0.0.0 --port 9464" in script
+    # the command line the container runs is one this rlotel's CLI takes
+    args = cli.parser().parse_args(shlex.split(script.split("exec rlotel ", 1)[1]))
+    assert (args.command, args.addr, args.port) == ("demo", "0.0.0.0", 9464)
+    assert "9464:9464" in demo["ports"]
 
 
 def test_every_image_is_pinned():
