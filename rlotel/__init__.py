@@ -66,16 +66,18 @@ def __getattr__(name: str) -> Any:
 
 
 def _make_init() -> Any:
-    from rlotel.config import INIT_SIGNATURE
+    from rlotel.config import INIT_SIGNATURE, init_options
     from rlotel.telemetry import Telemetry, build
 
     def init(*args: Any, **kwargs: Any) -> Telemetry:
         """Start telemetry for one run; raises `ConfigError` at once on a bad configuration.
 
         The options are `rlotel.Config`'s fields (see its docstring for each one's meaning
-        and default); `OTEL_EXPORTER_OTLP_*` variables switch on OTLP export.
+        and default); `OTEL_EXPORTER_OTLP_*` variables switch on OTLP export, and
+        `OTEL_EXPORTER_PROMETHEUS_HOST` / `_PORT` place `/metrics` where `prometheus_addr` /
+        `prometheus_port` are not given.
         """
-        active.current = build(*args, **kwargs)
+        active.current = build(**init_options(args, kwargs))
         return active.current
 
     init.__signature__ = INIT_SIGNATURE.replace(return_annotation=Telemetry)  # type: ignore[attr-defined]

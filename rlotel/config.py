@@ -17,7 +17,7 @@ from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlotel.base.env import Environment
+from rlotel.base.env import DEFAULT_PROMETHEUS_HOST, DEFAULT_PROMETHEUS_PORT, Environment
 from rlotel.base.errors import ConfigError
 from rlotel.derive.diagnose import Thresholds
 from rlotel.derive.goodput import BUCKETS
@@ -44,8 +44,10 @@ class Config:
     run: experiment name → label `run` on every series and resource attribute `rl.run`.
     service_name: else `OTEL_SERVICE_NAME`, else "rlotel".
     n_gpus: GPUs in the job, for `perf/throughput`.
-    prometheus_addr, prometheus_port: where `/metrics` listens (loopback by default);
-        port 0 = ephemeral, None = no endpoint. `tel.metrics_url` has the port taken.
+    prometheus_addr, prometheus_port: where `/metrics` listens; port 0 = ephemeral, None =
+        no endpoint. `tel.metrics_url` has the port taken. Not given to `rlotel.init`:
+        `OTEL_EXPORTER_PROMETHEUS_HOST` / `_PORT` (as the verl plugin reads them), else
+        127.0.0.1:9464 (`init_options`).
     traces_file: OTLP/JSON-lines file of every span.
     profile_steps, profile_dir: global steps to capture with torch.profiler, and where.
     max_metric_keys: series cap per family (phases, stages, replicas, ...).
@@ -82,8 +84,8 @@ class Config:
     run: str = "default"
     service_name: str | None = None
     n_gpus: int = 1
-    prometheus_addr: str = "127.0.0.1"
-    prometheus_port: int | None = 9464
+    prometheus_addr: str = DEFAULT_PROMETHEUS_HOST
+    prometheus_port: int | None = DEFAULT_PROMETHEUS_PORT
     traces_file: str | os.PathLike | None = None
     profile_steps: Iterable[int] = ()
     profile_dir: str | os.PathLike | None = None
@@ -227,6 +229,22 @@ INIT_SIGNATURE = inspect.signature(Config).replace(
         p for name, p in inspect.signature(Config).parameters.items() if name != "environment"
     ]
 )
+
+
+def init_options(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`rlotel.init`'s arguments as `Config`'s keywords, its environment read once (strict):
+    a `/metrics` address or port the caller does not pass comes from
+    `OTEL_EXPORTER_PROMETHEUS_HOST` / `_PORT` (`Environment.metrics_addr`, `metrics_port`);
+    one passed, `prometheus_port=None` included, wins. Integrations may pass `environment`."""
+    options = dict(kwargs)
+    environment = options.pop("environment", None) or Environment.read(strict=True)
+    try:
+        bound = INIT_SIGNATURE.bind_partial(*args, **options).arguments
+    except TypeError as error:  # as a call of a function with that signature says it
+        raise TypeError(f"rlotel.init() {error}") from None
+    bound.setdefault("prometheus_addr", environment.metrics_addr)
+    bound.setdefault("prometheus_port", environment.metrics_port)
+    return {**bound, "environment": environment}
 
 
 def _histogram_buckets(given: Any) -> dict[str, tuple[float, ...]]:

@@ -419,3 +419,63 @@ def test_valid_thresholds_start_and_judge_the_steps():
         assert step.verdict.evidence["share"] < 1.0
     finally:
         tel.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_init_serves_where_the_otel_prometheus_variables_say(monkeypatch):
+    """OTEL_EXPORTER_PROMETHEUS_HOST / _PORT place `/metrics` when `rlotel.init` is given no
+    address or port (they were validated, then 127.0.0.1:9464 was bound whatever they said);
+    _PORT=0 is an ephemeral port, as `prometheus_port=0`."""
+    port = free_port()
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.2")  # loopback, not the default
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))
+    tel = rlotel.init(run=RUN)
+    try:
+        assert tel.metrics_url == f"http://127.0.0.2:{port}/metrics"
+        with socket.create_connection(("127.0.0.2", port), timeout=5):
+            pass  # bound there, really
+        with tel.step(1), tel.phase("gen"):
+            pass
+        assert ("rlotel_steps_total", frozenset({("run", RUN)})) in exposition(tel)  # scraped
+    finally:
+        tel.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", "0")
+    tel = rlotel.init(run=RUN)
+    try:
+        taken = int(tel.metrics_url.rsplit(":", 1)[1].split("/")[0])
+        assert tel.metrics_url.startswith("http://127.0.0.2:") and taken not in (0, 9464)
+    finally:
+        tel.shutdown()
+
+
+def test_an_explicit_address_or_port_wins_over_the_variables(monkeypatch):
+    env_port = free_port()
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.2")
+    monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(env_port))
+    for args, kwargs in (
+        ((), {"prometheus_addr": "127.0.0.1", "prometheus_port": 0}),
+        ((RUN, None, 1, "127.0.0.1", 0), {}),  # positionally, as Config's fields
+    ):
+        tel = rlotel.init(*args, **kwargs)
+        try:
+            assert tel.metrics_url.startswith("http://127.0.0.1:"), tel.metrics_url
+            assert not tel.metrics_url.endswith(f":{env_port}/metrics")
+        finally:
+            tel.shutdown()
+    tel = rlotel.init(run=RUN, prometheus_port=None)  # None: no endpoint, whatever they say
+    try:
+        assert tel.metrics_url is None
+    finally:
+        tel.shutdown()
+    tel = rlotel.init(run=RUN, prometheus_port=0)  # the address still from the variable
+    try:
+        assert tel.metrics_url.startswith("http://127.0.0.2:")
+    finally:
+        tel.shutdown()
+    with pytest.raises(TypeError, match=r"rlotel.init\(\) got an unexpected keyword"):
+        rlotel.init(run=RUN, prometheus_host="127.0.0.1")  # OTel's name is not the option's

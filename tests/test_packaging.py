@@ -10,9 +10,11 @@ from __future__ import annotations
 import email
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import pytest
 
 from rlotel.cli import commands as cli
 from rlotel.integrations.registered import HOOKS
+from rlotel.integrations.verl import SINCE
 from tests.e2e import wheel_sources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,6 +169,63 @@ def test_the_installed_doctor_says_plainly_what_is_missing(installed, tmp_path):
     assert facts["missing"] == ["verl", "ray", "vllm"] and not facts["ok"]
     assert facts["versions"] == dict.fromkeys(("verl", "ray", "vllm", "torch", "transferqueue"))
     assert {row["state"] for row in facts["hooks"]} == {"not_applicable"}
+
+
+@pytest.mark.slow
+def test_the_first_commands_from_the_wheel_need_nothing_more(installed, tmp_path):
+    """`pip install rlotel`, then what a Python user types first: `--version`, `python -m
+    rlotel --help` (every command), and `rlotel demo` without torch: one line naming the
+    install, exit 2, no traceback, no `metrics at` URL (it printed one, then a traceback)."""
+    version = outside(str(installed / "rlotel"), "--version", cwd=tmp_path)
+    assert (version.returncode, version.stdout) == (0, "rlotel 0.1.0\n"), version.stderr
+    usage = outside(str(installed / "python"), "-m", "rlotel", "--help", cwd=tmp_path)
+    assert usage.returncode == 0, usage.stderr
+    listed = usage.stdout.split("\ncommands:\n", 1)[1]
+    for name in ("demo", "analyze", "replay", "report", "perfetto", "compare", "stack", "hangs"):
+        assert f"\n    {name} " in listed, name
+    assert "\n    doctor " in listed
+    demo = outside(str(installed / "rlotel"), "demo", "--port", "0", cwd=tmp_path)
+    assert demo.returncode == 2 and demo.stdout == "", demo.stdout + demo.stderr
+    assert demo.stderr == (
+        "rlotel demo: needs torch, not installed here: pip install 'rlotel[demo]' "
+        "--extra-index-url https://download.pytorch.org/whl/cpu\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_published_extras_fit_a_users_environment():
+    """`rlotel[verl]` takes any verl from the plugin's floor on (it pinned 0.9.1 and would
+    downgrade a newer verl); what only development needs is in dependency groups, which the
+    published metadata leaves out (`dev` was a public extra); `make` installs what exists."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert set(extras) == {"demo", "torch", "nvtx", "ray", "verl", "instrument"}
+    assert extras["verl"] == [f"verl>={SINCE['verl']}"]
+    assert extras["demo"] == ["torch>=2.1"]
+    pinned = [r for rs in extras.values() for r in rs if "==" in r or "<" in r]
+    assert pinned == []  # no ceiling a user's newer release would be downgraded to
+    groups = project["dependency-groups"]
+    makefile = (ROOT / "Makefile").read_text()
+    (named_extras,) = re.findall(r"^EXTRAS := (.*)$", makefile, re.M)
+    (named_groups,) = re.findall(r"^GROUPS := (.*)$", makefile, re.M)
+    assert set(named_extras.split(",")) <= set(extras)
+    assert set(re.findall(r"--group (\S+)", named_groups)) == set(groups)
+    assert "'.[nvtx]' --group dev" in makefile  # the engine venv's rlotel
+    assert "verl==0.9.1" in groups["fidelity"]  # the tests still run the tested verl
+
+
+@pytest.mark.slow
+def test_the_wheel_publishes_no_development_extra(dists):
+    with zipfile.ZipFile(dists[0]) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.message_from_bytes(archive.read(name))
+    assert set(metadata.get_all("Provides-Extra")) == {
+        "demo", "torch", "nvtx", "ray", "verl", "instrument"
+    }  # fmt: skip
+    requires = metadata.get_all("Requires-Dist")
+    assert f'verl>={SINCE["verl"]}; extra == "verl"' in requires
+    specifiers = [requirement.partition(";")[0] for requirement in requires]
+    assert not [r for r in specifiers if "pytest" in r or "==" in r or "<" in r]
 
 
 def test_stack_refuses_to_replace_files_unless_forced(tmp_path, capsys):

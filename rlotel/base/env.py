@@ -53,6 +53,9 @@ WORLD_SIZE = "WORLD_SIZE"
 TRACES, METRICS = "TRACES", "METRICS"
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")  # every value OTel's spec allows
 DEFAULT_OTLP_PROTOCOL = "http/protobuf"
+# Where `/metrics` listens unless the caller or OTEL_EXPORTER_PROMETHEUS_HOST/_PORT says
+# (`Environment.metrics_addr`, `metrics_port`): loopback, OTel's Prometheus default port.
+DEFAULT_PROMETHEUS_HOST = "127.0.0.1"
 DEFAULT_PROMETHEUS_PORT = 9464
 DEFAULT_EXPORT_INTERVAL_MS = 60000.0
 # Span export at most this often (OTEL_BSP_SCHEDULE_DELAY, ms): OTel's 5 s would lose the
@@ -149,6 +152,18 @@ class Environment:
             ),
             problems=tuple(values.problems),
         )
+
+    @property
+    def metrics_addr(self) -> str:
+        """Where `/metrics` binds when the caller names no address:
+        `OTEL_EXPORTER_PROMETHEUS_HOST`, else loopback."""
+        return self.prometheus_host or DEFAULT_PROMETHEUS_HOST
+
+    @property
+    def metrics_port(self) -> int:
+        """The `/metrics` port when the caller names none: `OTEL_EXPORTER_PROMETHEUS_PORT`
+        (0: an ephemeral one, as `prometheus_port=0`), else 9464."""
+        return DEFAULT_PROMETHEUS_PORT if self.prometheus_port is None else self.prometheus_port
 
 
 class _Values:

@@ -1,5 +1,8 @@
+"""`python -m rlotel.cli ...`: the same as `python -m rlotel` and `rlotel`."""
+
 import sys
 
 from rlotel.cli.commands import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,18 +1,16 @@
-"""`rlotel` command line: `demo` runs the instrumented toy RL loop, `analyze` reads a run,
-`replay` turns verl's FileLogger output into backfillable metrics and traces, `report`
-draws a run as one offline HTML page, `perfetto` lays it (and its profiler captures) on one
-timeline, `compare` says which window changed between two runs (and gates CI on it), `stack`
-writes the shipped dashboards, alert rules and Prometheus/Collector configs into a directory,
-`hangs` names the phase a run is stuck in and where its processes' threads are."""
+"""The `rlotel` command line (also `python -m rlotel`): `rlotel --help` lists every command,
+from the parser below, and `rlotel COMMAND --help` its options with their defaults. A command
+whose optional dependency is not installed says in one line what to install, exit 2."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,10 +29,44 @@ console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
 
+# What to install for an optional dependency a command imports: the extra, by top-level module.
+# torch's own index has its CPU build; PyPI's torch is a CUDA build of several GB on Linux.
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+INSTALL = {
+    "torch": f"pip install 'rlotel[demo]' --extra-index-url {CPU_TORCH_INDEX}",
+    "ray": "pip install 'rlotel[ray]'",
+    "nvtx": "pip install 'rlotel[nvtx]'",
+    "verl": "pip install 'rlotel[verl]'",
+}
+
+
+def _missing(command: str, modules: tuple[str, ...]) -> int:
+    """2 after one line naming what to install when a module `command` needs is not
+    installed, else 0."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            _say_install(command, module)
+            return 2
+    return 0
+
+
+def _say_install(command: str, module: str) -> None:
+    errors.print(
+        f"{command}: needs {module}, not installed here: {INSTALL[module]}",
+        style="red",
+        markup=False,
+        highlight=False,
+    )
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Exit 0 once every file is written (Ctrl-C while serving included), 1 when the report
-    failed, 2 on a bad option, 130 when Ctrl-C cut the run short (`rlotel.demo.interrupt`):
-    then telemetry still shuts down whole and the last lines say what was written."""
+    failed, 2 on a bad option or a missing dependency (one line: what to install), 130 when
+    Ctrl-C cut the run short (`rlotel.demo.interrupt`): then telemetry still shuts down whole
+    and the last lines say what was written."""
+    needed = ("torch", "ray") if args.ray else ("torch",)
+    if _missing("rlotel demo" + (" --ray" if args.ray else ""), needed):
+        return 2  # before /metrics is up and its URL printed
     run_dir = Path(args.runs_dir) / args.run
     files = _DemoFiles(run_dir)
     with CtrlC(console.print, args.hold_at) as ctrl_c:
@@ -95,11 +127,12 @@ class _DemoFiles:
 def _demo_start(args: argparse.Namespace, files: _DemoFiles) -> rlotel.Telemetry | None:
     """Telemetry for a new run (its old files removed), or None after saying why not."""
     files.clear()
+    # an address or port not given: OTEL_EXPORTER_PROMETHEUS_HOST / _PORT, as rlotel.init reads
+    where = {"prometheus_addr": args.addr, "prometheus_port": args.port}
     try:
         tel = rlotel.init(
             run=args.run,
-            prometheus_addr=args.addr,
-            prometheus_port=args.port,
+            **{option: value for option, value in where.items() if value is not None},
             traces_file=files.traces,
             profile_steps=args.profile_steps,
             profile_dir=files.traces.parent / "profile" if args.profile_steps else None,
@@ -108,7 +141,17 @@ def _demo_start(args: argparse.Namespace, files: _DemoFiles) -> rlotel.Telemetry
     except rlotel.ConfigError as error:
         errors.print(f"[red]rlotel: {error}[/red]")
         return None
-    console.print(f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url}")
+    after = (
+        "until Ctrl-C after training"
+        if args.serve
+        else f"{args.serve_seconds:g}s after training"
+        if args.serve_seconds > 0
+        else "while training; --serve-seconds N or --serve keeps it up after"
+    )
+    console.print(
+        f"rlotel demo: run [bold]{args.run}[/bold], metrics at {tel.metrics_url} ({after})",
+        soft_wrap=True,  # one line, the URL whole
+    )
     return tel
 
 
@@ -212,11 +255,12 @@ def _demo_finish(
     reported = _demo_report(files.traces.parent)
     if reported == 0:
         files.written.add(files.report)
-    if args.serve_seconds > 0 and tel.metrics_url:
-        console.print(
-            f"metrics: {tel.metrics_url} — serving for {args.serve_seconds:.0f}s (Ctrl-C to stop)"
+    if (args.serve or args.serve_seconds > 0) and tel.metrics_url:
+        how_long = (
+            "until Ctrl-C" if args.serve else f"for {args.serve_seconds:.0f}s (Ctrl-C to stop)"
         )
-        if ctrl_c.wait(args.serve_seconds):
+        console.print(f"metrics: {tel.metrics_url} — serving {how_long}")
+        if ctrl_c.wait(None if args.serve else args.serve_seconds):
             console.print("stopped serving (Ctrl-C)")
     return reported
 
@@ -533,30 +577,78 @@ def _resamples(text: str) -> int:
     return _count(text, 1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlotel", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser(
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, where the default says something (not
+    None, a flag's False or an empty list: the help says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if (
+            default is None
+            or default is False
+            or (isinstance(default, list | tuple) and not default)
+        ):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: every command, its options and their defaults."""
+    main_parser = argparse.ArgumentParser(
+        prog="rlotel",
+        description="OpenTelemetry spans, NVTX ranges and Prometheus metrics for RL training "
+        "loops (verl-compatible): one command per task below; `rlotel COMMAND --help` for its "
+        "options. A command whose optional dependency is missing says what to install, exit 2.",
+        formatter_class=_HelpFormatter,
+    )
+    main_parser.add_argument("--version", action="version", version=f"rlotel {rlotel.__version__}")
+    subparsers = main_parser.add_subparsers(
+        title="commands", dest="command", required=True, metavar="COMMAND"
+    )
+
+    def add_command(name: str, **options: Any) -> argparse.ArgumentParser:
+        options.setdefault("description", options["help"])
+        return subparsers.add_parser(name, formatter_class=_HelpFormatter, **options)
+
+    demo = add_command(
         "demo",
         help="run a tiny real GRPO loop, fully instrumented",
         description="Train a tiny GRPO loop on CPU, instrumented by rlotel; write "
         "runs/<run>/traces.jsonl, summary.json and report.html. Ctrl-C stops it at any "
         f"point: exit {EXIT_INTERRUPTED}, with the files written and those not written "
-        "named; while serving (--serve-seconds) it stops serving, exit 0.",
+        "named; while serving (--serve-seconds, --serve) it stops serving, exit 0. Needs "
+        f"torch: {INSTALL['torch']} (the CPU build; exit 2 without it).",
     )
-    demo.add_argument("--steps", type=int, default=60)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--steps", type=int, default=60, help="training steps")
+    demo.add_argument("--seed", type=int, default=0, help="random seed")
     demo.add_argument("--run", default="demo", help="run name (label `run`)")
-    demo.add_argument("--addr", default="127.0.0.1", help="/metrics bind address")
-    demo.add_argument("--port", type=int, default=9464, help="/metrics port (0 = ephemeral)")
-    demo.add_argument("--runs-dir", default="runs", help="where runs/<run>/traces.jsonl goes")
     demo.add_argument(
+        "--addr",
+        help="/metrics bind address (default: $OTEL_EXPORTER_PROMETHEUS_HOST, else 127.0.0.1)",
+    )
+    demo.add_argument(
+        "--port",
+        type=int,
+        help="/metrics port, 0 = ephemeral (default: $OTEL_EXPORTER_PROMETHEUS_PORT, else 9464)",
+    )
+    demo.add_argument("--runs-dir", default="runs", help="where runs/<run>/traces.jsonl goes")
+    serving = demo.add_mutually_exclusive_group()
+    serving.add_argument(
         "--serve-seconds",
         type=float,
         default=0.0,
-        help="keep /metrics up this long after training (Ctrl-C stops it: exit 0)",
+        metavar="N",
+        help="keep /metrics up N seconds after training (Ctrl-C stops it: exit 0)",
     )
-    demo.add_argument("--peak-flops", type=float, default=448e9, help="device peak FLOP/s")
+    serving.add_argument(
+        "--serve", action="store_true", help="keep /metrics up after training until Ctrl-C"
+    )
+    demo.add_argument(
+        "--peak-flops",
+        type=float,
+        default=448e9,
+        help="device peak FLOP/s (default: %(default).3g)",
+    )
     demo.add_argument(
         "--ray", action="store_true", help="generate in 2 Ray actors on a local cluster"
     )
@@ -598,13 +690,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--hold-at", choices=POINTS, help=argparse.SUPPRESS)  # test hook
     demo.set_defaults(handler=_demo)
-    analyze = commands.add_parser(
+    analyze = add_command(
         "analyze", help="print the step ledger of a traces file or a verl FileLogger JSONL"
     )
     analyze.add_argument("path", help="traces.jsonl, verl's <experiment>.jsonl, or a directory")
     analyze.add_argument("--every", type=int, default=0, help="one table per N steps")
     analyze.set_defaults(handler=_analyze)
-    replay = commands.add_parser(
+    replay = add_command(
         "replay", help="verl FileLogger JSONL → backfillable OpenMetrics + a traces file"
     )
     replay.add_argument("path", help="verl's <experiment>.jsonl ({'step': N, 'data': {...}})")
@@ -614,19 +706,17 @@ def main(argv: list[str] | None = None) -> int:
         "--step-seconds", type=float, default=None, help="duration of steps without timing_s/step"
     )
     replay.set_defaults(handler=_replay)
-    report = commands.add_parser(
-        "report", help="a self-contained HTML report of a run (works offline)"
-    )
+    report = add_command("report", help="a self-contained HTML report of a run (works offline)")
     report.add_argument("path", help="run directory, traces.jsonl, or verl's <experiment>.jsonl")
     report.add_argument("-o", "--out", help="output file (default: report.html beside the input)")
     report.set_defaults(handler=_report)
-    perfetto = commands.add_parser(
+    perfetto = add_command(
         "perfetto", help="spans + torch.profiler captures as one Chrome trace-event timeline"
     )
     perfetto.add_argument("path", help="run directory or traces.jsonl")
     perfetto.add_argument("-o", "--out", help="trace.json or trace.json.gz (default: beside)")
     perfetto.set_defaults(handler=_perfetto)
-    compare = commands.add_parser(
+    compare = add_command(
         "compare", help="which window changed between two runs, with intervals; a CI gate"
     )
     compare.add_argument("base", help="run directory, traces file or directory, verl JSONL")
@@ -646,22 +736,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="EXPR",
         help="exit 1 when a significant change crosses it: step>+5%%, throughput<-5%% (repeatable)",
     )
-    compare.add_argument(
-        "--resamples", type=_resamples, default=2000, help="bootstrap resamples (default 2000)"
-    )
+    compare.add_argument("--resamples", type=_resamples, default=2000, help="bootstrap resamples")
     compare.set_defaults(handler=_compare)
-    stack = commands.add_parser(
+    stack = add_command(
         "stack", help="write the shipped Grafana dashboards, alert rules and stack configs"
     )
     stack.add_argument("dir", help="directory to write into (created if missing)")
     stack.add_argument("--force", action="store_true", help="replace files already there")
     stack.set_defaults(handler=_stack)
-    hang = commands.add_parser(
+    hang = add_command(
         "hangs", help="the phase a run is stuck in and its processes' stacks; exit 1 if hung"
     )
     hang.add_argument("dir", help="the traces directory (RLOTEL_TRACES_DIR)")
     hang.set_defaults(handler=_hangs)
-    doctor = commands.add_parser(
+    doctor = add_command(
         "doctor",
         help="which of rlotel's hooks attach on the verl, Ray, vLLM and torch installed here; "
         "exit 1 if one that applies does not",
@@ -682,8 +770,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     doctor.add_argument("--json", action="store_true", help="the facts as JSON, for scripts")
     doctor.set_defaults(handler=_doctor)
-    args = parser.parse_args(argv)
-    return _checked_path(args) or args.handler(args)
+    return main_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _checked_path(args) or args.handler(args)
+    except ModuleNotFoundError as error:  # an optional dependency a command reached
+        module = (error.name or "").partition(".")[0]
+        if module not in INSTALL:
+            raise
+        _say_install(f"rlotel {args.command}", module)
+        return 2
 
 
 def _doctor(args: argparse.Namespace) -> int:
