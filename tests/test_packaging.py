@@ -32,8 +32,9 @@ PACKAGED = "rlotel/offline/stack/"
 
 def repo_stack() -> dict[str, bytes]:
     """The repository's shipped files by path under the stack: collector/ but the discovery
-    files a local stack writes into engines/ and workers/, and dashboards/*.json but the
-    builder beside them (spelled out here, not taken from the code under test)."""
+    files a local stack writes into engines/ and workers/, dashboards/*.json but the builder
+    beside them, the compose file and the runbooks (spelled out here, not taken from the code
+    under test)."""
     collector = [
         path
         for path in (ROOT / "collector").rglob("*")
@@ -41,9 +42,10 @@ def repo_stack() -> dict[str, bytes]:
         and not (path.parent.name in ("engines", "workers") and path.suffix == ".json")
     ]
     dashboards = list((ROOT / "dashboards").glob("*.json"))
+    beside = [ROOT / "docker-compose.yml", ROOT / "docs" / "runbooks.md"]
     return {
         path.relative_to(ROOT).as_posix(): path.read_bytes()
-        for path in sorted(collector + dashboards)
+        for path in sorted(collector + dashboards + beside)
     }
 
 

@@ -327,7 +327,7 @@ def _default_output(source: Path, name: str) -> Path:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from rlotel.offline.analyze import load_run
+    from rlotel.offline.analyze import load_run, thresholds
 
     path = Path(args.path)
     if not path.exists():
@@ -350,7 +350,7 @@ def _analyze(args: argparse.Namespace) -> int:
     if run.skipped_lines:
         errors.print(f"rlotel: {run.skipped_lines} unreadable line(s) in {path} skipped")
     every = args.every or len(steps)
-    diagnoser = Diagnoser()
+    diagnoser = Diagnoser(thresholds(run))  # the run's own, as live
     verdicts = [diagnoser.observe(step.facts) for step in steps]
     for start in range(0, len(steps), every):
         chunk = steps[start : start + every]
@@ -440,9 +440,11 @@ def _stack(args: argparse.Namespace) -> int:
         return 2
     config = directory / "collector" / "prometheus.yml"
     console.print(
-        f"stack: {len(written)} files in {directory}: dashboards/ (Grafana), collector/rules/ "
-        "(Prometheus rules), collector/ (Collector, Prometheus, Alertmanager, Tempo, Grafana "
-        f"provisioning)\n  check: promtool check config {config}",
+        f"stack: {len(written)} files in {directory}: docker-compose.yml, dashboards/ (Grafana), "
+        "collector/rules/ (Prometheus rules), collector/ (Collector, Prometheus, Alertmanager, "
+        f"Tempo, Grafana provisioning), docs/runbooks.md\n"
+        f"  start: docker compose -f {directory / 'docker-compose.yml'} up -d\n"
+        f"  check: promtool check config {config}",
         markup=False,
         soft_wrap=True,
     )

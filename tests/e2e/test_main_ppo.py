@@ -403,9 +403,12 @@ REGISTERED = {hook.name for hook in HOOKS}
 # server's (its engine's telemetry is vLLM's own tracing)
 SAID_FAILING = {"verl_runtime_env", "vllm_engine", "vllm_request_context"}
 # Hooks the healthy run fires that the chaos run cannot reach, each for the hook upstream of
-# it that failed first
+# it that failed first (or what the chaos run does not ask for)
 DOWNSTREAM = {
     "verl_v1_trajectory": "opens only under a traced dispatch (ray_actor_submit failed)",
+    "torch_collective": "attached by a traced worker call (ray_actor_class failed)",
+    "vllm_span_exporter": "asked for once vLLM's tracing is on (vllm_engine failed)",
+    "verl_prometheus_writer": "the chaos run does not ask verl for rollout.prometheus",
 }
 
 
