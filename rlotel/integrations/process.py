@@ -140,7 +140,7 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
     environment = env.Environment.read()
     port: int | None = None
     if serve or _driver is not None:
-        port = environment.prometheus_port or env.DEFAULT_PROMETHEUS_PORT
+        port = environment.metrics_port
     if declared.profile is not None:
         kwargs.setdefault("profile", declared.profile)
     profile = kwargs.get("profile")
@@ -156,7 +156,7 @@ def telemetry(run: str | None = None, serve: bool = False, **kwargs: Any) -> Tel
         moved=_register_moved,
         environment=environment,
         run=environment.run or declared.run or run or "verl",
-        prometheus_addr=environment.prometheus_host or "127.0.0.1",
+        prometheus_addr=environment.metrics_addr,
         prometheus_port=port,
         traces_file=environment.traces_file,
         **kwargs,

@@ -88,7 +88,7 @@ def setup_worker() -> None:
             environment=environment,
             run=environment.run or "ray",
             service_name=environment.service_name or "rlotel-ray-worker",
-            prometheus_addr=environment.prometheus_host or "127.0.0.1",
+            prometheus_addr=environment.metrics_addr,
             prometheus_port=0,
             resource_attributes=identity,  # role and rank also label its per-rank series
         )

@@ -650,7 +650,7 @@ def _start_worker(identity: dict[str, str | int], run: str | None = None) -> Any
     tel = startup.start(
         environment=environment,
         run=environment.run or run or "verl",
-        prometheus_addr=environment.prometheus_host or "127.0.0.1",
+        prometheus_addr=environment.metrics_addr,
         prometheus_port=0,
         resource_attributes=identity,
     )
