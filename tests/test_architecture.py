@@ -116,8 +116,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def folder_of(module: str) -> str:
-    """The folder of `rlotel/` a module lives in ("" for the package's own modules)."""
+    """The folder of `rlotel/` a module lives in ("" for the package's own modules; the
+    package's `__main__`, `python -m rlotel`, is the command line's entry point)."""
     parts = module.split(".")
+    if parts[1:] == ["__main__"]:
+        return "cli"
     package_modules = {path.stem for path in PACKAGE.glob("*.py")}
     if len(parts) == 1 or (len(parts) == 2 and parts[1] in package_modules):
         return ""
