@@ -163,7 +163,7 @@ def test_a_verl_without_one_target_keeps_every_other_hook(
         lost = set()
     plugin.uninstall()
     try:
-        _, rows, _ = doctor.examine()
+        rows = doctor.examine().rows
     finally:
         plugin.uninstall()
     states = {row.hook: row for row in rows}
