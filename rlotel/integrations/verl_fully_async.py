@@ -218,21 +218,27 @@ def marked_timer(name: str, timing_raw: dict[str, float], *args: Any, **kwargs: 
 def _param_sync(
     original: Any, name: str, timing_raw: dict[str, float], args: tuple, kwargs: dict
 ) -> Iterator[None]:
-    """verl's timer under rlotel's name; its seconds land in `timing_raw[name]`, as verl's."""
-    own: dict[str, float] | None = {}
+    """verl's timer under rlotel's name, into verl's own dict (the step's: rlotel credits a
+    window timed into another dict to the step that dict is merged into); its seconds then
+    move to `timing_raw[name]`, as verl's, and `timing_raw` is left otherwise as it was."""
+    renamed = True
+    before = timing_raw.get(voc.PARAM_SYNC)
     try:
         FULLY_ASYNC_PARAM_SYNC.fault()
-        timer = original(voc.PARAM_SYNC, own, *args, **kwargs)
+        timer = original(voc.PARAM_SYNC, timing_raw, *args, **kwargs)
         FULLY_ASYNC_PARAM_SYNC.fired()
     except Exception as error:
         FULLY_ASYNC_PARAM_SYNC.failed(error)
-        own, timer = None, original(name, timing_raw, *args, **kwargs)
+        renamed, timer = False, original(name, timing_raw, *args, **kwargs)
     try:
         with timer:
             yield
     finally:
-        if own is not None:
-            timing_raw[name] = timing_raw.get(name, 0) + own.get(voc.PARAM_SYNC, 0)
+        if renamed:
+            seconds = timing_raw.pop(voc.PARAM_SYNC, 0) - (before or 0)
+            if before is not None:
+                timing_raw[voc.PARAM_SYNC] = before
+            timing_raw[name] = timing_raw.get(name, 0) + seconds
 
 
 def assemble_batch(rollout_samples: Any, *args: Any, **kwargs: Any) -> Any:

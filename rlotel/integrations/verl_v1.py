@@ -90,7 +90,7 @@ def traced_materialize(original: Any) -> Any:
             partition_id = args[0] if args else kwargs.get("partition_id")
             if partition_id == TRAIN_PARTITION:
                 record_batch(batch)
-                V1_REPLAY_BATCH.fired(time.perf_counter() - started)  # in verl's `gen`
+            V1_REPLAY_BATCH.fired(time.perf_counter() - started)  # in verl's `gen`
         return batch
 
     return _materialize_batch
@@ -109,7 +109,7 @@ def traced_evict(original: Any) -> Any:
             if partition_id == TRAIN_PARTITION and any(eviction_reasons[:3]):
                 reasons = dict(zip(EVICTION_REASONS, eviction_reasons[:3], strict=True))
                 record_evicted(self.partitions[partition_id], reasons)
-                V1_EVICT.fired(time.perf_counter() - started)
+            V1_EVICT.fired(time.perf_counter() - started)  # each poll: the hook runs
         token = _evicting.set(True)  # its `_clear_groups` call is recorded above
         try:
             return original(self, *args, **kwargs)
@@ -131,7 +131,7 @@ def traced_clear(original: Any) -> Any:
             uids = guard.argument(args, kwargs, 1, "uids")
             if partition_id == TRAIN_PARTITION and uids and not _evicting.get():
                 record_evicted(self.partitions[partition_id], {SURPLUS: uids})
-                V1_EVICT.fired(time.perf_counter() - started)
+            V1_EVICT.fired(time.perf_counter() - started)
         return original(self, *args, **kwargs)
 
     return _clear_groups
