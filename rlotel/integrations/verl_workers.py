@@ -204,9 +204,12 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
     """Seconds until each rank's reply, waited for here instead of in verl's `ray.get`
     (which then returns at once): the driver is blocked on them either way. Meanwhile the
     ranks not yet replied are known, so a stall of the phase names them. Every reply in at
-    once is taken in one wait; only when none is in does it block, until the next one is:
-    replies that arrive together cost O(ranks), not a wait per rank over every pending one
-    (quadratic: 1,024 ready replies took 0.8 s)."""
+    once is taken in one wait; only when none is in does it block, until the next 1/32 of
+    the pending ones are (the last 32 one by one): replies that arrive together cost
+    O(ranks), replies that trickle in O(ranks) a wake and a few dozen wakes, not a wait per
+    rank over every pending one (quadratic: 1,024 ready replies took 0.8 s). A reply's time
+    is exact for the last ranks, the stragglers, and within the time 1/32 of the others take
+    to arrive for the rest."""
     wait = None
     try:
         import ray
@@ -217,8 +220,8 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         wait = tel.waiting_on_ranks(set(rank_of.values()))
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-            if not ready:  # none in yet: blocked until the next one is, no polling
-                ready, pending = ray.wait(pending, num_returns=1)
+            if not ready:  # none in yet: blocked until the next few are, no polling
+                ready, pending = ray.wait(pending, num_returns=max(1, len(pending) // 32))
             now = time.perf_counter()
             if CLOCK.awaiting:
                 CLOCK.replied(ready)
