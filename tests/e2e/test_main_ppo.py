@@ -475,6 +475,7 @@ def test_every_hook_failing_trains_exactly_as_without_rlotel(
     assert set(healthy["events"]) <= REGISTERED, sorted(set(healthy["events"]) - REGISTERED)
     reached = set(doctor.traces_counts(str(every_hook_failing / "traces"))["failures"])
     unfired = {hook for hook in reached if not healthy["events"].get(hook)}
+    figure("doctor --traces of the healthy run, fired:", dict(sorted(healthy["events"].items())))
     assert not unfired, f"ran, yet the doctor says fired 0: {sorted(unfired)}"
     assert not healthy["not_attached"], healthy
     assert not re.search(r'File "[^"]*/rlotel/', console)
