@@ -155,11 +155,11 @@ class Slow(Sink):
 def test_composite_shutdown_shares_one_deadline():
     """A sink stuck past the deadline (a blackholed collector) does not stall the others
     or the caller beyond the deadline."""
-    stuck, quick = Slow(5.0), Slow(0.0)
+    stuck, quick = Slow(60.0), Slow(0.0)  # the stuck one first: it must not take quick's share
     composite = CompositeSink([stuck, quick], Drops())
     started = time.monotonic()
-    composite.shutdown(started + 0.5)
-    assert time.monotonic() - started < 1.5
+    composite.shutdown(started + 2.0)  # ample for a sink that returns at once, on a busy host
+    assert time.monotonic() - started < 4.0
     assert quick.done and not stuck.done
 
 
