@@ -1,12 +1,12 @@
 """Hangs answered, slow runs left alone, on verl 0.9.1's real `python -m
 verl.trainer.main_ppo` (V1 trainer, GRPO, vLLM rollout, CPU, loopback only), the plugin on,
-`RLOTEL_STALL_AFTER_S=20`. The user's reward is where it goes wrong — a stand-in of the
+`RLOTEL_STALL_AFTER_S=30`. The user's reward is where it goes wrong — a stand-in of the
 test's own (`verl_cpu/rlotel_test_slow_reward.py`, like a reward calling a sandbox or a
 judge): in the trainer `gen` stays open while the trajectories and their reward calls run
 in the agent-loop and reward worker processes, so the trainer's stall flag depends on
 their progress reaching it.
 
-One run holds both (a run is minutes of the suite): each reward call takes 4 s, one at a
+One run holds both (a run is minutes of the suite): each reward call takes 6 s, one at a
 time (8 a step), and from step 2 on the reward blocks forever.
 
 - slow, step 1: `gen` runs twice the stall limit and more, and no scrape of the trainer's
@@ -34,16 +34,16 @@ from tests.helpers import parse_exposition
 
 pytestmark = pytest.mark.slow
 
-STALL_AFTER_S = 20
+STALL_AFTER_S = 30  # 20 s: a hogged CPU's first vLLM generation alone outlasted it
 CALLS_PER_STEP = 4 * 2  # data.train_batch_size × rollout.n: one reward call each
-SLEEP_S = 4  # a slow reward call: 8 a step, one at a time, is 32 s of `gen` (and ~8 s generating)
+SLEEP_S = 6  # a slow reward call: 8 a step, one at a time, is 48 s of `gen` (and ~8 s generating)
 GRACE_S = 10  # the hung run is killed this long after its first flagged scrape
 REWARD = "reward.custom_reward_function"
 KWARGS = f"+{REWARD}.reward_kwargs"
 
 
 def declare_real_run(key: str, steps: int, *argv: str) -> None:
-    """main_ppo with the stand-in reward and a 20 s stall limit in every process; `WORK` in
+    """main_ppo with the stand-in reward and a 30 s stall limit in every process; `WORK` in
     `argv` is the run's directory."""
     ahead.declare(
         key,
