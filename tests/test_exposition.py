@@ -217,3 +217,24 @@ def test_other_name_escapings_filters_and_methods(served) -> None:
     assert status == 200 and headers["Allow"] == "OPTIONS,GET"
     status, _, _ = fetch(url, method="POST")
     assert status == 405
+
+
+def _tokens(tel) -> dict[str, float]:
+    _, _, body = fetch(tel.metrics_url)
+    samples, _ = parsed(text_parser.text_string_to_metric_families(body.decode()))
+    return {
+        dict(labels)["kind"]: value
+        for (name, labels), value in samples.items()
+        if name == "rlotel_tokens_total"
+    }
+
+
+def test_token_kinds_sum_to_verls_total_with_no_aggregate_beside_them(served, make_tel) -> None:
+    """Each token is counted under one kind, so `sum without (kind)` is the total: the
+    parts when the batch is seen, `unsplit` when only verl's logged total is known."""
+    assert _tokens(served) == {"prompt": 3 * 3 * 16.0, "response": 3 * 9 * 16.0}
+    logged = make_tel(run="logged")
+    for number in (1, 2):
+        logged.log({"perf/total_num_tokens": 100.0 * number}, step=number)
+    assert logged.flush(10)
+    assert _tokens(logged) == {cat.TOKENS_UNSPLIT: 300.0}

@@ -147,7 +147,7 @@ def test_prometheus_reads_back_the_file_values(replayed: ReplayResult, tmp_path:
                 f'rlotel_throughput_tokens_per_second_per_gpu{{run="{run}"}}': data[
                     "perf/throughput"
                 ],
-                f'rlotel_step_tokens{{run="{run}",kind="total"}}': data["perf/total_num_tokens"],
+                f'rlotel_step_tokens{{run="{run}",kind="unsplit"}}': data["perf/total_num_tokens"],
                 f'rlotel_mfu_ratio{{run="{run}",role="actor"}}': data["perf/mfu/actor"],
                 f'rlotel_train_metric{{run="{run}",key="actor/pg_loss"}}': data["actor/pg_loss"],
                 f'rlotel_train_metric{{run="{run}",key="critic/score/mean"}}': data[

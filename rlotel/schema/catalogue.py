@@ -119,10 +119,18 @@ STEP_TOKENS = MetricSpec(
     "rlotel_step_tokens",
     "gauge",
     "tokens",
-    "Tokens in the last step by kind (prompt, response, total).",
+    "Tokens in the last step by kind: prompt and response, or unsplit where only verl's total"
+    " is known. Each token is counted under one kind; the total is sum without (kind).",
     ("kind",),
 )
-TOKENS = MetricSpec("rlotel_tokens", "counter", "tokens", "Tokens processed by kind.", ("kind",))
+TOKENS = MetricSpec(
+    "rlotel_tokens",
+    "counter",
+    "tokens",
+    "Tokens processed by kind (as rlotel_step_tokens).",
+    ("kind",),
+)
+TOKENS_UNSPLIT = "unsplit"  # the kind of verl's perf/total_num_tokens when its parts are unknown
 MFU = MetricSpec(
     "rlotel_mfu_ratio",
     "gauge",

@@ -119,14 +119,12 @@ class Recorder(Sink):
                 voc.AGENT_LOOP_SLOWEST
             ):
                 continue  # min/max/mean are verl's view; the histograms hold every sample
+            if key == voc.TOTAL_NUM_TOKENS and step.prompt_tokens is not None:
+                continue  # its parts follow; the total is a query
             if not key.startswith((voc.TIMING_S, voc.RLOTEL)):
                 self._map_known(key, value)
         if step.prompt_tokens is not None:
-            for kind, count in (
-                ("prompt", step.prompt_tokens),
-                ("response", step.response_tokens),
-                ("total", step.total_tokens),
-            ):
+            for kind, count in (("prompt", step.prompt_tokens), ("response", step.response_tokens)):
                 store.set(cat.STEP_TOKENS, float(count), kind)
                 store.inc(cat.TOKENS, float(count), kind)
 
@@ -248,9 +246,6 @@ class Recorder(Sink):
             self.store.set(cat.STEP_UNACCOUNTED, voc.unaccounted(seconds, covered))
         for name, value in phases.items():
             self.store.observe(cat.PHASE_DURATION, np.array([value]), name)
-        total = as_finite_float(data.get(voc.TOTAL_NUM_TOKENS))[0]
-        if total is not None and total >= 0:
-            self.store.inc(cat.TOKENS, total, "total")
         self._count_step(int(number))
 
     def _map_known(self, key: str, value: float) -> None:
@@ -267,7 +262,7 @@ class Recorder(Sink):
         elif key == voc.TIME_PER_STEP:
             target = (cat.STEP_TIME, value)
         elif key == voc.TOTAL_NUM_TOKENS:
-            target = (cat.STEP_TOKENS, value, "total")
+            target = (cat.STEP_TOKENS, value, cat.TOKENS_UNSPLIT)
         elif key.startswith(voc.MFU):
             target = (cat.MFU, value, key[len(voc.MFU) :])
         elif key.startswith((voc.AGENT_LOOP_SLOWEST, voc.TIMING_S + voc.AGENT_LOOP_SLOWEST)):
@@ -282,3 +277,5 @@ class Recorder(Sink):
             self.store.inc(*target)  # evicted samples: a count
         else:
             self.store.set(*target)
+            if key == voc.TOTAL_NUM_TOKENS:  # only verl's total is known: counted once, unsplit
+                self.store.inc(cat.TOKENS, value, cat.TOKENS_UNSPLIT)
