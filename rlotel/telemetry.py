@@ -41,6 +41,7 @@ from rlotel.record.propagation import parse, traceparent
 from rlotel.record.ranks import RankCompute, RankReply, RankSeconds
 from rlotel.record.samples import build_batch, use_remote_spans
 from rlotel.schema import attributes as attr
+from rlotel.schema.data_moves import DataMoves
 
 log = logging.getLogger("rlotel")
 
@@ -268,6 +269,12 @@ class Telemetry:
         waited for (their replies to a worker-group call; calls in one phase add up): its
         span then names the rank that computed longest and the compute spread."""
         self._add_to_phase("rank_compute", RankCompute, replies)
+
+    def record_data_moves(self, call: Mapping[str, float]) -> None:
+        """One worker-group call's seconds by stage and bytes by direction
+        (`rlotel.schema.data_moves`), added to the innermost open phase: its span, series
+        and the step's verdict then say how much of it was moving data."""
+        self._add_to_phase("data_moves", DataMoves, call)
 
     def _add_to_phase(self, table: str, make: Callable[[str], Any], values: Mapping) -> None:
         """Add `values` to the record the open step keeps for its innermost open phase in

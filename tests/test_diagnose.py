@@ -304,6 +304,7 @@ def test_facts_recorded_as_json_read_back_whole():
         rollout_occupancy=0.401,
         response_length_mean=5.3,
         top_level=frozenset({"gen", "update_actor", "my.timer/x"}),
+        data_movement={"update_actor": {"submit_s": 0.1, "sent_bytes": 1 << 40, "calls": 2}},
     )
     for facts_ in (every, facts(gen=70, update_actor=20)):
         assert StepFacts.from_json(facts_.to_json()) == facts_
@@ -311,6 +312,58 @@ def test_facts_recorded_as_json_read_back_whole():
     assert verdict.facts is every and verdict.attributes()[FACTS] == every.to_json()
     for foreign in (None, 3, "", "{", "[1, 2]", '{"number": 1}', '{"timing_raw": [], "number": 1}'):
         assert StepFacts.from_json(foreign) is None, foreign
+
+
+def moved(**stages: float) -> dict[str, float]:
+    """A window's worker-group calls: seconds by stage, 64 MB each way."""
+    return {**{f"{k}_s": v for k, v in stages.items()}, "sent_bytes": 64e6, "returned_bytes": 64e6}
+
+
+def test_data_movement_inside_windows_is_its_own_suspect():
+    """Seconds a window spent moving data leave the window and compete together: a step
+    whose update_actor is mostly pickling and fetching is data-movement-bound, naming the
+    stage, its seconds and the bytes; the same seconds as compute stay update-bound."""
+    heavy = facts(gen=20, update_actor=60, old_log_prob=20)
+    heavy = StepFacts(
+        **{
+            **vars(heavy),
+            "data_movement": {
+                "update_actor": moved(submit=30, fetch=15, work=10),
+                "old_log_prob": moved(fetch=5, work=14),
+            },
+        }
+    )
+    grouped = windows(heavy)
+    assert grouped["data-movement-bound"] == 50 and grouped["update-bound"] == 15
+    assert grouped["logprob-bound"] == 15  # its fetch is data movement, not inference
+    verdict = diagnose(heavy)
+    assert (verdict.kind, verdict.detail) == ("data-movement-bound", "submit")
+    assert verdict.evidence["data_stage_s"] == 30
+    assert verdict.evidence["data_sent_bytes"] == 128e6
+    assert "pickling each rank's share" in verdict.next_read
+    assert verdict.evidence["data_share.update_actor"] == 0.75  # 45 s of 60
+    assert "update_actor 60 s: data movement 45 s (submit 30 s, 128 MB" in verdict.next_read
+    assert diagnose(facts(gen=20, update_actor=60, old_log_prob=20)).kind == "update-bound"
+
+
+def test_small_data_movement_changes_nothing_but_a_large_share_is_named():
+    """A run whose calls move little keeps its verdict and says nothing of data; a window
+    whose data movement passes `data_share` is named inside another verdict."""
+    base = facts(gen=70, update_actor=20, agent_loop=loop_keys(gen=(1, 10, 60), length=900))
+    small = StepFacts(**{**vars(base), "data_movement": {"update_actor": moved(submit=0.2)}})
+    said, before = diagnose(small), diagnose(base)
+    assert (said.label, said.confidence, said.next_read) == (
+        before.label,
+        before.confidence,
+        before.next_read,
+    )
+    assert not any(key.startswith("data") for key in said.evidence)
+    named = StepFacts(**{**vars(base), "data_movement": {"update_actor": moved(fetch=6)}})
+    verdict = diagnose(named)
+    assert (verdict.kind, verdict.detail) == ("rollout-bound", "generation-tail")
+    assert verdict.evidence["data_stage.update_actor"] == "fetch"
+    assert "; update_actor 20 s: data movement 6 s (fetch 6 s" in verdict.next_read
+    assert diagnose(named, Thresholds(data_share=0.5)).next_read == diagnose(base).next_read
 
 
 def test_thresholds_are_configurable():

@@ -20,8 +20,10 @@ import ray  # noqa: F401  (the global verl's Prometheus writer reads; rlotel rel
 import torch
 
 from rlotel.base.drops import HOOK_FAILURES
+import rlotel
 from rlotel.integrations import (
     collectives,
+    data_moves,
     guard,
     process,
     verl,
@@ -218,8 +220,8 @@ def trainer_fit(wrap: Callable, mp: pytest.MonkeyPatch) -> Case:
 
 
 def func_generator() -> Case:
-    """verl's `func_generator` of a newer verl (one more parameter): rlotel's execute and
-    collect functions go in around verl's; everything else reaches verl as given."""
+    """verl's `func_generator` of a newer verl (one more parameter): rlotel's dispatch,
+    execute and collect functions go in around verl's; everything else reaches verl as given."""
     recorder = Recorder()
 
     def original(self, method_name, dispatch_fn, collect_fn, execute_fn, blocking, *a, **k):
@@ -230,12 +232,21 @@ def func_generator() -> Case:
     result = verl_workers.traced_func_generator(original)(*arguments, **EXTRA_KW)
     for call, _ in recorder.calls:  # by design: verl's two functions inside rlotel's
         call_list = list(call)
-        for position, given in ((3, collect), (4, execute)):
+        for position, given in ((2, dispatch), (3, collect), (4, execute)):
             if call_list[position] is not given:
                 assert call_list[position].__closure__, "not a wrapper of verl's function"
                 call_list[position] = given
         recorder.calls[0] = (tuple(call_list), recorder.calls[0][1])
     return result, arguments, recorder
+
+
+def watched_call() -> Case:
+    """verl's Functor (`func_generator`'s, one per method) watched whole by rlotel."""
+    recorder = Recorder()
+    functor = type("update_actor", (), {"__call__": lambda this, *a, **k: recorder(*a, **k)})()
+    watched = data_moves.watched(functor, rlotel.current)
+    assert type(watched).__name__ == "update_actor" and isinstance(watched, type(functor))
+    return watched(*EXTRA, **EXTRA_KW), EXTRA, recorder
 
 
 def actor_class_loader() -> Case:
@@ -484,6 +495,10 @@ CASES: dict[str, Callable[[pytest.MonkeyPatch], Case]] = {
         vllm_engine.checked_exporter, "http://c:4318"
     ),
     _w("collectives", "timed"): lambda mp: function(collectives.timed, torch.zeros(1)),
+    _w("data_moves", "traced_tq_put"): lambda mp: awaited(data_moves.traced_tq_put, torch.ones(2)),
+    _w("data_moves", "traced_tq_get"): lambda mp: awaited(data_moves.traced_tq_get, None),
+    _w("data_moves", "traced_mq_put"): lambda mp: awaited(data_moves.traced_mq_put, b"sample"),
+    _w("data_moves", "traced_mq_get"): lambda mp: awaited(data_moves.traced_mq_get),
     _w("collectives", "timed_wait"): lambda mp: method(collectives.timed_wait),
 }
 # Wrappers with no rlotel work of their own to fail: what their hook does happens elsewhere.
@@ -502,6 +517,11 @@ INNER: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], Case]]] = {
         "verl_worker_group",
         lambda mp: function(verl_workers.traced_collect, None, [1, 2]),
     ),
+    "worker-group dispatch": (
+        "verl_worker_group",
+        lambda mp: function(data_moves.traced_dispatch, None, "update_actor"),
+    ),
+    "worker-group call": ("verl_worker_group", lambda mp: watched_call()),
 }
 
 

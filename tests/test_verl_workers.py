@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
+import torch
 from ray.util import remove_placement_group
+from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import (
@@ -27,6 +31,7 @@ from rlotel.integrations import verl_workers
 from rlotel.offline import analyze
 from rlotel.offline.otlp_json import STATUS_ERROR, SpanRecord
 from rlotel.record.propagation import run_of
+from rlotel.schema.data_moves import MOVING
 from tests.helpers import parse_exposition, scrape
 
 pytestmark = pytest.mark.slow  # a Ray cluster and verl worker processes
@@ -59,6 +64,20 @@ class TimedWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def hang_one(self) -> None:
         time.sleep(3600 if self.rank == SLOW_RANK else 0.05)
+
+
+class MovingWorker(Worker):
+    """A verl worker whose method does almost nothing with a large batch: a call of it is
+    moving data. A rank of a gloo process group, as verl's FSDP workers are after
+    `init_model`, so its calls report their own seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.distributed.init_process_group("gloo")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def echo(self, data: DataProto) -> DataProto:
+        return data
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +129,7 @@ def cluster(ray_cluster, tmp_path, monkeypatch):
 _GROUPS: list[tuple[RayWorkerGroup, RayResourcePool]] = []  # made in the current test
 
 
-def worker_group(files: Path | None = None) -> RayWorkerGroup:
+def worker_group(files: Path | None = None, cls: type = TimedWorker) -> RayWorkerGroup:
     """Two TimedWorker ranks; with `files` (a test's `cluster`), they write their traces to
     `files` and their discovery files to `files.parent / "sd"`, and go when the test ends."""
     env = None
@@ -122,7 +141,7 @@ def worker_group(files: Path | None = None) -> RayWorkerGroup:
     pool = RayResourcePool([2], use_gpu=False)
     group = RayWorkerGroup(
         resource_pool=pool,
-        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TimedWorker)),
+        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(cls)),
         device_name="cpu",
         worker_env=env,
     )
@@ -349,3 +368,78 @@ def test_reply_timing_grows_linearly_with_the_ranks(ray_cluster):
     ratio = large / small
     print(f"reply timing: 256 ranks {small * 1e3:.2f} ms, 4,096 ranks {large * 1e3:.2f} ms")
     assert ratio < 60, f"16x the ranks cost {ratio:.0f}x: quadratic again"
+
+
+def heavy_batch(rows: int, width: int, columns: int) -> DataProto:
+    """A batch as verl passes them: a tensor and non-tensor (object) columns."""
+    texts = np.array([f"sample {i} " + "x" * 200 for i in range(rows)], dtype=object)
+    return DataProto.from_dict(
+        tensors={"hidden": torch.randn(rows, width)},
+        non_tensors={f"column_{c}": texts.copy() for c in range(columns)},
+    )
+
+
+def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster):
+    """verl's real worker group, DataProto and dispatch: a method that does nothing with a
+    64 MB batch. The call's stages add up to its wall time, its bytes are the batch's (an
+    independent count), the driver's stages agree with a direct timing of the same pickling,
+    and the step's verdict is data movement, naming the stage that took longest."""
+    tel = rlotel.init(run="moves", prometheus_port=0, resource_attributes={"rl.role": "driver"})
+    group = worker_group(cluster, MovingWorker)
+    with tel.phase("init_model"):  # the workers start their telemetry (not measured below)
+        group.echo(heavy_batch(2, 4, 1))
+    batch = heavy_batch(rows=512, width=32768, columns=8)
+    with tel.step(1) as step:
+        with tel.phase("update_actor"):
+            returned = group.echo(batch)
+    assert tel.flush(10)
+    assert torch.equal(returned.batch["hidden"], batch.batch["hidden"])  # verl's result intact
+
+    (moves,) = step.data_moves.values()
+    assert moves.phase == "update_actor" and moves.calls == 1
+    parts = sum(moves.seconds.values())
+    print(
+        "data movement of one call: "
+        + ", ".join(f"{stage} {seconds * 1e3:.1f} ms" for stage, seconds in moves.seconds.items())
+        + f"; wall {moves.wall_s * 1e3:.1f} ms, parts {parts * 1e3:.1f} ms; bytes {moves.bytes}"
+    )
+    assert parts == pytest.approx(moves.wall_s, abs=1e-6)  # contiguous marks: exactly the wall
+    assert moves.seconds["other"] < 0.05 * moves.wall_s  # what no stage names stays small
+    assert moves.seconds["wait"] == 0 and moves.seconds["work"] > 0  # the ranks reported theirs
+
+    # bytes: the batch's tensor and array sizes, counted here independently
+    expected = batch.batch["hidden"].nbytes + sum(a.nbytes for a in batch.non_tensor_batch.values())
+    assert moves.bytes["sent"] == expected and moves.bytes["returned"] == expected
+
+    # the driver's submit is pickling each rank's share (and putting it in the object
+    # store); its fetch is unpickling the replies: timed directly here, on the same shares
+    shares = batch.chunk(2)
+    started = time.perf_counter()
+    pickled = [pickle.dumps(share) for share in shares]
+    dumps_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for blob in pickled:
+        pickle.loads(blob)
+    loads_s = time.perf_counter() - started
+    print(f"direct: pickle.dumps {dumps_s * 1e3:.1f} ms, pickle.loads {loads_s * 1e3:.1f} ms")
+    assert 0.5 * dumps_s <= moves.seconds["submit"] <= 3 * dumps_s + 0.05
+    assert 0.5 * loads_s <= moves.seconds["fetch"] <= 3 * loads_s + 0.05
+
+    verdict = step.verdict
+    stage = max(MOVING, key=moves.seconds.__getitem__)
+    print(f"verdict: {verdict.label}: {verdict.next_read}")
+    assert verdict.kind == "data-movement-bound" and verdict.detail == stage
+    assert verdict.evidence["data_stage_s"] == pytest.approx(moves.seconds[stage], abs=1e-6)
+    assert verdict.evidence["data_sent_bytes"] == expected
+
+    # the phase's span carries the stages and bytes; Prometheus has them by phase and stage
+    spans = wait_for_spans(cluster, {"update_actor": 1})
+    (phase,) = by_name(spans, "update_actor")
+    assert phase.attributes["rl.data.submit_s"] == pytest.approx(moves.seconds["submit"])
+    assert phase.attributes["rl.data.sent_bytes"] == expected
+    series = parse_exposition(scrape(tel.metrics_url))
+    labels = frozenset({("run", "moves"), ("phase", "update_actor"), ("stage", stage)})
+    assert series[("rlotel_data_movement_seconds_total", labels)] == pytest.approx(
+        moves.seconds[stage]
+    )
+    tel.shutdown()

@@ -22,6 +22,7 @@ from typing import Any
 from rlotel.base.errors import ConfigError
 from rlotel.schema import attributes as attr
 from rlotel.schema import vocabulary as voc
+from rlotel.schema.data_moves import DIRECTIONS, MOVING, RETURNED, SENT, moving_seconds
 
 # Top-level windows by the verdict they point to (verl names); any other window of the step
 # (`adv`, a timer rlotel has no word for) competes under its own name: `window-bound/<name>`.
@@ -35,6 +36,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "switch-bound": (voc.SWITCH_TO_TRAINER, voc.SWITCH_TO_ROLLOUT),
 }
 GROUPED = frozenset(name for names in GROUPS.values() for name in names)
+DATA_MOVEMENT = "data-movement-bound"
 WINDOW_BOUND = "window-bound"
 # The step span's record of the facts its verdict was read from (`StepFacts.to_json`):
 # `rlotel analyze` and the report read the verdict again from these, not from the spans.
@@ -72,6 +74,9 @@ NEXT_READ = {
     "async-bias": "the trained batch no longer looks like what was generated: the discarded "
     "samples (rlotel_samples_discarded_total by reason) are the long or hard ones; allow more "
     "staleness, partial rollouts, or re-queue stale prompts instead of dropping them",
+    DATA_MOVEMENT: "moving batches between the driver and the ranks: batch balancing and "
+    "padding, fewer or smaller non-tensor columns, TransferQueue instead of the driver's "
+    "DataProto, the dispatch mode, object-store spilling (ray memory)",
     "balanced": "no single window dominates: look at trends across steps instead",
     WINDOW_BOUND: "`{name}`, a window rlotel has no reading for: its span's children and "
     'the worker calls inside it (rlotel_step_phase_seconds{{phase="{name}"}})',
@@ -94,6 +99,21 @@ SUB_NEXT_READ = {
     "controller-overhead": "gen window is high but samples are not: agent-loop controller, "
     "scheduling and output merge",
     "compute-bound": "MFU is high: more GPUs or a smaller model/batch, not tuning",
+    # data-movement-bound, by the stage that moved data longest
+    "dispatch": "the driver splitting the batch per rank (verl's dispatch_fn): fewer, larger "
+    "columns; balance the batch before, not per call",
+    "submit": "the driver pickling each rank's share into Ray's object store "
+    "(DataProto.__getstate__, non-tensor columns): send fewer or smaller columns, "
+    "TransferQueue, a dispatch mode that sends less",
+    "transfer": "the batch's way to the ranks and back while the driver waits: object-store "
+    "transfer, the ranks unpickling their arguments and pickling their results "
+    "(DataProto.__setstate__/__getstate__): send and return less, TransferQueue",
+    "fetch": "the replies' transfer and unpickling on the driver (ray.get): return only what "
+    "the next window needs; object-store spilling (ray memory)",
+    "collect": "concatenating the ranks' replies on the driver (DataProto.concat): fewer "
+    "non-tensor columns, TransferQueue",
+    "read": "ranks reading their batch from TransferQueue: storage units, batch size per read",
+    "write": "ranks writing their results to TransferQueue: storage units, fields written",
     "low-mfu": "MFU is low: micro-batching, communication or offload",
     "moderate-mfu": "MFU is moderate: profile a flagged step to see the split",
 }
@@ -117,6 +137,7 @@ class Thresholds:
     straggler_spread: float = 1.5  # slowest rank ÷ median of a phase at which it is named
     async_bias_ks: float = 0.2  # KS of trained vs generated at which the batch is biased
     tail_share: float = 0.5  # rollout tail seconds ÷ gen at which the tail is the story
+    data_share: float = 0.25  # a window's data movement ÷ the window at which it is named
 
     @classmethod
     def from_json(cls, text: Any) -> Thresholds:
@@ -151,6 +172,7 @@ class Thresholds:
             "idle_share",
             "async_bias_ks",
             "tail_share",
+            "data_share",
         ):
             if getattr(self, name) > 1:
                 raise ConfigError(
@@ -190,6 +212,9 @@ class StepFacts:
     # the step's own windows when the trace says which (its direct children); else read
     # from the flat `timing_raw` by `vocabulary.step_windows`
     top_level: frozenset[str] | None = None
+    # phase → its worker-group calls' seconds by stage and bytes by direction
+    # (`rlotel.schema.data_moves`): the data half of the ledger
+    data_movement: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @classmethod
     def from_metrics(
@@ -310,6 +335,12 @@ def windows(facts: StepFacts) -> dict[str, float]:
     for name in names:
         if name not in GROUPED and name in timing:
             grouped[f"{WINDOW_BOUND}/{name}"] = timing[name]
+    moving = {phase: moving_seconds(moves) for phase, moves in facts.data_movement.items()}
+    if moving:  # data movement inside a window is its own suspect, not the window's
+        for kind in list(grouped):
+            names_of = GROUPS.get(kind) or (kind.removeprefix(f"{WINDOW_BOUND}/"),)
+            grouped[kind] -= min(grouped[kind], sum(moving.get(n, 0.0) for n in names_of))
+        grouped[DATA_MOVEMENT] = sum(moving.values())
     unaccounted = facts.unaccounted
     if unaccounted is None:
         unaccounted = voc.unaccounted(step, sum(own.values()))
@@ -350,9 +381,9 @@ def diagnose(
         "runner_up_share": round(runner_up / step, 4),
         **_efficiency(facts),
     }
-    straggler = _straggler(facts, limits, evidence)
+    also = _straggler(facts, limits, evidence) + _moving(facts, limits, evidence)
     if share < limits.dominant_share or seconds < limits.margin * runner_up:
-        next_read = NEXT_READ["balanced"] + straggler
+        next_read = NEXT_READ["balanced"] + also
         return Verdict("balanced", "", "medium", share, evidence, next_read)
     detail, confidence = "", "low"  # the share alone
     if kind == "rollout-bound":
@@ -367,13 +398,15 @@ def diagnose(
     elif kind == "sync-bound":
         evidence["impostor"] = "weight sync, not rollout"
         confidence = "medium"
+    elif kind == DATA_MOVEMENT:
+        detail, confidence = _data_movement(facts, evidence), "medium"
     elif share >= limits.dominant_share and seconds >= 2 * runner_up:
         confidence = "medium"  # reward, overhead, checkpoint: the window is all there is
     if kind.startswith(WINDOW_BOUND):
         kind, detail = WINDOW_BOUND, kind[len(WINDOW_BOUND) + 1 :]
-        next_read = NEXT_READ[WINDOW_BOUND].format(name=detail) + straggler
+        next_read = NEXT_READ[WINDOW_BOUND].format(name=detail) + also
     else:
-        next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + straggler
+        next_read = (SUB_NEXT_READ.get(detail) or NEXT_READ[kind]) + also
     return Verdict(kind, detail, confidence, share, evidence, next_read)
 
 
@@ -383,6 +416,42 @@ def _efficiency(facts: StepFacts) -> dict[str, float | str]:
     if facts.response_tokens is not None and facts.sequences:
         evidence["response_tokens_per_sequence"] = round(facts.response_tokens / facts.sequences, 3)
     return evidence
+
+
+def _data_movement(facts: StepFacts, evidence: dict[str, float | str]) -> str:
+    """The stage that moved data longest over the step's windows, and its evidence."""
+    stages = {
+        stage: sum(moves.get(f"{stage}_s", 0.0) for moves in facts.data_movement.values())
+        for stage in MOVING
+    }
+    stage = max(stages, key=stages.get)
+    evidence["data_stage"] = stage
+    evidence["data_stage_s"] = round(stages[stage], 6)
+    for direction in DIRECTIONS:
+        moved = sum(moves.get(f"{direction}_bytes", 0) for moves in facts.data_movement.values())
+        if moved:
+            evidence[f"data_{direction}_bytes"] = moved
+    return stage
+
+
+def _moving(facts: StepFacts, limits: Thresholds, evidence: dict[str, float | str]) -> str:
+    """Names each window whose data movement passes `data_share` of it, whatever the
+    verdict; returns what to add to `next_read` ("" when none does)."""
+    said = []
+    for window, moves in sorted(facts.data_movement.items()):
+        seconds = facts.timing_raw.get(window, 0.0)
+        moving = moving_seconds(moves)
+        if seconds <= 0 or moving < limits.data_share * seconds:
+            continue
+        stage = max(MOVING, key=lambda name: moves.get(f"{name}_s", 0.0))
+        evidence[f"data_share.{window}"] = round(moving / seconds, 4)
+        evidence[f"data_stage.{window}"] = stage
+        megabytes = (moves.get(f"{SENT}_bytes", 0) + moves.get(f"{RETURNED}_bytes", 0)) / 1e6
+        said.append(
+            f"{window} {seconds:.3g} s: data movement {moving:.3g} s ({stage} "
+            f"{moves.get(f'{stage}_s', 0.0):.3g} s, {megabytes:.3g} MB moved with its calls)"
+        )
+    return "; " + "; ".join(said) if said else ""
 
 
 def _straggler(facts: StepFacts, limits: Thresholds, evidence: dict[str, float | str]) -> str:

@@ -11,7 +11,7 @@ object, built once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from rlotel.derive import async_bias, goodput, occupancy, staleness
 from rlotel.derive.diagnose import StepFacts, Verdict
 from rlotel.record import ranks, samples
 from rlotel.schema import formulas, vocabulary
+from rlotel.schema.data_moves import DataMoves
 
 
 class StepRecord(Protocol):
@@ -32,6 +33,7 @@ class StepRecord(Protocol):
     sequences: int | None
     rank_seconds: Mapping[int, ranks.RankSeconds]
     rank_compute: Mapping[int, ranks.RankCompute]
+    data_moves: Mapping[int, DataMoves]
 
     @property
     def total_tokens(self) -> int | float | None: ...
@@ -106,5 +108,25 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
             spread.phase: (spread.slowest_rank, spread.spread)
             for spread in ranks.compute_spreads(step.rank_compute).values()
         },
+        data_movement=data_movement(step.data_moves, trace.records),
     )
     return StepSummary(timing, metrics, unaccounted, consumed, replicas or {}, facts)
+
+
+def data_movement(
+    moves: Mapping[int, DataMoves], records: Iterable[Any]
+) -> dict[str, dict[str, float]]:
+    """Top-level window → its worker-group calls' seconds by stage and bytes (a call made in
+    a phase nested in a window counts in that window; windows of one name summed)."""
+    window_of = {}
+    for record in records:
+        top = record
+        while top.parent is not None:
+            top = top.parent
+        window_of[record.span_id] = top.name
+    by_window: dict[str, dict[str, float]] = {}
+    for span_id, record in moves.items():
+        into = by_window.setdefault(window_of.get(span_id, record.phase), {})
+        for key, value in record.facts().items():
+            into[key] = into.get(key, 0) + value
+    return by_window

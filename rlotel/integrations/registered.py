@@ -20,6 +20,7 @@ FULLY_ASYNC_TRAINER = "verl.experimental.fully_async_policy.fully_async_trainer"
 FULLY_ASYNC_ROLLOUTER = "verl.experimental.fully_async_policy.fully_async_rollouter"
 REPLAY_BUFFER = "verl.trainer.ppo.v1.replay_buffer"
 CHECKPOINT_ENGINE = "verl.checkpoint_engine.base"
+MESSAGE_QUEUE_MODULE = "verl.experimental.fully_async_policy.message_queue"
 # torch.distributed's collectives (a build without one of them times the rest)
 COLLECTIVES = (
     "all_reduce",
@@ -230,13 +231,43 @@ V1_EVICT = Hook(
 WORKER_GROUP = Hook(
     "verl_worker_group",
     "verl",
-    "each rank's reply time and compute seconds of verl's worker-group calls",
+    "verl's worker-group calls: each rank's reply time and compute seconds; the driver's "
+    "dispatch, submit, wait, fetch and collect seconds and the bytes sent and returned",
     (
         _t(
             "verl.single_controller.ray.base",
             "func_generator",
             "verl_workers:traced_func_generator",
         ),
+    ),
+)
+
+TRANSFER_QUEUE = Hook(
+    "transfer_queue",
+    "transferqueue",
+    "seconds and bytes of TransferQueue puts and gets (V1's data path) in the process that "
+    "makes them; a rank's, inside its call, reported to the driver's window",
+    (
+        _t(
+            "transfer_queue.client",
+            "AsyncTransferQueueClient.async_put",
+            "data_moves:traced_tq_put",
+        ),
+        _t(
+            "transfer_queue.client",
+            "AsyncTransferQueueClient.async_get_data",
+            "data_moves:traced_tq_get",
+        ),
+    ),
+)
+
+MESSAGE_QUEUE = Hook(
+    "verl_message_queue",
+    "verl",
+    "fully async: seconds and bytes of the rollouter's puts and the trainer's gets",
+    (
+        _t(MESSAGE_QUEUE_MODULE, "MessageQueueClient.put_sample", "data_moves:traced_mq_put"),
+        _t(MESSAGE_QUEUE_MODULE, "MessageQueueClient.get_sample", "data_moves:traced_mq_get"),
     ),
 )
 
@@ -463,6 +494,8 @@ HOOKS: tuple[Hook, ...] = (
     FULLY_ASYNC_SAMPLES,
     RAY_ACTOR_SUBMIT,
     RAY_ACTOR_CLASS,
+    TRANSFER_QUEUE,
+    MESSAGE_QUEUE,
     VLLM_ENGINE,
     VLLM_REQUEST,
     VLLM_SPAN_EXPORTER,

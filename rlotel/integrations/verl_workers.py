@@ -33,7 +33,7 @@ from typing import Any
 
 import rlotel
 from rlotel.base import clock, env
-from rlotel.integrations import collectives, guard, service, verl_captures
+from rlotel.integrations import collectives, data_moves, guard, service, verl_captures
 from rlotel.integrations.clock_exchange import CLOCK_KEY, ClockExchange
 from rlotel.integrations.registered import (
     RAY_ACTOR_CLASS,
@@ -44,6 +44,7 @@ from rlotel.integrations.registered import (
 from rlotel.record.propagation import run_of, traceparent, with_run
 from rlotel.record.ranks import RankReply, RankTime
 from rlotel.schema import attributes as attr
+from rlotel.schema import data_moves as dm
 from rlotel.schema import vocabulary
 
 log = logging.getLogger("rlotel")
@@ -152,8 +153,12 @@ def traced_execute(execute_fn: Callable[..., Any], blocking: bool) -> Callable[.
             output = execute_fn(*args, **kwargs)
         finally:
             _replies_wanted.reset(token)
+        data_moves.mark(dm.SUBMIT)
         if isinstance(output, list) and (len(output) > 1 or (CLOCK.awaiting and output)):
             _time_replies(tel, output, started)
+        elif data_moves.CALL.get() is not None:
+            WORKER_GROUP.attempt(_wait_all, output)  # what follows is fetching, not waiting
+        data_moves.mark(dm.WAIT)
         return output
 
     return execute
@@ -165,13 +170,23 @@ def traced_collect(collect_fn: Callable[..., Any]) -> Callable[..., Any]:
     the worker methods returned; the innermost open phase records them."""
 
     def collect(worker_group: Any, output: Any, *args: Any, **kwargs: Any) -> Any:
+        moves = data_moves.CALL.get()
         try:
             WORKER_GROUP.fault()
+            if moves is not None:
+                moves.mark(dm.FETCH)  # verl's `ray.get` since the last reply was in
+                replies = output if isinstance(output, list) else [output]
+                moves.replied([item for item in replies if type(item) is RankReply])
             opened = open_replies(output)
+            if moves is not None:
+                moves.add(f"{dm.RETURNED}_bytes", data_moves.nbytes(opened))
         except Exception as error:
             WORKER_GROUP.failed(error)
             opened = unwrapped(output)
-        return collect_fn(worker_group, opened, *args, **kwargs)
+        result = collect_fn(worker_group, opened, *args, **kwargs)
+        if moves is not None:
+            moves.mark(dm.COLLECT)
+        return result
 
     return collect
 
@@ -184,6 +199,16 @@ def unwrapped(output: Any) -> Any:
     if isinstance(output, list):
         return [item.value if type(item) is RankReply else item for item in output]
     return output
+
+
+def _wait_all(output: Any) -> None:
+    """Until every reply of a call is in (a call whose replies are not timed)."""
+    import ray
+
+    given = output if isinstance(output, list) else [output]
+    refs = [ref for ref in given if isinstance(ref, ray.ObjectRef)]
+    if refs:
+        ray.wait(refs, num_returns=len(refs))
 
 
 def open_replies(output: Any) -> Any:
@@ -307,12 +332,27 @@ def traced_func_generator(original: Callable[..., Any]) -> Callable[..., Any]:
             options = given.arguments
             options["execute_fn"] = traced_execute(options["execute_fn"], options["blocking"])
             options["collect_fn"] = traced_collect(options["collect_fn"])
+            options["dispatch_fn"] = data_moves.traced_dispatch(options["dispatch_fn"])
+            blocking = options["blocking"]
         except Exception as error:
             WORKER_GROUP.failed(error)
             return original(*args, **kwargs)
-        return original(*given.args, **given.kwargs)
+        functor = original(*given.args, **given.kwargs)
+        if not blocking:
+            return functor
+        try:
+            return data_moves.watched(functor, _watching)
+        except Exception as error:
+            WORKER_GROUP.failed(error)
+            return functor
 
     return func_generator
+
+
+def _watching() -> Any:
+    """The telemetry a blocking worker-group call made now is recorded in: inside a phase."""
+    current = rlotel.current()
+    return current if current is not None and service.of(current).in_trace() else None
 
 
 # --- worker ------------------------------------------------------------------------------
@@ -416,7 +456,7 @@ class _Call:
     (`rlotel.integrations.collectives`): on its span, in this rank's series and, when the
     caller asked, sent back with the reply."""
 
-    __slots__ = ("carrier", "name", "rank_time", "role", "tally", "tel")
+    __slots__ = ("carrier", "moves", "name", "rank_time", "role", "tally", "tel")
 
     def __init__(self, tel: Any, name: str, carrier: Any, role: str | None = None) -> None:
         self.tel = tel
@@ -425,9 +465,11 @@ class _Call:
         self.role = role  # the call's own role; None: this process's
         self.tally: collectives.Tally | None = None
         self.rank_time: RankTime | None = None
+        self.moves: data_moves.RankMoves | None = None
 
     def open(self) -> None:
         self.tally = collectives.open_tally()
+        self.moves = data_moves.open_rank_call()
 
     def close(self, phase: Any) -> None:
         """Before the phase closes (its span is built from the trace once it has)."""
@@ -467,9 +509,10 @@ class _Call:
     def reply(self, result: Any) -> Any:
         """The method's result, wrapped with this rank's seconds when the caller asked."""
         rank_time = self.rank_time
+        moved = None if self.moves is None else data_moves.close_rank_call(self.moves)
         if rank_time is None or REPLY_KEY not in self.carrier:
             return result
-        return RankReply(result, rank_time.compute_s, rank_time.collective_s)
+        return RankReply(result, rank_time.compute_s, rank_time.collective_s, moved)
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,6 +21,7 @@ from rlotel.base.drops import Drops, as_finite_float, clean_counts, describe, en
 from rlotel.record import nvtx, ranks, samples
 from rlotel.record.samples import SampleBatch
 from rlotel.schema import vocabulary
+from rlotel.schema.data_moves import DataMoves
 
 if TYPE_CHECKING:
     from rlotel.record.capture import Capture
@@ -350,6 +351,7 @@ class Step:
         self.captures: list[Capture] = []  # profiler outputs this step links to
         self.rank_seconds: dict[int, ranks.RankSeconds] = {}  # phase span id → its ranks' seconds
         self.rank_compute: dict[int, ranks.RankCompute] = {}  # phase span id → ranks' compute
+        self.data_moves: dict[int, DataMoves] = {}  # phase span id → its calls' data movement
         self.closed = False
         self.held = False  # a hook holds it until its captures are written
         self.logged: Mapping[str, Any] | None = None  # the step's `tel.log` dict (verl's)

@@ -103,15 +103,22 @@ class RankReply:
     """A worker's reply with its compute and collective seconds, for a caller that asked
     (the driver's worker-group call unwraps it before verl collects the results)."""
 
-    __slots__ = ("collective_s", "compute_s", "value")
+    __slots__ = ("collective_s", "compute_s", "moved", "value")
 
-    def __init__(self, value: object, compute_s: float, collective_s: float) -> None:
+    def __init__(
+        self,
+        value: object,
+        compute_s: float,
+        collective_s: float,
+        moved: tuple[float, float, int, int] | None = None,
+    ) -> None:
         self.value = value
         self.compute_s = compute_s
         self.collective_s = collective_s
+        self.moved = moved  # TransferQueue (read s, write s, read bytes, written bytes)
 
     def __reduce__(self) -> tuple:
-        return RankReply, (self.value, self.compute_s, self.collective_s)
+        return RankReply, (self.value, self.compute_s, self.collective_s, self.moved)
 
 
 class ComputeSpread(NamedTuple):

@@ -126,6 +126,7 @@ RANKS = "rl.ranks"  # how many ranks replied
 SLOWEST_RANK = "rl.rank.slowest"
 SLOWEST_RANK_S = "rl.rank.slowest_s"
 RANK_SPREAD = "rl.rank.spread"  # slowest ÷ median
+DATA_PREFIX = "rl.data."  # + a worker-group phase's seconds by stage and bytes by direction
 # ...and of its ranks' compute (time outside torch.distributed collectives, reported by each
 # rank with its reply): under collectives every rank replies together, compute tells them apart.
 RANK_COMPUTE_SLOWEST = "rl.rank.compute.slowest"

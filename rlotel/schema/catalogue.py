@@ -301,6 +301,46 @@ RANK_COLLECTIVE = MetricSpec(
     "ranks, plus the transfer) in its last traced call of each phase; exposed by the worker.",
     ("phase", "role", "rank"),
 )
+DATA_MOVEMENT_SECONDS = MetricSpec(
+    "rlotel_data_movement_seconds",
+    "counter",
+    "seconds",
+    "Seconds of the driver's worker-group calls by phase and stage: dispatch, submit, wait, "
+    "fetch, collect and other add up to the calls' wall time; read and write are the slowest "
+    "rank's TransferQueue reads and writes inside wait.",
+    ("phase", "stage"),
+)
+DATA_MOVEMENT_BYTES = MetricSpec(
+    "rlotel_data_movement_bytes",
+    "counter",
+    "bytes",
+    "Bytes the driver's worker-group calls moved by phase and direction: sent to and "
+    "returned from the ranks with the calls, read from and written to TransferQueue by the "
+    "ranks (tensor and array sizes).",
+    ("phase", "direction"),
+)
+QUEUE_SECONDS = MetricSpec(
+    "rlotel_queue_seconds",
+    "counter",
+    "seconds",
+    "Seconds this process spent in data-queue operations (TransferQueue put and get, fully "
+    "async's MessageQueue put and get) by queue and operation.",
+    ("queue", "op"),
+)
+QUEUE_BYTES = MetricSpec(
+    "rlotel_queue_bytes",
+    "counter",
+    "bytes",
+    "Bytes this process put into or got from a data queue, by queue and operation.",
+    ("queue", "op"),
+)
+QUEUE_OPS = MetricSpec(
+    "rlotel_queue_operations",
+    "counter",
+    "",
+    "Data-queue operations this process made, by queue and operation.",
+    ("queue", "op"),
+)
 GOODPUT = MetricSpec(
     "rlotel_goodput_ratio",
     "gauge",

@@ -113,6 +113,11 @@ class Recorder(Sink):
             store.set(cat.PHASE_RANK_SPREAD, spread.spread, spread.phase)
         for spread in ranks.compute_spreads(step.rank_compute).values():
             store.set(cat.PHASE_RANK_COMPUTE_SPREAD, spread.spread, spread.phase)
+        for moves in step.data_moves.values():
+            for stage, seconds in moves.seconds.items():
+                store.inc(cat.DATA_MOVEMENT_SECONDS, seconds, moves.phase, stage)
+            for direction, moved in moves.bytes.items():
+                store.inc(cat.DATA_MOVEMENT_BYTES, float(moved), moves.phase, direction)
         self._observe_goodput(step.metrics)
         for key, value in step.metrics.items():
             if key.startswith((voc.AGENT_LOOP, voc.OFF_POLICY)) and not key.startswith(

@@ -17,6 +17,7 @@ import numpy as np
 
 from rlotel.base.drops import HOOK_FAILURES, Drops, encodable
 from rlotel.base.hook_states import HOOK_EVENTS, HOOK_STATES
+from rlotel.base.queue_moves import QUEUE_MOVES
 from rlotel.schema import catalogue as cat
 from rlotel.schema import vocabulary as voc
 
@@ -252,4 +253,9 @@ class SeriesStore:
             scalars.setdefault(cat.INTEGRATION_FAILURES, {})[(hook,)] = float(count)
         for hook, state in HOOK_STATES.snapshot().items():
             scalars.setdefault(cat.INTEGRATION_HOOKS, {})[(hook, state)] = 1.0
+        for labels, totals in QUEUE_MOVES.snapshot().items():
+            for spec, total in zip(
+                (cat.QUEUE_SECONDS, cat.QUEUE_BYTES, cat.QUEUE_OPS), totals, strict=True
+            ):
+                scalars.setdefault(spec, {})[labels] = float(total)
         return Snapshot(scalars, histograms, version)

@@ -222,6 +222,11 @@ class SpanBuilder:
                     if spread is not None:  # its own attributes: phases of a name share theirs
                         attributes = {**span.attributes, **spread.attributes()}
                         spans[index] = span._replace(attributes=attributes)
+        for index, span in enumerate(spans if step.data_moves else ()):
+            moves = step.data_moves.get(span.span_id) if type(span) is SpanData else None
+            if moves is not None:  # its worker-group calls' stages and bytes
+                data = {attr.DATA_PREFIX + key: value for key, value in moves.facts().items()}
+                spans[index] = span._replace(attributes={**span.attributes, **data})
         return spans
 
     def loose(self, trace: Trace) -> list[SpanItem]:

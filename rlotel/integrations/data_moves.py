@@ -1,0 +1,273 @@
+"""The data half of the ledger, where data moves: a worker-group call's stages on the
+driver, and the data queues (TransferQueue, fully async's MessageQueue) wherever they run.
+
+A blocking worker-group call inside a phase is watched whole (`Watched`, made by
+`verl_workers.traced_func_generator`): the driver's marks between verl's own steps give
+dispatch, submit, wait, fetch, collect and other, which add up to the call's wall time;
+the batches verl passed give the bytes sent and returned. A rank's TransferQueue reads and
+writes during its call travel back with its reply. Sizes are what the batches hold (tensor
+and array `nbytes`): nothing is pickled a second time.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlotel.base.queue_moves import QUEUE_MOVES
+from rlotel.integrations.hooks import Hook
+from rlotel.integrations.registered import MESSAGE_QUEUE, TRANSFER_QUEUE, WORKER_GROUP
+from rlotel.record.ranks import RankReply
+from rlotel.schema import data_moves as dm
+
+PUT, GET = "put", "get"
+
+
+def nbytes(value: Any, depth: int = 0) -> int:
+    """What a batch holds in memory: tensor and array `nbytes` of a `DataProto` (its
+    non-tensor columns as arrays: an object column counts its references), a TensorDict,
+    a tensor, an array, or a list or tuple of them (per-rank shares); 0 for anything else
+    (metadata, futures, scalars)."""
+    if isinstance(value, (list, tuple)) and depth < 2:
+        return sum(nbytes(item, depth + 1) for item in value)
+    size = getattr(value, "nbytes", None)
+    if isinstance(size, int):  # torch.Tensor, numpy.ndarray
+        return size
+    tensordict = sys.modules.get("tensordict")
+    if tensordict is not None and isinstance(value, tensordict.TensorDictBase):
+        leaves = value.values(include_nested=True, leaves_only=True)
+        return sum(leaf.nbytes for leaf in leaves if isinstance(getattr(leaf, "nbytes", 0), int))
+    protocol = sys.modules.get("verl.protocol")
+    if protocol is not None and isinstance(value, protocol.DataProto):
+        arrays = sum(column.nbytes for column in (value.non_tensor_batch or {}).values())
+        return (0 if value.batch is None else nbytes(value.batch, depth)) + arrays
+    return 0
+
+
+# --- a worker-group call on the driver ---------------------------------------------------
+
+
+class CallMoves:
+    """One blocking worker-group call's stages, marked as verl's steps end."""
+
+    __slots__ = ("_last", "call", "slowest", "started")
+
+    def __init__(self) -> None:
+        self.started = self._last = time.perf_counter()
+        self.call: dict[str, float] = {}
+        self.slowest: RankReply | None = None
+
+    def mark(self, stage: str) -> None:
+        """`stage` ended now: it took the time since the previous mark."""
+        now = time.perf_counter()
+        self.call[stage] = self.call.get(stage, 0.0) + now - self._last
+        self._last = now
+
+    def add(self, key: str, amount: float) -> None:
+        self.call[key] = self.call.get(key, 0.0) + amount
+
+    def replied(self, replies: list[RankReply]) -> None:
+        """The ranks' own account of their calls: every rank's TransferQueue bytes, and the
+        slowest rank's seconds, which split the wait (`rlotel.schema.data_moves`)."""
+        if not replies:
+            return
+        slowest = max(replies, key=lambda reply: reply.compute_s + reply.collective_s)
+        self.slowest = slowest
+        for reply in replies:
+            if reply.moved:
+                self.add(f"{dm.READ}_bytes", reply.moved[2])
+                self.add(f"{dm.WRITE}_bytes", reply.moved[3])
+
+    def end(self, tel: Any) -> None:
+        self.mark(dm.OTHER)
+        call = self.call
+        call["wall_s"] = time.perf_counter() - self.started
+        slowest = self.slowest
+        if slowest is not None and dm.WAIT in call:
+            wait = call.pop(dm.WAIT)
+            wall = slowest.compute_s + slowest.collective_s
+            read, write = slowest.moved[:2] if slowest.moved else (0.0, 0.0)
+            inside = min(1.0, wait / wall) if wall > 0 else 0.0  # clocks of two processes
+            call[dm.TRANSFER] = max(0.0, wait - wall)
+            call[dm.READ] = read * inside
+            call[dm.WRITE] = write * inside
+            call[dm.WORK] = max(0.0, wall - read - write) * inside
+        tel.record_data_moves(call)
+
+
+CALL: contextvars.ContextVar[CallMoves | None] = contextvars.ContextVar(
+    "rlotel_call_moves", default=None
+)
+
+
+def mark(stage: str) -> None:
+    """The watched call of this context (if any): `stage` ended now."""
+    moves = CALL.get()
+    if moves is not None:
+        moves.mark(stage)
+
+
+def watched(functor: Any, watching: Callable[[], Any]) -> Any:
+    """verl's worker-group call (`func_generator`'s `Functor`, named after the method) as
+    an instance of a subclass of the same name whose call is timed whole when
+    `watching()` gives a telemetry: a blocking call made inside a phase."""
+    cls = type(functor)
+    if not callable(functor) or cls.__init__ is not object.__init__:
+        return functor  # not verl's Functor: left as it is
+    call = cls.__call__
+
+    def __call__(this: Any, *args: Any, **kwargs: Any) -> Any:
+        tel = None
+        with WORKER_GROUP.guarded():
+            WORKER_GROUP.fault()
+            tel = watching()
+        if tel is None:
+            return call(this, *args, **kwargs)
+        moves = CallMoves()
+        token = CALL.set(moves)
+        try:
+            return call(this, *args, **kwargs)
+        finally:
+            CALL.reset(token)
+            WORKER_GROUP.attempt(moves.end, tel)
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})()
+
+
+def traced_dispatch(dispatch_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's dispatch function: the split batch's bytes are what the call sends."""
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        result = dispatch_fn(*args, **kwargs)
+        moves = CALL.get()
+        with WORKER_GROUP.guarded():
+            WORKER_GROUP.fault()
+            if moves is not None:
+                moves.mark(dm.DISPATCH)
+                sent_args, sent_kwargs = result  # each a rank's share, or one for every rank
+                sent = sum(nbytes(arg) for arg in (*sent_args, *sent_kwargs.values()))
+                moves.add(f"{dm.SENT}_bytes", sent)
+        return result
+
+    return dispatch
+
+
+# --- a rank's queue reads and writes inside its call -------------------------------------
+
+
+class RankMoves:
+    """What one worker process read from and wrote to TransferQueue during its open call
+    (one at a time: verl's ranks run one call after another). The client's coroutines run
+    on its own event loop, so this is per process, not per context."""
+
+    __slots__ = ("read_bytes", "read_s", "write_bytes", "write_s")
+
+    def __init__(self) -> None:
+        self.read_s = self.write_s = 0.0
+        self.read_bytes = self.write_bytes = 0
+
+    def totals(self) -> tuple[float, float, int, int]:
+        return (self.read_s, self.write_s, self.read_bytes, self.write_bytes)
+
+
+_open: list[RankMoves] = []  # the worker call open in this process, if any
+_open_lock = threading.Lock()
+
+
+def open_rank_call() -> RankMoves:
+    moves = RankMoves()
+    with _open_lock:
+        _open[:] = [moves]
+    return moves
+
+
+def close_rank_call(moves: RankMoves) -> tuple[float, float, int, int] | None:
+    """The call's TransferQueue totals (None when it moved nothing through it)."""
+    with _open_lock:
+        if _open and _open[0] is moves:
+            _open.clear()
+    totals = moves.totals()
+    return totals if any(totals) else None
+
+
+def _queue_moved(in_call: bool, queue: str, op: str, seconds: float, size: int) -> None:
+    QUEUE_MOVES.moved(queue, op, seconds, size)
+    if not in_call:  # only TransferQueue moves a rank's data inside its call
+        return
+    with _open_lock:
+        moves = _open[0] if _open else None
+    if moves is not None:
+        if op == GET:
+            moves.read_s += seconds
+            moves.read_bytes += size
+        else:
+            moves.write_s += seconds
+            moves.write_bytes += size
+
+
+# --- the queues --------------------------------------------------------------------------
+
+
+def _timed_queue(
+    original: Callable[..., Any], hook: Hook, op: str, size_of: Callable[[Any, Any], int]
+) -> Callable[..., Any]:
+    """An async queue method, its seconds and bytes counted (`size_of(arguments, result)`)
+    under the queue's name (its hook's)."""
+
+    async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = await original(self, *args, **kwargs)
+        seconds = time.perf_counter() - started
+        with hook.guarded():
+            hook.fault()
+            hook.fired()
+            size = size_of((args, kwargs), result)
+            _queue_moved(hook is TRANSFER_QUEUE, hook.name, op, seconds, size)
+        return result
+
+    timed.__wrapped__ = original  # type: ignore[attr-defined]
+    return timed
+
+
+def _put_data(given: tuple[tuple, dict], _: Any) -> int:
+    args, kwargs = given
+    return nbytes(kwargs.get("data", args[0] if args else None))
+
+
+def _got(_: tuple[tuple, dict], result: Any) -> int:
+    return nbytes(result)
+
+
+def _put_sample(given: tuple[tuple, dict], _: Any) -> int:
+    args, kwargs = given
+    sample = kwargs.get("sample", args[0] if args else None)
+    return len(sample) if isinstance(sample, (bytes, bytearray)) else 0
+
+
+def _got_sample(_: tuple[tuple, dict], result: Any) -> int:
+    sample = result[0] if isinstance(result, tuple) and result else result
+    return len(sample) if isinstance(sample, (bytes, bytearray)) else 0
+
+
+def traced_tq_put(original: Callable[..., Any]) -> Callable[..., Any]:
+    """TransferQueue's `AsyncTransferQueueClient.async_put` (its sync `put` runs it too)."""
+    return _timed_queue(original, TRANSFER_QUEUE, PUT, _put_data)
+
+
+def traced_tq_get(original: Callable[..., Any]) -> Callable[..., Any]:
+    """TransferQueue's `AsyncTransferQueueClient.async_get_data`."""
+    return _timed_queue(original, TRANSFER_QUEUE, GET, _got)
+
+
+def traced_mq_put(original: Callable[..., Any]) -> Callable[..., Any]:
+    """fully async's `MessageQueueClient.put_sample` (a pickled sample: its length)."""
+    return _timed_queue(original, MESSAGE_QUEUE, PUT, _put_sample)
+
+
+def traced_mq_get(original: Callable[..., Any]) -> Callable[..., Any]:
+    """fully async's `MessageQueueClient.get_sample` (waiting until one is there included)."""
+    return _timed_queue(original, MESSAGE_QUEUE, GET, _got_sample)
