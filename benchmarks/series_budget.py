@@ -25,6 +25,7 @@ from rlotel.derive.goodput import BUCKETS, DEFAULT_BUCKETS
 from rlotel.integrations.registered import HOOKS
 from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS
 from rlotel.schema import catalogue as cat
+from rlotel.schema import data_moves as dm
 from rlotel.schema.vocabulary import BIAS_QUANTITIES, DISCARD_REASONS
 
 CAP = Config.max_metric_keys  # label sets per family and process (rlotel.init's default)
@@ -76,7 +77,7 @@ LABELS: dict[str, Label] = {
         f"verl 0.9.1's timer names in rlotel's goodput table ({len(DEFAULT_BUCKETS)}), `step`, "
         "one spare",
     ),
-    "kind": Label(3, "prompt, response, total"),
+    "kind": Label(3, "prompt, response, unsplit"),
     "role": Label(4, "actor, critic, ref, reward model"),
     "key": Label(KEY_CAP, "other tel.log keys: the training and validation key budgets"),
     "rank": Label(1, "a worker's own rank: one per process (its per-rank seconds)"),
@@ -90,11 +91,15 @@ LABELS: dict[str, Label] = {
     "signal": Label(6, "metrics, samples, spans, tokens, profile, replay"),
     "verdict": Label(1, "one verdict at a time (the family is replaced)"),
     "detail": Label(1, "one verdict at a time (the family is replaced)"),
+    "direction": Label(len(dm.DIRECTIONS), ", ".join(dm.DIRECTIONS)),
+    "queue": Label(2, "transfer_queue, verl_message_queue"),
+    "op": Label(2, "put, get"),
 }
 # Where a family's label means fewer values than the label's own bound.
 FAMILY_LABELS: dict[str, dict[str, Label]] = {
     cat.AGENT_LOOP_LENGTH.name: {"kind": Label(len(LENGTH_KINDS), "prompt, response")},
     cat.ROLE_IDLE.name: {"role": Label(2, "trainer, rollout")},
+    cat.DATA_MOVEMENT_SECONDS.name: {"stage": Label(len(dm.STAGES), ", ".join(dm.STAGES))},
     cat.SAMPLES_DISCARDED.name: {"reason": Label(len(DISCARD_REASONS), ", ".join(DISCARD_REASONS))},
     cat.INTEGRATION_FAILURES.name: {"hook": Label(len(HOOKS), "the hooks of the registry")},
     cat.INTEGRATION_HOOKS.name: {
@@ -107,6 +112,7 @@ FAMILY_SETS: dict[str, Label] = {
     cat.DROPPED.name: Label(48, "(signal, reason) pairs: 40 written in rlotel/ today"),
     cat.INTEGRATION_HOOKS.name: Label(len(HOOKS), "one state per hook of the registry"),
 }
+QUEUES = (cat.QUEUE_SECONDS.name, cat.QUEUE_BYTES.name, cat.QUEUE_OPS.name)
 # Tallies kept outside the series store: not capped at max_metric_keys (bounded by the code).
 UNCAPPED = frozenset(
     {
@@ -114,6 +120,7 @@ UNCAPPED = frozenset(
         cat.INTEGRATION_EVENTS.name,
         cat.INTEGRATION_SECONDS.name,
         cat.INTEGRATION_FAILURES.name,
+        *QUEUES,
     }
 )
 
@@ -149,12 +156,14 @@ WORKER = ProcessKind(
             cat.INTEGRATION_EVENTS.name,
             cat.INTEGRATION_SECONDS.name,
             cat.INTEGRATION_FAILURES.name,
+            *QUEUES,
             *WORKER_ONLY,
         }
     ),
     {
         "phase": Label(12, "worker-group methods a rank runs (update_actor, …)"),
         "role": Label(1, "a fused worker's roles: its methods are counted across them in `phase`"),
+        "queue": Label(1, "transfer_queue: a rank reads its batches and writes its results"),
     },
 )
 KINDS = (DRIVER, WORKER)

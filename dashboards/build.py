@@ -76,7 +76,14 @@ OUTPUTS = {
     TAIL_UID: STACK / "dashboards" / "rl-rollout-tail.json",
 }
 # Grafana units for the catalogue's units.
-UNITS = {"seconds": "s", "ratio": "percentunit", "tokens": "short", "steps": "short", "": "short"}
+UNITS = {
+    "seconds": "s",
+    "ratio": "percentunit",
+    "tokens": "short",
+    "steps": "short",
+    "bytes": "bytes",
+    "": "short",
+}
 GEN = 'stage="generate_sequences"'
 # When a panel has no data by design, said in its description (`Panel.empty_when`). On verl's
 # real `main_ppo` (tests/e2e/test_main_ppo.py) every panel answers or says one of these that
@@ -334,6 +341,37 @@ STEP_BREAKDOWN = Board(
                     description="Seconds each worker (role and rank) spent in each method the "
                     "trainer called, in the latest step that called it: measured in the "
                     "worker's own process.",
+                ),
+            ),
+        ),
+        Section(
+            "Data movement (the data half of the ledger)",
+            (
+                Panel(
+                    "Worker-group calls by stage",
+                    (increase(cat.DATA_MOVEMENT_SECONDS, "{{phase}} {{stage}}", "phase, stage"),),
+                    stacked=True,
+                    description="The driver's worker-group calls, stacked: dispatch, submit, "
+                    "transfer, read, work, write, fetch, collect and other add up to the calls' "
+                    "wall time (wait where the ranks did not report their part). Everything "
+                    "but work, wait and other is moving data; the verdict data-movement-bound "
+                    "reads the same seconds.",
+                ),
+                Panel(
+                    "Bytes moved by phase and direction",
+                    (
+                        increase(
+                            cat.DATA_MOVEMENT_BYTES, "{{phase}} {{direction}}", "phase, direction"
+                        ),
+                    ),
+                    description="Sent to and returned from the ranks with the calls, read from "
+                    "and written to TransferQueue by the ranks (tensor and array sizes).",
+                ),
+                Panel(
+                    "Data queues: seconds by queue and operation",
+                    (increase(cat.QUEUE_SECONDS, "{{queue}} {{op}}", "queue, op"),),
+                    description="TransferQueue (V1's data path) and fully async's MessageQueue, "
+                    "in every process that puts or gets (a get includes waiting for data).",
                 ),
             ),
         ),

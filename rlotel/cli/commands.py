@@ -20,6 +20,7 @@ import rlotel
 from rlotel.demo.interrupt import EXIT_INTERRUPTED, POINTS, CtrlC, Interrupted
 from rlotel.derive import goodput
 from rlotel.derive.diagnose import Diagnoser, Verdict
+from rlotel.schema import data_moves as dm
 from rlotel.schema import vocabulary as voc
 
 if TYPE_CHECKING:
@@ -516,8 +517,12 @@ def _ledger_table(steps, title: str | None = None) -> Table:
     """Per phase: mean seconds, share of step, per-token ms (verl's numbers)."""
     title = title or f"{len(steps)} steps"
     table = Table(title=f"Step ledger, {title} (means over {len(steps)} steps)")
-    for column in ("phase", "seconds", "share of step", "per-token ms"):
-        table.add_column(column, justify="left" if column == "phase" else "right")
+    moved = any(s.facts is not None and s.facts.data_movement for s in steps)
+    columns = ("phase", "seconds", "share of step", "per-token ms")
+    for column in (*columns, "data movement") if moved else columns:
+        table.add_column(
+            column, justify="left" if column in ("phase", "data movement") else "right"
+        )
     step_mean = sum(s.timing_raw["step"] for s in steps) / len(steps)
     names = list(dict.fromkeys(n for s in steps for n in s.timing_raw if n != "step"))
     for name in [*names, "step"]:
@@ -525,13 +530,33 @@ def _ledger_table(steps, title: str | None = None) -> Table:
         mean = sum(values) / len(values)
         key = voc.TIMING_PER_TOKEN_MS + name
         per_token = [s.metrics[key] for s in steps if key in s.metrics]
-        table.add_row(
+        row = [
             name,
             f"{mean:.4f}",
             f"{mean / step_mean:.1%}",
             f"{sum(per_token) / len(per_token):.4f}" if per_token else "",
-        )
+        ]
+        if moved:
+            row.append(_data_movement(steps, name))
+        table.add_row(*row)
     return table
+
+
+def _data_movement(steps, window: str) -> str:
+    """A window's worker-group calls, mean per step: data-movement seconds, the stage that
+    took longest, the bytes sent and returned ("" where it called none)."""
+    totals: dict[str, float] = {}
+    for step in steps:
+        for key, value in (step.facts.data_movement.get(window, {}) if step.facts else {}).items():
+            totals[key] = totals.get(key, 0.0) + value / len(steps)
+    if not totals:
+        return ""
+    stage = max(dm.MOVING, key=lambda name: totals.get(f"{name}_s", 0.0))
+    moved = sum(totals.get(f"{d}_bytes", 0.0) for d in dm.DIRECTIONS) / 1e6
+    return (
+        f"{dm.moving_seconds(totals):.4f} ({stage} {totals.get(f'{stage}_s', 0.0):.4f}, "
+        f"{moved:.3g} MB; work {totals.get(f'{dm.WORK}_s', 0.0):.4f})"
+    )
 
 
 def _goodput_table(steps) -> Table:

@@ -22,6 +22,7 @@ from rlotel.cli import doctor
 from rlotel.integrations.registered import HOOKS
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
+from rlotel.schema.data_moves import DIRECTIONS, MOVING, STAGES
 from tests.e2e import ahead
 from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, isolated
@@ -375,6 +376,50 @@ def test_verdicts_carry_mfu_and_token_evidence(plugin_on: Path) -> None:
         mfu = logged[attrs["rl.step"]]["perf/mfu/actor"]
         quoted = attrs["rl.bottleneck.evidence.mfu_actor"]  # rounded to 4 places
         assert math.isclose(quoted, mfu, abs_tol=5e-5), (quoted, mfu)
+
+
+def test_the_data_ledger_of_every_worker_group_call(plugin_on: Path) -> None:
+    """Each window that called a worker group carries its calls' stages and bytes: the
+    stages add up to the calls' wall time on the driver, the ranks' TransferQueue reads and
+    writes (V1's data path) are in them, the hops show in each process's own series, and a
+    run that moves little data is not called data-movement-bound."""
+    trainer = spans_by_role(plugin_on)["trainer"]
+    windows = [s for s in trainer if "rl.data.calls" in s["attrs"]]
+    assert {s["name"] for s in windows} >= {"old_log_prob", "update_actor"}, windows
+    worst_other = 0.0
+    for span in windows:
+        data = {k.removeprefix("rl.data."): v for k, v in span["attrs"].items() if "rl.data." in k}
+        stages = {k[:-2]: v for k, v in data.items() if k.endswith("_s") and k != "wall_s"}
+        assert set(stages) == set(STAGES), stages
+        assert math.isclose(sum(stages.values()), data["wall_s"], abs_tol=1e-6 * data["calls"])
+        assert data["wall_s"] <= (span["end"] - span["start"]) / 1e9 + 1e-6  # inside its window
+        worst_other = max(worst_other, stages["other"] / data["wall_s"])
+        moving = sum(stages[stage] for stage in MOVING)
+        figure(
+            f"{span['name']} (step {span['attrs'].get('rl.step', '?')}): {data['calls']:.0f} "
+            f"call(s), wall {data['wall_s'] * 1e3:.1f} ms, moving {moving * 1e3:.1f} ms:",
+            ", ".join(f"{k} {v * 1e3:.1f}" for k, v in stages.items() if v),
+            "; bytes",
+            ", ".join(f"{d} {data[f'{d}_bytes']:.0f}" for d in DIRECTIONS),
+        )
+    figure(f"unattributed (other) at most {worst_other:.2%} of a window's calls")
+    assert worst_other < 0.05
+    updates = [s for s in windows if s["name"] == "update_actor"]
+    assert all(s["attrs"]["rl.data.read_bytes"] > 0 for s in updates)  # read from TransferQueue
+    for step in (s for s in trainer if s["name"] == "step"):
+        assert not step["attrs"]["rl.bottleneck"].startswith("data-movement"), step["attrs"]
+    hops: dict[tuple[str, str], list[float]] = {}
+    for path in (plugin_on / "targets").glob("*.txt"):
+        for (name, labels), value in parse_exposition(path.read_text()).items():
+            if name.startswith("rlotel_queue_") and name.endswith("_total"):
+                key = (dict(labels)["queue"], dict(labels)["op"])
+                totals = hops.setdefault(key, [0.0, 0.0, 0.0])
+                totals[("seconds", "bytes", "operations").index(name.split("_")[2])] += value
+    for (queue, op), (seconds, moved, operations) in sorted(hops.items()):
+        figure(f"{queue} {op}: {operations:.0f} ops, {seconds:.3f} s, {moved / 1e6:.3f} MB")
+    for op in ("put", "get"):
+        seconds, moved, operations = hops[("transfer_queue", op)]
+        assert operations > 0 and seconds > 0 and moved > 0, (op, hops)
 
 
 def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path) -> None:

@@ -46,6 +46,7 @@ from rlotel.offline.analyze import (
 )
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
+from rlotel.schema import data_moves as dm
 from rlotel.schema import vocabulary as voc
 
 MAX_POINTS = 1000  # about one per pixel of a chart's width: more only costs drawing time
@@ -165,6 +166,7 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
         "tail": _tail(buckets, steps, sample_seconds, trees.trajectories_by_step(steps)),
         "slowest_samples": _slowest_samples(samples, sample_seconds, trees),
         "weight_sync": _weight_sync(buckets, steps, trees),
+        "data_movement": _data_movement(buckets, steps),
         "replica_occupancy": _replica_occupancy(buckets, steps, trees),
         "occasional": _occasional(trees.occasional, steps),
         "stalls": _stalls(trees.flagged, steps),
@@ -337,6 +339,23 @@ def _weight_sync(
         per_step.append(stages)
     names = list(dict.fromkeys(n for stages in per_step for n in stages))
     return {name: _series(buckets, [s.get(name) for s in per_step]) for name in names}
+
+
+def _data_movement(
+    buckets: Sequence[tuple[int, int]], steps: Sequence[StepRecord]
+) -> dict[str, list[float | None]]:
+    """Data-movement seconds per step by window and stage (`window stage`), the stages of
+    the worker-group calls that move data; {} when no call was recorded."""
+    per_step: list[dict[str, float]] = []
+    for step in steps:
+        moved: dict[str, float] = {}
+        for window, facts in (step.facts.data_movement if step.facts else {}).items():
+            for stage in dm.MOVING:
+                if facts.get(f"{stage}_s"):
+                    moved[f"{window} {stage}"] = facts[f"{stage}_s"]
+        per_step.append(moved)
+    names = sorted({n for moved in per_step for n in moved})
+    return {name: _series(buckets, [m.get(name) for m in per_step]) for name in names}
 
 
 def _replica_occupancy(

@@ -226,6 +226,10 @@
     el("weight-sync").hidden = false;
     plot("chart-weight-sync", lines(data.weight_sync), { xaxis: stepAxis, yaxis: seconds("seconds"), legend: { orientation: "h" } });
   }
+  if (Object.keys(data.data_movement).length) {
+    el("data-movement").hidden = false;
+    plot("chart-data-movement", lines(data.data_movement), { xaxis: stepAxis, yaxis: seconds("seconds"), legend: { orientation: "h" } });
+  }
   if (data.occasional.length) {
     el("occasional").hidden = false;
     table("occasional-table", ["window", "step", "seconds"], data.occasional.map((r) => [escape(r.name), r.step ?? "", r.seconds]));
