@@ -19,8 +19,8 @@ import pytest
 import ray  # noqa: F401  (the global verl's Prometheus writer reads; rlotel relabels through it)
 import torch
 
-from rlotel.base.drops import HOOK_FAILURES
 import rlotel
+from rlotel.base.drops import HOOK_FAILURES
 from rlotel.integrations import (
     collectives,
     data_moves,

@@ -383,7 +383,9 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster)
     """verl's real worker group, DataProto and dispatch: a method that does nothing with a
     64 MB batch. The call's stages add up to its wall time, its bytes are the batch's (an
     independent count), the driver's stages agree with a direct timing of the same pickling,
-    and the step's verdict is data movement, naming the stage that took longest."""
+    and the step's verdict is data movement, naming the stage that took longest. Stated
+    tolerance: each driver stage within 0.5-2x of the direct timing (seen here: submit 1.13x
+    ray.put, fetch 1.09x pickle.loads)."""
     tel = rlotel.init(run="moves", prometheus_port=0, resource_attributes={"rl.role": "driver"})
     group = worker_group(cluster, MovingWorker)
     with tel.phase("init_model"):  # the workers start their telemetry (not measured below)
@@ -411,19 +413,23 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster)
     expected = batch.batch["hidden"].nbytes + sum(a.nbytes for a in batch.non_tensor_batch.values())
     assert moves.bytes["sent"] == expected and moves.bytes["returned"] == expected
 
-    # the driver's submit is pickling each rank's share (and putting it in the object
-    # store); its fetch is unpickling the replies: timed directly here, on the same shares
+    # the driver's submit is Ray putting each rank's share in its object store (pickling it:
+    # DataProto.__getstate__), its fetch unpickling the replies: the same, timed directly
     shares = batch.chunk(2)
     started = time.perf_counter()
+    refs = [ray.put(share) for share in shares]
+    put_s = time.perf_counter() - started
     pickled = [pickle.dumps(share) for share in shares]
-    dumps_s = time.perf_counter() - started
     started = time.perf_counter()
     for blob in pickled:
         pickle.loads(blob)
     loads_s = time.perf_counter() - started
-    print(f"direct: pickle.dumps {dumps_s * 1e3:.1f} ms, pickle.loads {loads_s * 1e3:.1f} ms")
-    assert 0.5 * dumps_s <= moves.seconds["submit"] <= 3 * dumps_s + 0.05
-    assert 0.5 * loads_s <= moves.seconds["fetch"] <= 3 * loads_s + 0.05
+    del refs
+    print(
+        f"direct: ray.put of the shares {put_s * 1e3:.1f} ms, pickle.loads {loads_s * 1e3:.1f} ms"
+    )
+    assert 0.5 <= moves.seconds["submit"] / put_s <= 2, (moves.seconds["submit"], put_s)
+    assert 0.5 <= moves.seconds["fetch"] / loads_s <= 2, (moves.seconds["fetch"], loads_s)
 
     verdict = step.verdict
     stage = max(MOVING, key=moves.seconds.__getitem__)

@@ -150,6 +150,13 @@ def test_trainer_is_the_driver(fully_async: Path) -> None:
     # each step's own metrics reached it, keyed by the step (verl logs them a cycle late)
     key = frozenset({("run", EXPERIMENT), ("key", STALE)})
     assert series[("rlotel_train_metric", key)] == verl_steps(fully_async)[STEPS][STALE]
+    # the MessageQueue hop: the trainer's gets, their seconds (waiting included) and bytes
+    queue = frozenset({("run", EXPERIMENT), ("queue", "verl_message_queue"), ("op", "get")})
+    gets = series[("rlotel_queue_operations_total", queue)]
+    got = series[("rlotel_queue_bytes_total", queue)]
+    waited = series[("rlotel_queue_seconds_total", queue)]
+    figure(f"MessageQueue gets on the trainer: {gets:.0f}, {got / 1e3:.1f} kB, {waited:.3f} s")
+    assert gets >= STEPS * FULLY_ASYNC_PROMPTS and got > 0 and waited > 0
 
 
 def test_sample_spans_and_staleness_equal_verl(fully_async: Path) -> None:
