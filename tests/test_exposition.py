@@ -238,3 +238,11 @@ def test_token_kinds_sum_to_verls_total_with_no_aggregate_beside_them(served, ma
         logged.log({"perf/total_num_tokens": 100.0 * number}, step=number)
     assert logged.flush(10)
     assert _tokens(logged) == {cat.TOKENS_UNSPLIT: 300.0}
+    # verl logging its total for a step the ledger split (V1 logs it as a step of its own
+    # number): the parts stand, the total is not added beside them
+    split = make_tel(run="split")
+    with split.step(1) as step:
+        step.set_tokens(prompt=[3, 3], response=[9, 9])
+    split.log({"perf/total_num_tokens": 24.0}, step=7)
+    assert split.flush(10)
+    assert _tokens(split) == {"prompt": 6.0, "response": 18.0}

@@ -41,6 +41,7 @@ class Recorder(Sink):
         self._open_seen: set[str] = set()  # phases whose open age was ever exposed
         self._ledger_keys: set[str] = set()  # verl keys the last ledger step produced
         self._last_counted = -1
+        self._tokens_split = False  # the ledger counts tokens by part: verl's total is a sum
 
     def on_step(self, step: Step) -> None:
         self.observe_step(step)
@@ -94,6 +95,7 @@ class Recorder(Sink):
     def observe_step(self, step: Step) -> None:
         store = self.store
         self._ledger_keys = set(step.metrics)
+        self._tokens_split |= step.prompt_tokens is not None
         phases = {name: value for name, value in step.timing_raw.items() if name != "step"}
         # The next tick exposes every phase of the step and the step itself (0 while none is
         # open), whether or not a tick happened to fall inside it.
@@ -124,8 +126,6 @@ class Recorder(Sink):
                 voc.AGENT_LOOP_SLOWEST
             ):
                 continue  # min/max/mean are verl's view; the histograms hold every sample
-            if key == voc.TOTAL_NUM_TOKENS and step.prompt_tokens is not None:
-                continue  # its parts follow; the total is a query
             if not key.startswith((voc.TIMING_S, voc.RLOTEL)):
                 self._map_known(key, value)
         if step.prompt_tokens is not None:
@@ -267,6 +267,8 @@ class Recorder(Sink):
         elif key == voc.TIME_PER_STEP:
             target = (cat.STEP_TIME, value)
         elif key == voc.TOTAL_NUM_TOKENS:
+            if self._tokens_split:
+                return  # counted by part (prompt, response); the total is their sum
             target = (cat.STEP_TOKENS, value, cat.TOKENS_UNSPLIT)
         elif key.startswith(voc.MFU):
             target = (cat.MFU, value, key[len(voc.MFU) :])
