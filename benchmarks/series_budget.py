@@ -163,7 +163,6 @@ WORKER = ProcessKind(
     {
         "phase": Label(12, "worker-group methods a rank runs (update_actor, …)"),
         "role": Label(1, "a fused worker's roles: its methods are counted across them in `phase`"),
-        "queue": Label(1, "transfer_queue: a rank reads its batches and writes its results"),
     },
 )
 KINDS = (DRIVER, WORKER)
