@@ -69,12 +69,20 @@ def main() -> None:
 
     group = Group(args.ranks)
     plain = func_generator(
-        group, "update_actor", dispatch_dp_compute_data_proto, collect_dp_compute_data_proto,
-        execute, True,
+        group,
+        "update_actor",
+        dispatch_dp_compute_data_proto,
+        collect_dp_compute_data_proto,
+        execute,
+        True,
     )
     watched = verl_workers.traced_func_generator(func_generator)(
-        group, "update_actor", dispatch_dp_compute_data_proto, collect_dp_compute_data_proto,
-        execute, True,
+        group,
+        "update_actor",
+        dispatch_dp_compute_data_proto,
+        collect_dp_compute_data_proto,
+        execute,
+        True,
     )
     tel = rlotel.init(run="call-cost", prometheus_port=None)
     timed(plain, batch, 100)  # warm both
