@@ -67,23 +67,16 @@ def main() -> None:
     def execute(method_name, *args_, **kwargs):
         return list(replies)
 
-    group = Group(args.ranks)
-    plain = func_generator(
-        group,
+    call = (
+        Group(args.ranks),
         "update_actor",
         dispatch_dp_compute_data_proto,
         collect_dp_compute_data_proto,
         execute,
         True,
     )
-    watched = verl_workers.traced_func_generator(func_generator)(
-        group,
-        "update_actor",
-        dispatch_dp_compute_data_proto,
-        collect_dp_compute_data_proto,
-        execute,
-        True,
-    )
+    plain = func_generator(*call)
+    watched = verl_workers.traced_func_generator(func_generator)(*call)
     tel = rlotel.init(run="call-cost", prometheus_port=None)
     timed(plain, batch, 100)  # warm both
     with tel.step(1), tel.phase("update_actor"):

@@ -1,12 +1,13 @@
 """The data half of the ledger, where data moves: a worker-group call's stages on the
 driver, and the data queues (TransferQueue, fully async's MessageQueue) wherever they run.
 
-A blocking worker-group call inside a phase is watched whole (`Watched`, made by
-`verl_workers.traced_func_generator`): the driver's marks between verl's own steps give
-dispatch, submit, wait, fetch, collect and other, which add up to the call's wall time;
-the batches verl passed give the bytes sent and returned. A rank's TransferQueue reads and
-writes during its call travel back with its reply. Sizes are what the batches hold (tensor
-and array `nbytes`): nothing is pickled a second time.
+A blocking worker-group call inside a phase is watched whole (`watched`, applied by
+`verl_workers.traced_func_generator` to the call verl builds): the driver's marks between
+verl's own steps give dispatch, submit, the wait, fetch, collect and other, which add up to
+the call's wall time; the slowest rank's own account, sent with its reply, splits the wait
+into transfer, TransferQueue reads, work and TransferQueue writes (`rlotel.schema.data_moves`).
+The batches verl passed give the bytes sent and returned. Sizes are what the batches hold
+(tensor and array `nbytes`): nothing is pickled a second time.
 """
 
 from __future__ import annotations
