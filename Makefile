@@ -115,6 +115,7 @@ bench: $(STAMP) $(ENGINE_WHEEL)
 	$(PY) benchmarks/plugin_import.py
 	$(PY) benchmarks/propagation.py
 	$(PY) benchmarks/collectives.py
+	$(PY) benchmarks/call_cost.py
 	$(PY) benchmarks/scale.py --ranks 8 64 256 1024
 	$(PY) benchmarks/compare_speed.py
 	$(PY) benchmarks/verl_e2e.py
