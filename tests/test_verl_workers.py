@@ -26,6 +26,7 @@ from verl.single_controller.ray import (
 from verl.utils.profiler import marked_timer
 
 import rlotel
+from rlotel.cli import commands as cli
 from rlotel.integrations import verl as plugin
 from rlotel.integrations import verl_workers
 from rlotel.offline import analyze
@@ -379,7 +380,7 @@ def heavy_batch(rows: int, width: int, columns: int) -> DataProto:
     )
 
 
-def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster):
+def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster, capsys):
     """verl's real worker group, DataProto and dispatch: a method that does nothing with a
     64 MB batch. The call's stages add up to its wall time, its bytes are the batch's (an
     independent count), the driver's stages agree with a direct timing of the same pickling,
@@ -449,3 +450,7 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster)
         moves.seconds[stage]
     )
     tel.shutdown()
+    # `rlotel analyze` reads the same verdict and names the stage in its ledger
+    assert cli.main(["analyze", str(cluster)]) == 0
+    printed = capsys.readouterr().out
+    assert f"data-movement-bound/{stage}" in printed and f"({stage} " in printed

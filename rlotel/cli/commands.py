@@ -517,7 +517,7 @@ def _ledger_table(steps, title: str | None = None) -> Table:
     """Per phase: mean seconds, share of step, per-token ms (verl's numbers)."""
     title = title or f"{len(steps)} steps"
     table = Table(title=f"Step ledger, {title} (means over {len(steps)} steps)")
-    moved = any(s.facts is not None and s.facts.data_movement for s in steps)
+    moved = any(_moves_of(s) for s in steps)
     columns = ("phase", "seconds", "share of step", "per-token ms")
     for column in (*columns, "data movement") if moved else columns:
         table.add_column(
@@ -542,12 +542,19 @@ def _ledger_table(steps, title: str | None = None) -> Table:
     return table
 
 
+def _moves_of(step) -> dict[str, dict[str, float]]:
+    """A step's data movement by window, where its record has facts (a run read back; the
+    demo's own step results have none)."""
+    facts = getattr(step, "facts", None)
+    return facts.data_movement if facts is not None else {}
+
+
 def _data_movement(steps, window: str) -> str:
     """A window's worker-group calls, mean per step: data-movement seconds, the stage that
     took longest, the bytes sent and returned ("" where it called none)."""
     totals: dict[str, float] = {}
     for step in steps:
-        for key, value in (step.facts.data_movement.get(window, {}) if step.facts else {}).items():
+        for key, value in _moves_of(step).get(window, {}).items():
             totals[key] = totals.get(key, 0.0) + value / len(steps)
     if not totals:
         return ""

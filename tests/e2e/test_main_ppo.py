@@ -259,6 +259,8 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
         assert table.startswith(f"steps {number}–{number}")
         for phase in ("gen", "update_actor", "step"):
             assert re.search(rf"{phase}\s+│\s+{data[f'timing_s/{phase}']:.4f}", table), phase
+        assert "data movement" in table  # the window's calls: seconds, stage, MB, work
+        assert re.search(r"update_actor\s+│.*│\s+[\d.]+ \(\w+ [\d.]+, [\d.e+-]+ MB; work", table)
     report = tmp_path / "report.html"
     assert cli.main(["report", str(traces), "-o", str(report)]) == 0
     from tests.chromium import Chromium, chromium_binary, file_url
@@ -271,10 +273,12 @@ def test_offline_commands_read_the_run(plugin_on: Path, capsys, tmp_path) -> Non
         shown = json.loads(
             browser.evaluate(
                 "JSON.stringify({charts: document.querySelectorAll('.js-plotly-plot').length,"
+                " data: !document.getElementById('data-movement').hidden,"
                 " steps: [...document.querySelectorAll('#step-select option')].map(e => e.value)})"
             )
         )
     assert shown["charts"] >= 5 and shown["steps"] == [str(n) for n in range(1, STEPS + 1)]
+    assert shown["data"]  # the Data movement chart: the run's worker-group calls
     assert cli.main(["perfetto", str(traces), "-o", str(tmp_path / "trace.json")]) == 0
     events = json.loads((tmp_path / "trace.json").read_text())
     names = {e.get("name") for e in events.get("traceEvents", events)}
