@@ -93,6 +93,8 @@ EMPTY = {
     "no_replay_buffer": "Empty without a replay buffer that evicts (async modes).",
     "no_tools": "Empty for tool_calls when the agent loop calls no tool.",
     "one_rank": "Empty with one rank per role: a spread needs two.",
+    "no_worker_group": "Empty where no verl worker group is called and no data queue used "
+    "(rlotel's own demo).",
     "no_engine_discovery": "Empty until the engines are scraped: one discovery file per "
     "replica in collector/engines/, or verl's rollout.prometheus with the plugin on.",
 }
@@ -356,6 +358,7 @@ STEP_BREAKDOWN = Board(
                     "wall time (wait where the ranks did not report their part). Everything "
                     "but work, wait and other is moving data; the verdict data-movement-bound "
                     "reads the same seconds.",
+                    empty_when=("no_worker_group",),
                 ),
                 Panel(
                     "Bytes moved by phase and direction",
@@ -366,12 +369,14 @@ STEP_BREAKDOWN = Board(
                     ),
                     description="Sent to and returned from the ranks with the calls, read from "
                     "and written to TransferQueue by the ranks (tensor and array sizes).",
+                    empty_when=("no_worker_group",),
                 ),
                 Panel(
                     "Data queues: seconds by queue and operation",
                     (increase(cat.QUEUE_SECONDS, "{{queue}} {{op}}", "queue, op"),),
                     description="TransferQueue (V1's data path) and fully async's MessageQueue, "
                     "in every process that puts or gets (a get includes waiting for data).",
+                    empty_when=("no_worker_group",),
                 ),
             ),
         ),

@@ -45,7 +45,14 @@ RANKS = (
     "per-rank series: the demo runs no worker processes; real verl workers answer them "
     "(test_rank_panels_answer_on_real_verl_workers)"
 )
+DATA = (
+    "worker-group calls and data queues: the demo runs neither; verl's real run answers them "
+    "(tests/e2e/test_main_ppo.py, test_every_dashboard_panel_answers_on_the_real_run)"
+)
 NOT_IN_THE_DEMO = {
+    "RL step breakdown / Worker-group calls by stage": DATA,
+    "RL step breakdown / Bytes moved by phase and direction": DATA,
+    "RL step breakdown / Data queues: seconds by queue and operation": DATA,
     "RL step breakdown / Idle ratio by role": ASYNC,
     "RL step breakdown / Replay-buffer evictions by reason": ASYNC,
     "RL step breakdown / Rank spread by phase (slowest ÷ median)": RANKS,

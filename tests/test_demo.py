@@ -34,6 +34,11 @@ NOT_IN_THE_SYNC_DEMO = {
     "rlotel_integration_hooks": "the demo calls rlotel's API: no zero-code hook attaches",
     "rlotel_async_bias_ks": "trained vs generated is an async question (rlotel demo --async)",
     "rlotel_samples_discarded": "the sync demo trains every sample (--async --max-staleness)",
+    "rlotel_data_movement_seconds": "the demo runs no worker group: no call to split",
+    "rlotel_data_movement_bytes": "the demo runs no worker group: no call to split",
+    "rlotel_queue_seconds": "the demo puts into no data queue (TransferQueue, MessageQueue)",
+    "rlotel_queue_bytes": "the demo puts into no data queue (TransferQueue, MessageQueue)",
+    "rlotel_queue_operations": "the demo puts into no data queue (TransferQueue, MessageQueue)",
 }
 VERL_PHASES = {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
 
