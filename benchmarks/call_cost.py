@@ -7,8 +7,9 @@ group binds each method: a dispatch that splits a `DataProto` per rank (verl's
 `dispatch_dp_compute_data_proto`), an execute that returns real object refs already in
 (`ray.put` replies, so nothing waits on workers), verl's `ray.get` and its `collect_fn`
 (`collect_dp_compute_data_proto`: concat). The same call is made with rlotel's hook on,
-inside a `tel.step` / `tel.phase` (every stage marked, bytes counted, the call recorded),
-and with verl's function as it is; the figure is the difference of the medians, per call.
+inside a `tel.step` / `tel.phase` (every stage marked, bytes counted, the call recorded,
+the replies timed), and with verl's function as it is, alternating 50 calls at a time; the
+figure is the difference of the medians of the turns' per-call medians.
 """
 
 from __future__ import annotations
@@ -28,17 +29,22 @@ from verl.single_controller.base.decorator import (
     collect_dp_compute_data_proto,
     dispatch_dp_compute_data_proto,
 )
+from verl.single_controller.base.worker_group import WorkerGroup
 from verl.single_controller.ray.base import func_generator
 
 import rlotel
 from rlotel.integrations import verl_workers
 
 
-class Group:
-    """What verl's dispatch and collect functions read of a worker group."""
+class Group(WorkerGroup):
+    """verl's worker group as its dispatch and collect functions read it: its world size
+    (the number of its workers; no actor is started)."""
 
     def __init__(self, ranks: int) -> None:
-        self.world_size = ranks
+        self._workers = [None] * ranks
+
+
+CHUNK = 50  # calls a turn: verl alone, then watched, alternating
 
 
 def timed(call, batch: DataProto, calls: int) -> float:
@@ -78,12 +84,15 @@ def main() -> None:
     plain = func_generator(*call)
     watched = verl_workers.traced_func_generator(func_generator)(*call)
     tel = rlotel.init(run="call-cost", prometheus_port=None)
-    timed(plain, batch, 100)  # warm both
-    with tel.step(1), tel.phase("update_actor"):
-        timed(watched, batch, 100)
-    off = timed(plain, batch, args.calls)
-    with tel.step(2), tel.phase("update_actor"):
-        on = timed(watched, batch, args.calls)
+    offs, ons = [], []
+    for chunk in range(args.calls // CHUNK + 1):  # interleaved, the first chunk a warm-up
+        off = timed(plain, batch, CHUNK)
+        with tel.step(chunk + 1), tel.phase("update_actor"):
+            on = timed(watched, batch, CHUNK)
+        if chunk:
+            offs.append(off)
+            ons.append(on)
+    off, on = statistics.median(offs), statistics.median(ons)
     tel.shutdown()
     ray.shutdown()
     print(

@@ -179,7 +179,7 @@ def test_the_doctor_says_the_plugin_refused_and_why(monkeypatch, capsys, detache
     assert not facts["ok"]
     assert f"the verl plugin refused: it needs {FLOOR} (found 0.8.5)" in facts["problems"][1]
     rows = [row for row in facts["hooks"] if row["state"] != "not_applicable"]
-    assert {row["library"] for row in rows} == {"verl", "ray", "torch"}
+    assert {row["library"] for row in rows} == {"verl", "ray", "torch", "transferqueue"}
     assert {(row["state"], row["why"].split(":")[0]) for row in rows} == {
         ("not_attached", "the verl plugin refused")
     }
