@@ -355,7 +355,7 @@ STEP_BREAKDOWN = Board(
                     stacked=True,
                     description="The driver's worker-group calls, stacked: dispatch, submit, "
                     "transfer, read, work, write, fetch, collect and other add up to the calls' "
-                    "wall time (wait where the ranks did not report their part). Everything "
+                    "wall time (wait: what neither moved data nor ran on a rank). Everything "
                     "but work, wait and other is moving data; the verdict data-movement-bound "
                     "reads the same seconds.",
                     empty_when=("no_worker_group",),

@@ -93,7 +93,9 @@ class CallMoves:
             wall = slowest.compute_s + slowest.collective_s
             read, write = slowest.moved[:2] if slowest.moved else (0.0, 0.0)
             inside = min(1.0, wait / wall) if wall > 0 else 0.0  # clocks of two processes
-            call[dm.TRANSFER] = max(0.0, wait - wall)
+            carried = call.get(f"{dm.SENT}_bytes", 0) + call.get(f"{dm.RETURNED}_bytes", 0)
+            # with no batch carried, what the ranks do not account for is Ray's scheduling
+            call[dm.TRANSFER if carried else dm.WAIT] = max(0.0, wait - wall)
             call[dm.READ] = read * inside
             call[dm.WRITE] = write * inside
             call[dm.WORK] = max(0.0, wall - read - write) * inside

@@ -7,7 +7,8 @@ padding. While the driver waits for the replies, the slowest rank (the one whose
 longest) reports its call's seconds: TransferQueue reads (V1's data path), work and
 TransferQueue writes; what is left of the wait is transfer (the batch's way to the rank and
 back: object-store transfer, the rank unpickling its arguments and pickling its result,
-scheduling). A call whose ranks report nothing keeps its wait whole. The driver's marks are
+scheduling), or wait where the call carried no batch (V1 passes metadata: what is left is
+Ray's scheduling). A call whose ranks report nothing keeps its wait whole. The driver's marks are
 contiguous, so the stages add up to the call's wall time; `other` is what lies between
 verl's steps (padding removal, glue). Bytes are what the batches hold (tensor and array
 `nbytes`), never a second pickling.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 DISPATCH, SUBMIT, FETCH, COLLECT, OTHER = "dispatch", "submit", "fetch", "collect", "other"
-WAIT = "wait"  # the replies' wait, where no rank reported its part of it
+WAIT = "wait"  # the replies' wait not otherwise accounted for: not moving data
 TRANSFER, READ, WORK, WRITE = "transfer", "read", "work", "write"  # the wait, split
 STAGES = (DISPATCH, SUBMIT, WAIT, TRANSFER, READ, WORK, WRITE, FETCH, COLLECT, OTHER)
 MOVING = (DISPATCH, SUBMIT, TRANSFER, READ, WRITE, FETCH, COLLECT)  # moving data
