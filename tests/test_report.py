@@ -102,7 +102,10 @@ def test_report_from_traces_file(tmp_path) -> None:
     assert data["phases"] == PHASES
     assert set(data["share"]) == {*PHASES, "unaccounted"}
     assert sum(data["share"].values()) == pytest.approx(1.0, abs=0.02)
-    assert data["default_step"] == 3  # the slowest step's tree is shown first
+    # the slowest step's tree is shown first: step 3 (half a second late) unless a loaded
+    # machine stalled another longer (a clean-clone run beside a CPU hog saw step 2)
+    seconds = dict(zip(data["x"], data["step_seconds"], strict=True))
+    assert data["default_step"] == max(seconds, key=seconds.get)
     rows = span_rows(data, 3)
     assert [r["name"] for r in rows[:2]] == ["step", "gen"] and rows[0]["depth"] == 0
     assert {r["name"] for r in rows} >= {*PHASES, "sample"}
