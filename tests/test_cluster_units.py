@@ -225,6 +225,30 @@ def test_a_target_whose_heartbeat_stops_leaves_within_the_ttl(monkeypatch, tmp_p
         directory.close()
 
 
+def test_polling_thousands_of_targets_takes_at_most_its_share_of_a_core(monkeypatch):
+    """At a thousand processes a poll costs milliseconds: the thread waits long enough
+    between polls that they take at most POLL_SHARE of a core (their own CPU clock)."""
+    kv = FakeKv()
+    monkeypatch.setattr(ray_integration, "_kv", lambda: kv)
+    monkeypatch.setattr(ray_integration, "_ray", lambda: FakeRay())
+    for pid in range(3000):
+        labels = {"role": "actor", "rank": str(pid)}
+        ray_integration._Heartbeat(f"targets/01000000/n/{pid}", f"10.0.0.1:{pid}", labels).beat()
+    directory = ray_integration.TargetDirectory(poll_s=0.001)  # asks for a poll a millisecond
+    try:
+        deadline = time.perf_counter() + 30
+        while directory.polled_cpu_s == 0 and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        cpu, started = directory.polled_cpu_s, time.perf_counter()
+        time.sleep(2.0)  # the thread polls meanwhile (a poll every 1 ms would take ~all of it)
+        share = (directory.polled_cpu_s - cpu) / (time.perf_counter() - started)
+        assert len(directory.targets()) == 3000
+        assert directory.interval_s > 100 * directory.poll_s
+        assert 0 < share <= 2 * ray_integration.POLL_SHARE, share  # a poll more or less in 2 s
+    finally:
+        directory.close()
+
+
 def test_the_driver_serves_targets_next_to_metrics_behind_its_credentials(make_tel):
     tel = make_tel(prometheus_basic_auth=("u", "p"))
     url = tel.serve_path("/targets", lambda: ("application/json", b'[{"targets": ["a:1"]}]'))

@@ -58,6 +58,7 @@ KV_NAMESPACE = "rlotel"
 HEARTBEAT_S = 1.0  # each process refreshes its target this often
 TARGET_TTL_S = 3.0  # a target whose heartbeat stopped this long is gone (killed, node died)
 POLL_S = 0.5  # the driver reads the targets this often
+POLL_SHARE = 0.01  # of a core, the most the driver's polls of the targets take
 FORGET_S = 60.0  # a dead target's key is deleted after this long
 PROGRESS_KEY = "progress"  # in a heartbeat: remote parent span (hex) → latest progress there
 MAX_PROGRESS = 64  # entries read from one process's heartbeat; more are dropped (counted)
@@ -241,7 +242,7 @@ def _progress() -> dict[str, int]:
 
 class TargetDirectory:
     """The driver's view of every process's target in its Ray job: polled from the GCS
-    every `poll_s`, a target left out once its heartbeat has not moved for `ttl_s` (on
+    every `poll_s` (longer where polls would take over POLL_SHARE of a core), a target left out once its heartbeat has not moved for `ttl_s` (on
     the driver's monotonic clock, so no two clocks are compared)."""
 
     def __init__(
@@ -259,6 +260,8 @@ class TargetDirectory:
         self._own = own
         self._file_sd = file_sd
         self.ttl_s, self.poll_s = ttl_s, poll_s
+        self.interval_s = poll_s  # between polls: poll_s, longer when a poll is costly
+        self.polled_cpu_s = 0.0  # the poll thread's CPU in polls so far
         self._seen: dict[str, tuple[int, float, dict[str, Any]]] = {}  # key → beat, when, entry
         self._lock = threading.Lock()
         self._live: list[dict[str, Any]] = [own] if own else []
@@ -346,13 +349,19 @@ class TargetDirectory:
         self._written = text
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.wait(self.interval_s):
+            started = time.thread_time()
             try:
                 self.poll()
             except Exception as error:  # the GCS is away (shutdown, head node lost)
                 if _ray() is None:
                     return
                 log.debug("rlotel: cluster targets not read: %r", error)
+            # Thousands of processes make a poll cost milliseconds: wait long enough that
+            # polling never takes more than POLL_SHARE of a core.
+            spent = time.thread_time() - started
+            self.polled_cpu_s += spent
+            self.interval_s = max(self.poll_s, spent / POLL_SHARE)
 
     def close(self) -> None:
         self._stop.set()
