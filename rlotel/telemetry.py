@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -295,15 +295,16 @@ class Telemetry:
         except Exception as error:
             self.drops.add("spans", "internal_error", f"{table}: {error!r}")
 
-    def waiting_on_ranks(self, pending: set[int]) -> RankWait | None:
+    def waiting_on_ranks(self, pending: set[int], refs: Sequence[Any] = ()) -> RankWait | None:
         """A blocking call on several ranks starts inside the innermost open phase: until
         `pending` empties (the caller discards ranks as they reply), a stall of that phase
-        names the ranks still pending. Remove it with `done_waiting`."""
+        names the ranks still pending, and the processes of their replies (`refs`, by
+        rank). Remove it with `done_waiting`."""
         step = self.ledger.current_step
         phase = innermost_open(step.trace.records) if step is not None else None
         if phase is None:
             return None
-        wait = RankWait(phase, time.perf_counter_ns(), pending)
+        wait = RankWait(phase, time.perf_counter_ns(), pending, refs=refs)
         self.stalls.rank_waits[id(wait)] = wait
         return wait
 

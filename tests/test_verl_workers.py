@@ -66,6 +66,9 @@ class TimedWorker(Worker):
     def hang_one(self) -> None:
         time.sleep(3600 if self.rank == SLOW_RANK else 0.05)
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class MovingWorker(Worker):
     """A verl worker whose method does almost nothing with a large batch: a call of it is
@@ -304,6 +307,8 @@ def test_a_rank_hung_in_update_actor_is_named_by_the_driver_and_its_own_metrics(
     with tel.step(1), tel.phase("update_actor"):
         group.update_policy(0.0)  # update_actor's history: well under the floor
 
+    pid = ray.get(group.workers[SLOW_RANK].pid.remote())  # before it hangs
+
     def train() -> None:
         with tel.step(2), tel.phase("update_actor"):
             group.hang_one()
@@ -320,6 +325,10 @@ def test_a_rank_hung_in_update_actor_is_named_by_the_driver_and_its_own_metrics(
     assert verdict.evidence["pending_ranks"] == str(SLOW_RANK)  # the rank that never replied
     assert verdict.evidence["role"] == "driver"
     assert f"rank(s) {SLOW_RANK}" in verdict.next_read
+    # ... and its process: the actor its reply waits on, from Ray's actor table.
+    (process,) = verdict.evidence["pending_processes"].split("; ")
+    assert process.startswith(f"rank {SLOW_RANK}: ") and f" pid {pid} on 127.0.0.1" in process
+    assert process in verdict.next_read
 
     # The hung rank's own /metrics: its traced method has been open since the call.
     targets = [
@@ -346,7 +355,7 @@ def test_reply_timing_grows_linearly_with_the_ranks(ray_cluster):
     A ratio of two sizes in one run, the best of three each, not an absolute time."""
 
     class Ranks:
-        def waiting_on_ranks(self, ranks: set[int]) -> None:
+        def waiting_on_ranks(self, ranks: set[int], refs: list) -> None:
             return None
 
         def done_waiting(self, wait: None) -> None:

@@ -38,7 +38,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -103,6 +103,7 @@ class RankWait:
     started_ns: int
     pending: set[int]
     left: int = -1  # pending ranks at the last tick
+    refs: Sequence[Any] = ()  # each rank's reply (a Ray ref: whose process it waits on)
 
     @property
     def phase(self) -> str:
@@ -129,6 +130,7 @@ class StallWatch:
         self._lock = threading.Lock()
         self._verdicts: dict[str, Verdict] = {}
         self._actors: dict[str, list[str]] = {}  # stalled phase → Ray actors not started
+        self._processes: dict[str, list[str]] = {}  # stalled phase → its pending ranks' processes
         self._stacks: dict[str, tuple[ThreadStack, ...]] = {}  # stalled phase → its stacks
         self.rank_waits: dict[int, RankWait] = {}  # id → a blocking call's pending ranks
         self._last_closed: dict[str, int] = {}  # phase name → when a span of it last closed
@@ -220,6 +222,7 @@ class StallWatch:
             onset = named and name not in self._stalled
             if onset:  # once per stall: Ray's actors not started, every thread's stack
                 self._actors[name] = pending_actors()
+                self._processes[name] = pending_processes(self._waits_of(name))
                 self._stacks[name] = thread_stacks()
             stacks = self._stacks.get(name, ())
             phase = OpenPhase(
@@ -235,6 +238,7 @@ class StallWatch:
             self._verdicts = verdicts
         self._stalled = set(verdicts)
         self._actors = {name: self._actors[name] for name in verdicts if name in self._actors}
+        self._processes = {n: self._processes[n] for n in verdicts if n in self._processes}
         self._stacks = {name: self._stacks[name] for name in verdicts if name in self._stacks}
         return phases
 
@@ -327,7 +331,12 @@ class StallWatch:
         actors = self._actors.get(phase.name)
         if actors:
             evidence["pending_actors"] = "; ".join(actors)
+        processes = self._processes.get(phase.name)
+        if processes:
+            evidence["pending_processes"] = "; ".join(processes)
         look = WHERE_TO_LOOK.get(phase.name, "the process holding it: py-spy dump --pid")
+        if processes:
+            look = f"{evidence['pending_processes']} (py-spy dump --pid there); " + look
         if pending:
             look = f"rank(s) {evidence['pending_ranks']} have not replied; " + look
         if actors:
@@ -345,11 +354,13 @@ class StallWatch:
             return step.number
         return None
 
+    def _waits_of(self, name: str) -> list[RankWait]:
+        return [wait for wait in list(self.rank_waits.values()) if wait.phase == name]
+
     def _pending_ranks(self, phase: OpenPhase) -> set[int]:
         pending: set[int] = set()
-        for wait in list(self.rank_waits.values()):
-            if wait.phase == phase.name:
-                pending |= wait.pending
+        for wait in self._waits_of(phase.name):
+            pending |= wait.pending
         return pending
 
     def _line(self, phase: OpenPhase, verdict: Verdict) -> str:
@@ -401,6 +412,38 @@ def pending_actors() -> list[str]:
         for cls, name, actor_id, state in found
         if state in NOT_STARTED
     ][:8]
+
+
+def pending_processes(waits: Iterable[RankWait], most: int = 8) -> list[str]:
+    """The process each pending rank's reply waits on, as "rank 5: Class pid 123 on
+    10.0.0.5": the actor its call runs on (the reply's task names it), from Ray's actor
+    table. Read once, at the onset of a stall; [] outside Ray or for replies not of an
+    actor's call."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return []
+    found = []
+    try:
+        from ray._private import state  # the GCS actor table: no dashboard needed
+
+        for wait in waits:
+            for rank in sorted(wait.pending)[:most]:
+                ref = wait.refs[rank] if rank < len(wait.refs) else None
+                if not isinstance(ref, ray.ObjectRef):
+                    continue
+                actor = ref.task_id().actor_id()
+                if actor.is_nil():
+                    continue
+                info = state.actors(actor_id=actor.hex())
+                where = info.get("Address", {}).get("IPAddress") or "a node not known yet"
+                found.append(
+                    f"rank {rank}: {info.get('ActorClassName')} pid {info.get('Pid')} on {where}"
+                )
+                if len(found) >= most:
+                    return found
+    except Exception as error:
+        log.debug("rlotel: pending ranks' processes not read: %r", error)
+    return found
 
 
 def _enclosing(stalled: list[tuple[Phase, Trace]]) -> set[Phase]:

@@ -242,8 +242,9 @@ def _progress() -> dict[str, int]:
 
 class TargetDirectory:
     """The driver's view of every process's target in its Ray job: polled from the GCS
-    every `poll_s` (longer where polls would take over POLL_SHARE of a core), a target left out once its heartbeat has not moved for `ttl_s` (on
-    the driver's monotonic clock, so no two clocks are compared)."""
+    every `poll_s` (longer where polls would take over POLL_SHARE of a core), a target
+    left out once its heartbeat has not moved for `ttl_s` (on the driver's monotonic
+    clock, so no two clocks are compared)."""
 
     def __init__(
         self,

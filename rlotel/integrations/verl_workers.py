@@ -242,7 +242,7 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
         seconds: dict[int, float] = {}
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
-        wait = tel.waiting_on_ranks(set(rank_of.values()))
+        wait = tel.waiting_on_ranks(set(rank_of.values()), refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
             if not ready:  # none in yet: blocked until the next few are, no polling
