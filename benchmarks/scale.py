@@ -25,6 +25,9 @@ per-reply wait over every pending ref is quadratic. One real Ray actor (async, n
 answers a call's N ranks one after another, evenly over `SPREAD_S`: replies that trickle in,
 so the wait loop takes them in many small batches (its other bad case). The N processes
 behind the heartbeats are N KV keys under this job's prefix written from the driver process.
+A last call at each N has every reply in but rank N/3's, a call to the real actor that does
+not return until released: the stall watch (`stall_after_s` STALL_S) must name that rank and
+the actor's process. The driver's own `TargetDirectory` thread then polls for WATCH_S.
 
 CPU is `time.process_time` (the whole driver process: rlotel's calls and the Ray client
 threads they drive) around rlotel's calls only; verl's own `ray.get` of the same refs is
@@ -41,6 +44,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -59,6 +63,7 @@ from rlotel.schema import attributes as attr
 PHASES = ("old_log_prob", "update_actor")  # one worker-group call on every rank each
 SPREAD_S = 0.25  # the real actor's replies arrive evenly over this (--spread)
 WATCH_S = 4.0  # the driver's own poll thread is watched this long at each N
+STALL_S = 2.0  # stall_after_s of the harness's telemetry: the stuck rank is named after it
 STEP_S = 60.0  # issue 50's step: the driver's telemetry CPU is judged as a share of it
 
 # name, unit, what it is (the table's rows, in order)
@@ -71,6 +76,7 @@ ROWS = (
     ("spread_added_ms", "ms", "  rlotel's added CPU (the difference)"),
     ("step_cpu_ms", "ms", "driver CPU for telemetry per step"),
     ("step_cpu_pct", "%", "  of a 60 s step"),
+    ("stuck_named_s", "s", f"a stuck rank named with its process (stall_after_s {STALL_S:g} s)"),
     ("series", "", "series a scrape of the driver's /metrics serves"),
     ("metrics_kb", "kB", "/metrics exposition size"),
     ("metrics_ms", "ms", "/metrics scrape time (GET on 127.0.0.1)"),
@@ -156,9 +162,60 @@ class Replies:
     """The one real actor: answers each rank's call at its given time (an async actor, so
     every rank's call waits at once), as ranks that finish one after another do."""
 
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+
     async def reply(self, rank: int, at: float) -> RankReply:
         await asyncio.sleep(max(0.0, at - time.time()))
         return RankReply({"rank": rank}, 0.5, 0.01)
+
+    async def stuck(self, rank: int) -> RankReply:
+        """A rank that does not reply until released (a hung collective, a dead GPU)."""
+        await self.released.wait()
+        self.released.clear()
+        return RankReply({"rank": rank}, 0.5, 0.01)
+
+    async def release(self) -> None:
+        self.released.set()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def stuck_rank(tel: rlotel.Telemetry, actor: Any, calls: Calls, step: int) -> dict[str, float]:
+    """One call whose rank N/3 never replies, every other rank's reply in: the seconds
+    until the stall watch names that rank and its process (the real actor's pid), judged
+    against `stall_after_s` plus one tick of the publisher."""
+    rank = calls.n // 3
+    refs = list(calls.refs)
+    refs[rank] = actor.stuck.remote(rank)
+    execute = verl_workers.traced_execute(lambda *_a, **_k: refs, True)
+    collect = verl_workers.traced_collect(lambda _group, output: output)
+    pid = ray.get(actor.pid.remote())
+    named = threading.Event()
+    named_s: list[float] = []
+
+    def call() -> None:
+        with tel.step(step), tel.phase(PHASES[-1]):
+            collect(None, ray.get(execute("noop")))
+
+    thread = threading.Thread(target=call, name="stuck-call")
+    started = time.perf_counter()
+    thread.start()
+    deadline = started + STALL_S + 10
+    while time.perf_counter() < deadline and not named.is_set():
+        for verdict in tel.stalled:
+            evidence = verdict.evidence
+            if evidence.get("pending_ranks") == str(rank) and f"pid {pid} " in str(
+                evidence.get("pending_processes")
+            ):
+                named_s.append(time.perf_counter() - started)
+                named.set()
+        time.sleep(0.02)
+    ray.get(actor.release.remote())
+    thread.join(30)
+    assert named_s, f"the stuck rank {rank} of {calls.n} was not named"
+    return {"stuck_named_s": named_s[0]}
 
 
 def staggered(
@@ -285,7 +342,11 @@ def polling(seconds: float) -> dict[str, float]:
 def at(n: int, steps_per_size: int, workdir: Path, actor: Any, spread_s: float) -> dict[str, float]:
     traces = workdir / f"traces-{n}.jsonl"
     tel = rlotel.init(
-        run=f"scale-{n}", prometheus_addr="127.0.0.1", prometheus_port=0, traces_file=traces
+        run=f"scale-{n}",
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        traces_file=traces,
+        stall_after_s=STALL_S,
     )
     try:
         directory = ray_integration.serve_targets(tel, poll_s=3600)  # polled here, by hand
@@ -307,6 +368,7 @@ def at(n: int, steps_per_size: int, workdir: Path, actor: Any, spread_s: float) 
         figures["metrics_kb"] = len(body) / 1e3
         figures["metrics_ms"] = scrape_s * 1e3
         figures.update(staggered(tel, actor, n, 2 + steps_per_size, spread_s))
+        figures.update(stuck_rank(tel, actor, calls, 4 + steps_per_size))
         figures.update(heartbeats(n, directory, directory.url))
     finally:
         tel.shutdown()

@@ -1,6 +1,7 @@
 """benchmarks/scale.py at two small sizes in one run: it completes through rlotel's own
 driver-side functions (real Ray refs, GCS KV, /metrics and the traces file), every process's
-KV entry is gone when it stops, and a step's spans do not grow with the ranks. Whether the
+KV entry is gone when it stops, a step's spans do not grow with the ranks, and a rank that
+never replies is named with its process by the stall watch. Whether the
 reply timing stays linear is `tests/test_verl_workers.py`'s (a ratio at sizes where a
 quadratic loop stands out from the noise of a loaded machine)."""
 
@@ -21,4 +22,6 @@ def test_the_scale_harness_runs_and_cleans_up():
         assert figures["kv_entries"] == n and figures["kv_left"] == 0
         assert figures["spans_step"] == 1 + len(scale.PHASES)
         assert figures["series"] > 0
+        assert figures["stuck_named_s"] > scale.STALL_S  # named, and not before its time
+        assert figures["poll_step_pct"] > 0
     print(scale.table(SIZES, results))

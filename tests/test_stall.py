@@ -128,11 +128,10 @@ def test_rank_replies_are_progress_and_their_silence_a_stall(make_tel):
     tel = make_tel(stall_after_s=STALL_AFTER_S)
     watch: StallWatch = tel.stalls
     with tel.step(1), tel.phase("update_actor"):
-        pending = {0, 1, 2}
-        wait = tel.waiting_on_ranks(pending)
+        wait = tel.waiting_on_ranks({0, 1, 2})
         for rank in (0, 1):
             time.sleep(STALL_AFTER_S * 0.6)
-            pending.discard(rank)
+            wait.replied([rank])
             assert not any(p.stalled for p in watch.check())  # a reply each 0.6 x the limit
         wait_for(lambda: any(p.stalled for p in watch.check()), 5)  # rank 2 never replies
         (verdict,) = tel.stalled

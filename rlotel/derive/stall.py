@@ -102,12 +102,17 @@ class RankWait:
     record: Phase
     started_ns: int
     pending: set[int]
-    left: int = -1  # pending ranks at the last tick
     refs: Sequence[Any] = ()  # each rank's reply (a Ray ref: whose process it waits on)
 
     @property
     def phase(self) -> str:
         return self.record.name
+
+    def replied(self, ranks: Iterable[int]) -> None:
+        """These ranks replied just now: progress of the phase, stamped when it happened
+        (not on the next tick, so a stall is named `stall_after_s` after the last reply)."""
+        self.pending.difference_update(ranks)
+        self.record.progress_ns = max(self.record.progress_ns, time.perf_counter_ns())
 
 
 class StallWatch:
@@ -183,7 +188,6 @@ class StallWatch:
     def check(self) -> list[OpenPhase]:
         """The open phases now; logs and keeps a verdict for each that just stalled."""
         now = self._clock()
-        self._note_replies(now)
         traces = self._open_traces()
         with self._lock:
             heard, self._heard = self._heard, {}
@@ -255,14 +259,6 @@ class StallWatch:
         reported = {f"{span:016x}": at for span, at in self._reported.items()}
         if reported != self.reported:
             self.reported = reported
-
-    def _note_replies(self, now: int) -> None:
-        """A rank replied since the last tick (its wait's pending set shrank): progress."""
-        for wait in list(self.rank_waits.values()):
-            left = len(wait.pending)
-            if 0 <= left < wait.left:
-                wait.record.progress_ns = max(wait.record.progress_ns, now)
-            wait.left = left
 
     def _open_traces(self) -> list[Trace]:
         """Every open trace of this process: read from another thread, so each reference

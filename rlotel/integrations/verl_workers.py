@@ -250,10 +250,11 @@ def _time_replies(tel: Any, refs: list[Any], started: float) -> None:
             now = time.perf_counter()
             if CLOCK.awaiting:
                 CLOCK.replied(ready)
-            for ref in ready:
-                seconds[rank_of[ref]] = now - started
-                if wait is not None:
-                    wait.pending.discard(rank_of[ref])
+            ranks = [rank_of[ref] for ref in ready]
+            for rank in ranks:
+                seconds[rank] = now - started
+            if wait is not None:
+                wait.replied(ranks)
         if len(refs) > 1:
             tel.record_rank_seconds(seconds)
     except Exception as error:  # timing is never worth failing the call for
