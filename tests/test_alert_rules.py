@@ -27,6 +27,7 @@ ALERTS = (
     "RLTrainingStalled",
     "RLWeightSyncSlow",
     "RLStragglerRank",
+    "RLSlowRank",
     "RLTrainerStarved",
     "RLRolloutIdle",
     "RLStalenessHigh",
