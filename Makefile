@@ -76,15 +76,15 @@ $(VERL_090)/.installed: $(ENGINE_STAMP)
 	touch $@
 
 # Prometheus, promtool and amtool from Debian: the tests start a real server on loopback
-# and check the shipped rules and configs. Chromium from Debian: the report tests open the
-# HTML report from file:// in headless Chromium.
+# and check the shipped rules and configs; node_exporter answers the hosts row's queries.
+# Chromium from Debian: the report tests open the HTML report from file:// in headless Chromium.
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
 	  command -v amtool >/dev/null && command -v chromium >/dev/null && \
-	  command -v openssl >/dev/null || { \
+	  command -v openssl >/dev/null && command -v prometheus-node-exporter >/dev/null || { \
 	  apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager chromium openssl; }
+	    prometheus prometheus-alertmanager prometheus-node-exporter chromium openssl; }
 
 demo: $(STAMP)
 	$(VENV)/bin/rlotel demo

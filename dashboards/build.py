@@ -4,8 +4,9 @@
     python dashboards/build.py --check   # fail on drift or on a metric nothing exports
 
 Panels are data: each `Panel` lists `Target`s, and each target names the catalogue entries
-(`rlotel.schema.catalogue`) or rollout-engine metrics (`rlotel.schema.engine_metrics`) it
-queries; units come from those entries. The check parses every PromQL expression
+(`rlotel.schema.catalogue`), rollout-engine metrics (`rlotel.schema.engine_metrics`) or
+node_exporter and dcgm-exporter metrics (`rlotel.schema.host_metrics`) it queries; units
+come from those entries. The check parses every PromQL expression
 (`promql_names`) and fails when a target queries a series other than the ones it names,
 or a name that neither rlotel, an engine nor a recording rule in the shipped stack's
 `collector/rules/` provides. The outputs are written beside this file: the one copy
@@ -47,6 +48,7 @@ from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     DataTransformerConfig,
     VariableRefresh,
+    VariableSort,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -56,8 +58,9 @@ sys.path.insert(0, str(ROOT))
 from dashboards import promql_names  # noqa: E402
 from rlotel.schema import catalogue as cat  # noqa: E402
 from rlotel.schema import engine_metrics as eng  # noqa: E402
+from rlotel.schema import host_metrics as host  # noqa: E402
 
-Metric = cat.MetricSpec | eng.EngineMetric
+Metric = cat.MetricSpec | eng.EngineMetric | host.ExporterMetric
 
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TEMPO = DataSourceRef(type_val="tempo", uid="tempo")
@@ -68,6 +71,18 @@ ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
 # Per-rank series: a worker labels them with its `role` and `rank` (the worker discovery
 # gives its targets the same labels, so either spelling of the scrape ends with both).
 RANK_SELECTOR = 'run=~"$run", rank!=""'
+# A node's exporters (jobs `node-exporter`, `dcgm-exporter`) carry the workers' `node` label.
+NODE_SELECTOR = 'node=~"$node"'
+# role and rank of every worker of the run on each node, from its own series (its target
+# labels): what a node's figures are joined to, `* on (node) group_left ()`.
+RANKS_ON_NODES = (
+    'group by (node, role, rank) ({__name__=~"rlotel_.+", run=~"$run", node=~"$node", rank!=""})'
+)
+# `rlotel_train_metric{key}`'s keys grouped by their first path part, as verl names its
+# families (`actor/pg_loss` → `actor`, `val-core/…` → `val-core`): the `prefix` variable's
+# values (Grafana keeps a regex's first group, once per value) and the keys of one.
+KEY_PREFIX_REGEX = "/^([^/]+)/"
+KEYS_OF_PREFIX = 'key=~"${prefix:regex}(/.*)?"'
 STEP_UID, TAIL_UID = "rlotel-step-breakdown", "rlotel-rollout-tail"
 STACK = promql_names.STACK  # the repository: collector/ and dashboards/
 RULES = promql_names.RULES_DIR / "rlotel.rules.yml"
@@ -97,6 +112,10 @@ EMPTY = {
     "(rlotel's own demo).",
     "no_engine_discovery": "Empty until the engines are scraped: one discovery file per "
     "replica in collector/engines/, or verl's rollout.prometheus with the plugin on.",
+    "no_node_exporter": "Empty until node_exporter serves on the workers' nodes (port 9100, "
+    "job node-exporter).",
+    "no_dcgm": "Empty until NVIDIA's dcgm-exporter serves on the workers' nodes (port 9400, "
+    "job dcgm-exporter).",
 }
 
 
@@ -129,6 +148,7 @@ class Panel:
     # A table of `rows` × `columns` from one instant query (Grafana's groupingToMatrix).
     matrix: tuple[str, str] | None = None
     empty_when: tuple[str, ...] = ()  # keys of EMPTY: when it has no data by design
+    repeat: str | None = None  # a variable: one copy of the panel per selected value
 
     @property
     def full_description(self) -> str:
@@ -158,15 +178,35 @@ class Section:
 
 
 @dataclass(frozen=True)
+class Variable:
+    """A multi-select template variable over one label's values, optionally reduced by a
+    regex (Grafana keeps its first capture group)."""
+
+    name: str
+    query: str
+    regex: str = ""
+
+
+@dataclass(frozen=True)
 class Board:
     title: str
     uid: str
     linked: str  # title of the link to the other rlotel dashboards
     sections: tuple[Section, ...]
-    replica_variable: bool = False
+    variables: tuple[Variable, ...] = ()  # after `run`, `job`, `instance`
+
+
+REPLICA = Variable("replica", 'label_values({run=~"$run", replica!=""}, replica)')
+# Nodes the run's workers are on (their series carry the target label `node`).
+NODE = Variable("node", 'label_values({run=~"$run", node!=""}, node)')
+PREFIX = Variable(
+    "prefix", f"label_values({cat.TRAIN_METRIC.name}{{{SELECTOR}}}, key)", KEY_PREFIX_REGEX
+)
 
 
 def selector_of(metric: Metric) -> str:
+    if isinstance(metric, host.ExporterMetric):
+        return NODE_SELECTOR
     return ENGINE_SELECTOR if isinstance(metric, eng.EngineMetric) else SELECTOR
 
 
@@ -217,6 +257,41 @@ def quantile(
         (metric,),
         exemplar=exemplar,
     )
+
+
+def on_ranks(by_node: str) -> str:
+    """A per-node figure on each worker of the run on that node (`role`, `rank`, `node`)."""
+    return f"{RANKS_ON_NODES} * on (node) group_left () ({by_node})"
+
+
+def node_rate(metric: host.ExporterMetric, match: str = "") -> str:
+    """Per-second rate of a node_exporter counter, summed per node."""
+    return f"sum by (node) (rate({select(metric, match)}[$__rate_interval]))"
+
+
+def per_gpu(metric: host.ExporterMetric, scale: str = "") -> Target:
+    """A dcgm-exporter gauge per node and GPU, optionally scaled to the panel's unit."""
+    return Target(
+        f"max by (node, gpu) ({select(metric)}){scale}", "{{node}} GPU {{gpu}}", (metric,)
+    )
+
+
+IDLE_CPU = select(host.NODE_CPU, 'mode="idle"')
+CPU_BUSY = f"1 - avg by (node) (rate({IDLE_CPU}[$__rate_interval]))"
+MEMORY_USED = (
+    f"1 - sum by (node) ({select(host.NODE_MEMORY_AVAILABLE)})"
+    f" / sum by (node) ({select(host.NODE_MEMORY_TOTAL)})"
+)
+SWAPPING = (
+    f"sum by (node) (rate({select(host.NODE_SWAP_IN)}[$__rate_interval])"
+    f" + rate({select(host.NODE_SWAP_OUT)}[$__rate_interval]))"
+)
+MIB = " * 1048576"  # dcgm-exporter's MiB in bytes
+ON_RANKS = "{{role}} {{rank}} ({{node}})"
+SAME_NODE = (
+    "Each worker of the run (role, rank) draws its node's figure, so a rank's line can be "
+    "read beside its phases; ranks on one node draw the same line."
+)
 
 
 def trace_links() -> list[DashboardLink]:
@@ -440,7 +515,140 @@ STEP_BREAKDOWN = Board(
                 ),
             ),
         ),
+        Section(
+            "Hosts (node_exporter), on the ranks of each node",
+            (
+                Panel(
+                    "CPU busy on each rank's node",
+                    (Target(on_ranks(CPU_BUSY), ON_RANKS, (host.NODE_CPU,)),),
+                    unit="percentunit",
+                    description=f"Share of the node's CPU time not idle. {SAME_NODE}",
+                    empty_when=("no_node_exporter",),
+                ),
+                Panel(
+                    "Memory used on each rank's node",
+                    (
+                        Target(
+                            on_ranks(MEMORY_USED),
+                            ON_RANKS,
+                            (host.NODE_MEMORY_AVAILABLE, host.NODE_MEMORY_TOTAL),
+                        ),
+                    ),
+                    unit="percentunit",
+                    description=f"1 − MemAvailable ÷ MemTotal. {SAME_NODE}",
+                    empty_when=("no_node_exporter",),
+                ),
+                Panel(
+                    "Swapping on each rank's node (pages in + out per second)",
+                    (
+                        Target(
+                            on_ranks(SWAPPING), ON_RANKS, (host.NODE_SWAP_IN, host.NODE_SWAP_OUT)
+                        ),
+                    ),
+                    unit="short",
+                    description="Above 0 while the node moves pages to or from swap: a phase "
+                    f"that slows then has memory pressure to blame. {SAME_NODE}",
+                    empty_when=("no_node_exporter",),
+                ),
+                Panel(
+                    "Swap used by node",
+                    (
+                        Target(
+                            f"sum by (node) ({select(host.NODE_SWAP_TOTAL)}"
+                            f" - {select(host.NODE_SWAP_FREE)})",
+                            "{{node}}",
+                            (host.NODE_SWAP_TOTAL, host.NODE_SWAP_FREE),
+                        ),
+                    ),
+                    unit="bytes",
+                    empty_when=("no_node_exporter",),
+                ),
+                Panel(
+                    "Network by node (receive, transmit)",
+                    tuple(
+                        Target(node_rate(metric, 'device!="lo"'), f"{{{{node}}}} {way}", (metric,))
+                        for metric, way in (
+                            (host.NODE_NETWORK_RECEIVE, "receive"),
+                            (host.NODE_NETWORK_TRANSMIT, "transmit"),
+                        )
+                    ),
+                    unit="Bps",
+                    description="Bytes per second on every device but loopback.",
+                    empty_when=("no_node_exporter",),
+                ),
+            ),
+        ),
+        Section(
+            "GPUs (dcgm-exporter), by node and GPU",
+            (
+                Panel(
+                    "GPU utilisation",
+                    (per_gpu(host.DCGM_GPU_UTIL),),
+                    unit="percent",
+                    empty_when=("no_dcgm",),
+                ),
+                Panel(
+                    "GPU memory used (framebuffer)",
+                    (per_gpu(host.DCGM_FB_USED, MIB),),
+                    unit="bytes",
+                    empty_when=("no_dcgm",),
+                ),
+                Panel(
+                    "SM clock",
+                    (per_gpu(host.DCGM_SM_CLOCK, " * 1e6"),),
+                    unit="hertz",
+                    description="A clock below its usual value while busy: power or thermal "
+                    "throttling.",
+                    empty_when=("no_dcgm",),
+                ),
+                Panel(
+                    "NVLink throughput (all links, sent + received)",
+                    (per_gpu(host.DCGM_NVLINK_BANDWIDTH, MIB),),
+                    unit="binBps",
+                    description="DCGM publishes this field as a throughput in MiB/s though the "
+                    "exporter types it a counter, so it is read as it is, not through rate().",
+                    empty_when=("no_dcgm",),
+                ),
+                Panel(
+                    "Last XID error by GPU (0 = none)",
+                    (per_gpu(host.DCGM_XID_ERRORS),),
+                    kind="stat",
+                    unit="none",
+                    description="The code of the GPU's last XID error (the driver's report of "
+                    "a GPU fault; e.g. 79: fallen off the bus); the exporter's newer versions "
+                    "add its message as `err_msg`.",
+                    empty_when=("no_dcgm",),
+                ),
+            ),
+        ),
+        Section(
+            "Every verl key (rlotel_train_metric), by prefix",
+            (
+                Panel(
+                    "Last value of every key",
+                    (
+                        Target(
+                            f"max by (run, key) ({select(cat.TRAIN_METRIC, KEYS_OF_PREFIX)})",
+                            "{{key}}",
+                            (cat.TRAIN_METRIC,),
+                            format="table",
+                        ),
+                    ),
+                    kind="table",
+                    description="Every key of verl's metrics dict that rlotel serves as "
+                    "rlotel_train_metric (those it serves as families of their own, such as "
+                    "timing_s/ phases, are in the rows above), for the prefixes selected.",
+                ),
+                Panel(
+                    "$prefix/…",
+                    (value(cat.TRAIN_METRIC, "{{key}}", KEYS_OF_PREFIX),),
+                    description="The keys under one prefix, one panel per prefix selected.",
+                    repeat=PREFIX.name,
+                ),
+            ),
+        ),
     ),
+    variables=(NODE, PREFIX),
 )
 
 ROLLOUT_TAIL = Board(
@@ -582,7 +790,7 @@ ROLLOUT_TAIL = Board(
             ),
         ),
     ),
-    replica_variable=True,
+    variables=(REPLICA,),
 )
 
 BOARDS = (STEP_BREAKDOWN, ROLLOUT_TAIL)
@@ -642,6 +850,8 @@ def grafana_panel(panel: Panel | TraceTable):
         built = built.stacking(StackingConfig().mode(StackingMode.NORMAL))
     if panel.trace_links:
         built = built.links(trace_links())
+    if panel.repeat:
+        built = built.repeat(panel.repeat).repeat_direction("h").max_per_row(3)
     if panel.matrix:
         rows, columns = panel.matrix
         built = built.with_transformation(
@@ -653,9 +863,9 @@ def grafana_panel(panel: Panel | TraceTable):
     return built
 
 
-def label_variable(name: str, query_text: str) -> QueryVariable:
+def label_variable(name: str, query_text: str, regex: str = "") -> QueryVariable:
     """A multi-select template variable over one label's values."""
-    return (
+    built = (
         QueryVariable(name)
         .label(name)
         .datasource(PROMETHEUS)
@@ -664,6 +874,7 @@ def label_variable(name: str, query_text: str) -> QueryVariable:
         .include_all(True)
         .multi(True)
     )
+    return built.regex(regex).sort(VariableSort.ALPHABETICAL_ASC) if regex else built
 
 
 def dashboard(board: Board) -> Dashboard:
@@ -683,10 +894,8 @@ def dashboard(board: Board) -> Dashboard:
             )
         )
     )
-    if board.replica_variable:
-        built = built.with_variable(
-            label_variable("replica", 'label_values({run=~"$run", replica!=""}, replica)')
-        )
+    for variable in board.variables:
+        built = built.with_variable(label_variable(variable.name, variable.query, variable.regex))
     for section in board.sections:
         built = built.with_row(Row(section.title))
         for panel in section.panels:

@@ -4,7 +4,9 @@
     python docs/build.py --check   # fail when a committed page drifts from its sources
 
 The metric list is `rlotel.schema.catalogue`: one row per family, with the series name PromQL
-uses, its kind, unit, labels and help, so the page cannot omit or misname a family.
+uses, its kind, unit, labels and help, so the page cannot omit or misname a family. The name
+map after it spells rlotel's names from `rlotel.schema.attributes` and the catalogue, so a
+renamed attribute or family renames its row.
 docs/production.md opens with two tables written between markers: every alert of
 `collector/rules/rlotel.rules.yml` (its condition is the "Fires when" line of its section of
 docs/runbooks.md; threshold, `for` and severity are the rule's) and every scrape job of
@@ -21,7 +23,9 @@ from pathlib import Path
 
 import yaml
 
+from rlotel.schema import attributes as attr
 from rlotel.schema import catalogue as cat
+from rlotel.schema import vocabulary as voc
 
 DOCS = Path(__file__).resolve().parent
 METRICS = DOCS / "metrics.md"
@@ -82,7 +86,115 @@ def metrics_page() -> str:
         labels = ", ".join(f"`{label}`" for label in spec.labels)
         text = (spec.help + _bounds(spec)).replace("|", "\\|")
         rows.append(f"| `{name}` | {spec.kind} | {spec.unit} | {labels} | {text} |")
-    return HEAD + "\n".join(rows) + "\n"
+    return HEAD + "\n".join(rows) + "\n" + name_map()
+
+
+# --- the name map: rlotel's names beside the open `rl.*` proposal's ------------------------
+
+PROPOSAL = "https://github.com/open-telemetry/semantic-conventions-genai/issues/88"
+SAME, DIFFERENT, NOT_IN_PROPOSAL, NOT_IN_RLOTEL = (
+    "same",
+    "different",
+    "not in the proposal",
+    "not in rlotel",
+)
+# (the proposal's name, rlotel's, verdict, how they differ). The proposal's names are those
+# its summary gives: resource attributes in full, metrics only as namespaces (`rl.loop.*`
+# with its example `rl.loop.duration`), so rlotel's members of a namespace are its own.
+NAME_MAP: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "`rl.run.id`",
+        f"`{attr.RUN}` (resource); the label `run` on every series",
+        DIFFERENT,
+        "the same thing, one level shorter",
+    ),
+    ("`rl.algorithm`", "—", NOT_IN_RLOTEL, "rlotel does not read verl's algorithm setting"),
+    ("`rl.system`", "—", NOT_IN_RLOTEL, "the RL framework; rlotel's runs are verl's"),
+    ("`rl.model.name`", "—", NOT_IN_RLOTEL, ""),
+    ("`rl.environment.name`, `rl.environment.type`", "—", NOT_IN_RLOTEL, ""),
+    ("`rl.agent.count`", "—", NOT_IN_RLOTEL, ""),
+    (
+        "`rl.loop.duration`",
+        f"`{cat.STEP_DURATION.name}`, the `{voc.STEP}` span",
+        DIFFERENT,
+        "one training iteration's wall time; rlotel calls the iteration a step",
+    ),
+    (
+        "`rl.loop.*`",
+        f"`{attr.STEP}`, `{cat.STEP.name}`, `{cat.STEPS.sample_names[0]}`",
+        DIFFERENT,
+        "the iteration's number and count",
+    ),
+    (
+        "`rl.sample.*`",
+        f"`{attr.SAMPLE_INDEX}`, `{attr.SAMPLE_UID}`, `{attr.SAMPLE_TURNS}`, "
+        f"`{attr.SAMPLE_STALENESS}`, `{attr.SAMPLE_PREFIX}weight_version.*`",
+        SAME,
+        "the namespace: one generated sample (rlotel: its span's attributes); the "
+        "proposal's summary names no member",
+    ),
+    (
+        "`rl.sample.*` (the generating phase's metrics)",
+        f"`{cat.AGENT_LOOP_DURATION.name}`, the `{voc.GEN}` phase",
+        DIFFERENT,
+        "rlotel's per-sample histograms and phase seconds",
+    ),
+    (
+        "`rl.reward.*`",
+        f"`{attr.EVALUATION_EVENT}` event, `{attr.EVALUATION_NAME}`=`{attr.REWARD_EVALUATION}`, "
+        f"`{attr.EVALUATION_SCORE}`; the `{voc.REWARD}` phase",
+        DIFFERENT,
+        "rlotel uses OTel GenAI's evaluation event for a sample's reward",
+    ),
+    (
+        "`rl.sync.*`",
+        f"the `{voc.UPDATE_WEIGHTS}` / `{voc.PARAM_SYNC}` phases and their stages "
+        f"(`{voc.CKPT_TRANSFER}`, ...)",
+        DIFFERENT,
+        f"phases (`{attr.PHASE}`), not a namespace",
+    ),
+    (
+        "—",
+        f"`{attr.PHASE}`, `{attr.BUCKET}`, `{attr.ROLE}`, `{attr.RANK}`, `{attr.NODE}`, "
+        f"`{attr.REPLICA}`",
+        NOT_IN_PROPOSAL,
+        "where time goes and which process spent it",
+    ),
+    (
+        "—",
+        f"`{attr.TOKENS_PROMPT}`, `{attr.TOKENS_RESPONSE}`, `{attr.TOKENS_TOTAL}`; "
+        f"`{attr.INPUT_TOKENS}`, `{attr.OUTPUT_TOKENS}` per sample",
+        NOT_IN_PROPOSAL,
+        "a sample's lengths use OTel GenAI's names",
+    ),
+    (
+        "—",
+        "every `rlotel_*` series above but those named in this table",
+        NOT_IN_PROPOSAL,
+        "",
+    ),
+)
+
+
+def name_map() -> str:
+    """rlotel's names beside the proposal's, each marked same, different or not in one."""
+    rows = [
+        "",
+        "## Names beside the OpenTelemetry `rl.*` proposal",
+        "",
+        f"An open proposal ([semantic-conventions-genai #88]({PROPOSAL})) sketches an `rl.*`",
+        "namespace. Only the names its summary gives are compared (its resource attributes;",
+        "its metrics as the namespaces `rl.loop.*`, `rl.sample.*`, `rl.reward.*`, `rl.sync.*`):",
+        "it is not a convention yet, and its summary names no member of those namespaces but",
+        "`rl.loop.duration`.",
+        "",
+        "| proposal | rlotel | same? | how |",
+        "| --- | --- | --- | --- |",
+    ]
+    rows += [
+        f"| {ours} | {theirs} | {verdict} | {note} |" for ours, theirs, verdict, note in NAME_MAP
+    ]
+    return "\n".join(rows) + "\n"
 
 
 # --- docs/production.md: the alerts and the scrape jobs ------------------------------------
@@ -98,6 +210,8 @@ JOB_LABELS = {
     "the per-rank series' own `role` and `rank`",
     "rollout-engines": "`replica` (required: a target without it is dropped) and `run` from "
     "the file; `vllm_*` / `sglang_*` renamed back to `vllm:` / `sglang:`",
+    "node-exporter": "`node` (the workers' own), joined to the ranks on the node by it",
+    "dcgm-exporter": "`node` (the workers' own), joined to the ranks on the node by it",
     "otel-collector": "none; span metrics carry the spans' `rl_phase`, `rl_run`",
     "otelcol-tier1": "none (profile `scale`)",
     "otelcol-tier2": "none (profile `scale`); one `instance` per tier-2 replica, sum over it",
@@ -158,8 +272,15 @@ def _discovery(job: dict) -> tuple[str, str]:
         targets = [t for static in job["static_configs"] for t in static["targets"]]
         return ", ".join(f"`{t}`" for t in targets), "static"
     if "file_sd_configs" in job:
-        files = [f for sd in job["file_sd_configs"] for f in sd["files"]]
-        return ", ".join(f"`collector/{f}`" for f in files), "file (one JSON per target)"
+        files = ", ".join(f"`collector/{f}`" for sd in job["file_sd_configs"] for f in sd["files"])
+        address = [
+            r for r in job.get("relabel_configs", []) if r.get("target_label") == "__address__"
+        ]
+        if address:  # another exporter on the nodes the files name
+            (rule,) = address
+            target = rule["replacement"].replace("$1", f"<{rule['source_labels'][0]}>")
+            return f"`{target}`", f"file: each node of {files}, once"
+        return files, "file (one JSON per target)"
     if "dns_sd_configs" in job:
         (sd,) = job["dns_sd_configs"]
         names = ", ".join(f"`{n}:{sd['port']}`" for n in sd["names"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +19,9 @@ import yaml
 from dashboards import build, promql_names
 from rlotel.schema import catalogue as cat
 from rlotel.schema import engine_metrics as eng
+from rlotel.schema import host_metrics as host
 from tests.helpers import file_spans, parse_exposition, scrape, serve_engine
-from tests.promserver import Prometheus
+from tests.promserver import Prometheus, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR = promql_names.STACK / "collector"
@@ -31,6 +33,8 @@ VARIABLES = {
     "$instance": ".*",
     "$replica": ".*",
     "${run}": "demo",
+    "${prefix:regex}": "actor",  # one copy of the repeated panel: verl's actor/ keys
+    "$node": ".+",
 }
 
 # Panels and recording rules the demo cannot answer yet, and why. Each must still run on the
@@ -49,6 +53,23 @@ DATA = (
     "worker-group calls and data queues: the demo runs neither; verl's real run answers them "
     "(tests/e2e/test_main_ppo.py, test_every_dashboard_panel_answers_on_the_real_run)"
 )
+HOSTS = (
+    "node_exporter's series: the demo runs no worker; a real node_exporter answers them "
+    "(test_hosts_row_answers_on_a_real_node_exporter_joined_to_the_ranks_on_it)"
+)
+GPUS = "dcgm-exporter's series: no GPU and no DCGM on the test machine"
+HOSTS_ROW = "Hosts (node_exporter), on the ranks of each node"
+GPUS_ROW = "GPUs (dcgm-exporter), by node and GPU"
+KEYS_ROW = "Every verl key (rlotel_train_metric), by prefix"
+VERL_LOG = ROOT / "tests" / "data" / "verl-0.9.1-main_ppo.jsonl"  # a real run's metric dicts
+
+
+def row(title: str) -> build.Section:
+    """A row of the step-breakdown dashboard, by title."""
+    (found,) = [s for s in build.STEP_BREAKDOWN.sections if s.title == title]
+    return found
+
+
 NOT_IN_THE_DEMO = {
     "RL step breakdown / Worker-group calls by stage": DATA,
     "RL step breakdown / Bytes moved by phase and direction": DATA,
@@ -67,6 +88,8 @@ NOT_IN_THE_DEMO = {
     "rlotel:engine_preemptions:rate5m": ENGINES,
     "rlotel:engine_kv_cache_usage:ratio": ENGINES,
     "rlotel:engine_queue_seconds:p99": ENGINES,
+    **{f"RL step breakdown / {panel.title}": HOSTS for panel in row(HOSTS_ROW).panels},
+    **{f"RL step breakdown / {panel.title}": GPUS for panel in row(GPUS_ROW).panels},
 }
 ENGINE_ROW = "Rollout engines (vLLM / SGLang, by replica)"
 
@@ -531,3 +554,178 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
         plugin.uninstall()
         if tel is not None:
             tel.shutdown()
+
+
+# --- every verl key, the hosts and the GPUs ------------------------------------------------
+
+
+def grafana_regex(pattern: str, values: list[str]) -> list[str]:
+    """A query variable's values through its regex as Grafana reduces them: `/re/`, the
+    first capture group of each value that matches, each once."""
+    compiled = re.compile(pattern.strip("/"))
+    found = [m.group(1) for m in map(compiled.search, values) if m]
+    return list(dict.fromkeys(found))
+
+
+def grafana_escape(value: str) -> str:
+    """`${var:regex}` of one value as Grafana's Prometheus datasource writes it into a
+    PromQL string: regex metacharacters behind a backslash, itself escaped."""
+    return re.sub(r"([\\$^*{}\[\]'+?.()|])", r"\\\\\1", value)
+
+
+def keys_row_exprs(prefixes: str) -> dict[str, str]:
+    """The every-key row's queries by panel title, with `prefix` set to a regex of values."""
+    return {
+        panel.title: substitute(panel.targets[0].expr.replace("${prefix:regex}", prefixes))
+        for panel in row(KEYS_ROW).panels
+    }
+
+
+@pytest.mark.slow  # a real Prometheus
+def test_every_key_row_shows_each_served_key_under_its_prefix(make_tel, prometheus_for):
+    """verl 0.9.1's own metric dicts (a real main_ppo run) and a key a user logs without a
+    slash: the `prefix` variable's values are the keys' first path parts, each copy of the
+    repeated panel shows exactly its prefix's keys, and together with the table they show
+    every key rlotel serves as rlotel_train_metric, with its value."""
+    tel = make_tel(run="demo")
+    prometheus = prometheus_for(tel.metrics_url)
+    for line in VERL_LOG.read_text().splitlines():
+        record = json.loads(line)
+        tel.log({**record["data"], "loss": 0.25}, step=record["step"])
+    assert tel.flush(10)
+    served = {
+        dict(labels)["key"]: value
+        for (name, labels), value in parse_exposition(scrape(tel.metrics_url)).items()
+        if name == cat.TRAIN_METRIC.name
+    }
+    prometheus.wait_for(f'count({cat.TRAIN_METRIC.name}{{run="demo"}})', len(served))
+    step = json.loads(build.OUTPUTS[build.STEP_UID].read_text())
+    (variable,) = [v for v in step["templating"]["list"] if v["name"] == "prefix"]
+    selector = promql_names.LABEL_VALUES.fullmatch(variable["query"]).group("selector")
+    keys = prometheus.api("label/key/values", **{"match[]": substitute(selector)})
+    prefixes = grafana_regex(variable["regex"], keys)
+    # verl's perf/ and timing_s/ keys here are rlotel families of their own (phases, MFU)
+    assert {"actor", "critic", "response_length", "training", "val-core", "loss"} <= set(prefixes)
+    assert sorted(prefixes) == sorted({key.split("/")[0] for key in served})
+    shown: dict[str, float] = {}
+    for prefix in prefixes:  # the repeated panel, one copy per value
+        (expression,) = [
+            e for title, e in keys_row_exprs(grafana_escape(prefix)).items() if "$" in title
+        ]
+        answer = {r["metric"]["key"]: float(r["value"][1]) for r in prometheus.query(expression)}
+        assert answer and all(key.split("/")[0] == prefix for key in answer), (prefix, answer)
+        assert not shown.keys() & answer.keys()
+        shown |= answer
+    assert shown == served
+    every = "(" + "|".join(map(grafana_escape, prefixes)) + ")"  # `All`, as Grafana writes it
+    table = keys_row_exprs(every)["Last value of every key"]
+    assert {r["metric"]["key"]: float(r["value"][1]) for r in prometheus.query(table)} == served
+    print(f"\n{len(served)} keys under {len(prefixes)} prefixes: {sorted(prefixes)}")
+
+
+def test_gpu_row_reads_only_dcgm_exporters_default_counters():
+    """The GPU row's names are dcgm-exporter's (etc/default-counters.csv enables each of
+    them), per node and GPU; a misspelt one fails the dashboard check."""
+    exprs = [target.expr for panel in row(GPUS_ROW).panels for target in panel.targets]
+    queried = {name for expr in exprs for name in promql_names.selected_names(expr)}
+    dcgm = {m.name for m in host.EXPORTER_METRICS if m.exporter == "dcgm-exporter"}
+    assert queried == dcgm
+    assert all("by (node, gpu)" in expr and 'node=~"$node"' in expr for expr in exprs)
+    typo = exprs[0].replace("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTILIZATION")
+    assert promql_names.unknown_names([typo], promql_names.known_names()) == [
+        ("DCGM_FI_DEV_GPU_UTILIZATION", typo)
+    ]
+
+
+def start_node_exporter(port: int, log: Path) -> subprocess.Popen:
+    """Debian's prometheus-node-exporter on loopback, once its /metrics answers (30 s)."""
+    binary = shutil.which("prometheus-node-exporter")
+    if binary is None:
+        pytest.fail("prometheus-node-exporter is not installed: run `make system-deps`")
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=out, stderr=out
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            scrape(f"http://127.0.0.1:{port}/metrics")
+            return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"node_exporter did not serve in 30 s: {log.read_text()[-500:]}")
+
+
+@pytest.mark.slow  # a real Prometheus and a real node_exporter
+def test_hosts_row_answers_on_a_real_node_exporter_joined_to_the_ranks_on_it(make_tel, tmp_path):
+    """Two worker ranks on one node, found by the shipped `rlotel-workers` job through their
+    discovery files; the shipped `node-exporter` job derives one target for the node from
+    those files (on a free port here, 9100 shipped) and scrapes Debian's node_exporter. Each
+    hosts-row query answers; the per-rank ones carry each rank's role and rank with its
+    node's figure. The `dcgm-exporter` job finds the same one node (nothing serves there)."""
+    port = free_port()
+    exporter = start_node_exporter(port, tmp_path / "node_exporter.log")
+    prometheus = None
+    try:
+        tel = make_tel(run="demo")
+        tel.log({"actor/pg_loss": 0.5}, step=1)  # a worker's series carries its run
+        assert tel.flush(10)
+        workers = tmp_path / "workers"  # `workers/*.json`, relative to the config file
+        workers.mkdir()
+        target = urllib.parse.urlsplit(tel.metrics_url).netloc
+        for rank in ("0", "1"):  # as rlotel.integrations.ray.write_target writes them
+            labels = {"role": "actor", "rank": rank, "node": "127.0.0.1"}
+            (workers / f"rlotel-{rank}.json").write_text(
+                json.dumps([{"targets": [target], "labels": labels}])
+            )
+        config = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
+        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        config.pop("alerting", None)
+        config.pop("rule_files", None)
+        jobs = ("rlotel-workers", "node-exporter", "dcgm-exporter")
+        config["scrape_configs"] = [j for j in config["scrape_configs"] if j["job_name"] in jobs]
+        (node_job,) = [j for j in config["scrape_configs"] if j["job_name"] == "node-exporter"]
+        (address,) = [
+            r for r in node_job["relabel_configs"] if r.get("target_label") == "__address__"
+        ]
+        assert address["replacement"] == "$1:9100"
+        address["replacement"] = f"$1:{port}"
+        prometheus = Prometheus(tmp_path, [], config=config)
+        prometheus.wait_for('count(up{job="rlotel-workers"} == 1)', 2, timeout_s=30)
+        prometheus.wait_for('count(up{job="node-exporter"} == 1)', 1, timeout_s=30)
+        assert prometheus.scalar('count(up{job="dcgm-exporter"})') == 1  # one node, no DCGM
+        node_up = prometheus.query('up{job="node-exporter"}')
+        assert set(node_up[0]["metric"]) == {"__name__", "job", "instance", "node"}, node_up
+        step = json.loads(build.OUTPUTS[build.STEP_UID].read_text())
+        (variable,) = [v for v in step["templating"]["list"] if v["name"] == "node"]
+        selector = promql_names.LABEL_VALUES.fullmatch(variable["query"]).group("selector")
+        assert prometheus.api("label/node/values", **{"match[]": substitute(selector)}) == [
+            "127.0.0.1"
+        ]
+        time.sleep(3)  # rate() windows hold a few scrapes
+        hosts = [(w, e) for w, e in sourced_expressions() if NOT_IN_THE_DEMO.get(w) == HOSTS]
+        assert len(hosts) == len(row(HOSTS_ROW).panels) + 1  # network: receive and transmit
+        for where, expression in hosts:
+            answer = prometheus.query(substitute(expression))
+            assert answer, f"{where}: no data for {substitute(expression)}"
+            assert {r["metric"]["node"] for r in answer} == {"127.0.0.1"}, where
+            values = [float(r["value"][1]) for r in answer]
+            assert all(v >= 0 for v in values), (where, values)
+            if "each rank's node" in where:  # joined: each rank, its node's one figure
+                ranks = {(r["metric"]["role"], r["metric"]["rank"]) for r in answer}
+                assert ranks == {("actor", "0"), ("actor", "1")} and len(set(values)) == 1
+                if "swapping" not in where.lower():
+                    assert 0 < values[0] < 1, (where, values)  # a share of CPU or memory
+        gpus = [(w, e) for w, e in sourced_expressions() if NOT_IN_THE_DEMO.get(w) == GPUS]
+        for where, expression in gpus:  # run, and empty: nothing serves DCGM here
+            assert not prometheus.query(substitute(expression)), where
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        exporter.terminate()
+        try:
+            exporter.wait(10)
+        except subprocess.TimeoutExpired:
+            exporter.kill()
+            exporter.wait(5)
