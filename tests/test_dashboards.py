@@ -49,6 +49,10 @@ RANKS = (
     "per-rank series: the demo runs no worker processes; real verl workers answer them "
     "(test_rank_panels_answer_on_real_verl_workers)"
 )
+COMPUTE = (
+    "per-rank compute seconds: ranks of a torch.distributed group; benchmarks/scale_targets.py's "
+    "ranks answer it (tests/test_scale_harness.py, on a real Prometheus with the shipped rules)"
+)
 DATA = (
     "worker-group calls and data queues: the demo runs neither; verl's real run answers them "
     "(tests/e2e/test_main_ppo.py, test_every_dashboard_panel_answers_on_the_real_run)"
@@ -85,6 +89,7 @@ NOT_IN_THE_DEMO = {
     "RL rollout tail / Engine preemptions (SGLang: retractions)": ENGINES,
     "RL rollout tail / KV cache usage": ENGINES,
     "RL rollout tail / vLLM requests waiting": ENGINES,
+    "rlotel:rank_compute_over_median:ratio": COMPUTE,
     "rlotel:engine_preemptions:rate5m": ENGINES,
     "rlotel:engine_kv_cache_usage:ratio": ENGINES,
     "rlotel:engine_queue_seconds:p99": ENGINES,

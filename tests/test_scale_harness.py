@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import scale
+from benchmarks import scale, scale_targets
 
 SIZES = [8, 64]
 
@@ -25,3 +25,17 @@ def test_the_scale_harness_runs_and_cleans_up():
         assert figures["stuck_named_s"] > scale.STALL_S  # named, and not before its time
         assert figures["poll_step_pct"] > 0
     print(scale.table(SIZES, results))
+
+
+@pytest.mark.slow
+def test_many_real_worker_targets_up_and_the_slow_rank_named_by_the_shipped_rules():
+    """benchmarks/scale_targets.py at a small size: verl's real worker group, each rank's
+    /metrics found by the shipped file discovery and scraped by a real Prometheus, every
+    shipped rule healthy, and RLSlowRank pending on exactly the slow rank."""
+    figures = scale_targets.run(3)
+    assert figures["files"] == 3
+    (alert,) = figures["slow_rank_alerts"]
+    assert alert["rank"] == str(figures["slow_rank"]) and alert["node"] == "127.0.0.1"
+    assert figures["rule_errors"] == []
+    assert figures["driver_compute_spread"] > 2  # the slow rank's 3x, seen by the driver
+    print(figures)

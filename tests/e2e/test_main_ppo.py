@@ -711,7 +711,7 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
 
 # What this run is, in the words the dashboards' descriptions use for when a panel is empty
 # (dashboards/build.py `EMPTY`): a panel that is empty on it must say one of these.
-THIS_RUN = ("sync", "no_replay_buffer", "no_tools", "one_rank")
+THIS_RUN = ("sync", "no_replay_buffer", "no_tools", "one_rank", "no_node_exporter", "no_dcgm")
 OTHER_ENGINE = "sglang:"  # the engine row's panels query vLLM and SGLang side by side
 
 
