@@ -95,11 +95,21 @@ LABELS: dict[str, Label] = {
     "queue": Label(2, "transfer_queue, verl_message_queue"),
     "op": Label(2, "put, get"),
 }
+# The windows a worker-group call is made in (the data ledger's phase).
+CALLING_PHASES = Label(
+    12,
+    "the windows verl 0.9.1 calls worker groups in: gen, gen_max, reward, old_log_prob, ref, "
+    "values, update_critic, update_actor, update_weights, testing, save_checkpoint, step",
+)
 # Where a family's label means fewer values than the label's own bound.
 FAMILY_LABELS: dict[str, dict[str, Label]] = {
     cat.AGENT_LOOP_LENGTH.name: {"kind": Label(len(LENGTH_KINDS), "prompt, response")},
     cat.ROLE_IDLE.name: {"role": Label(2, "trainer, rollout")},
-    cat.DATA_MOVEMENT_SECONDS.name: {"stage": Label(len(dm.STAGES), ", ".join(dm.STAGES))},
+    cat.DATA_MOVEMENT_SECONDS.name: {
+        "phase": CALLING_PHASES,
+        "stage": Label(len(dm.STAGES), ", ".join(dm.STAGES)),
+    },
+    cat.DATA_MOVEMENT_BYTES.name: {"phase": CALLING_PHASES},
     cat.SAMPLES_DISCARDED.name: {"reason": Label(len(DISCARD_REASONS), ", ".join(DISCARD_REASONS))},
     cat.INTEGRATION_FAILURES.name: {"hook": Label(len(HOOKS), "the hooks of the registry")},
     cat.INTEGRATION_HOOKS.name: {

@@ -497,6 +497,8 @@ CASES: dict[str, Callable[[pytest.MonkeyPatch], Case]] = {
     _w("collectives", "timed"): lambda mp: function(collectives.timed, torch.zeros(1)),
     _w("data_moves", "traced_tq_put"): lambda mp: awaited(data_moves.traced_tq_put, torch.ones(2)),
     _w("data_moves", "traced_tq_get"): lambda mp: awaited(data_moves.traced_tq_get, None),
+    _w("data_moves", "traced_getstate"): lambda mp: method(data_moves.traced_getstate),
+    _w("data_moves", "traced_setstate"): lambda mp: method(data_moves.traced_setstate, {"b": 1}),
     _w("data_moves", "traced_mq_put"): lambda mp: awaited(data_moves.traced_mq_put, b"sample"),
     _w("data_moves", "traced_mq_get"): lambda mp: awaited(data_moves.traced_mq_get),
     _w("collectives", "timed_wait"): lambda mp: method(collectives.timed_wait),

@@ -392,10 +392,10 @@ def heavy_batch(rows: int, width: int, columns: int) -> DataProto:
 def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster, capsys):
     """verl's real worker group, DataProto and dispatch: a method that does nothing with a
     64 MB batch. The call's stages add up to its wall time, its bytes are the batch's (an
-    independent count), the driver's stages agree with a direct timing of the same pickling,
+    independent count), the pickling stages agree with a direct timing of the same pickling,
     and the step's verdict is data movement, naming the stage that took longest. Stated
-    tolerance: each driver stage within 0.5-2x of the direct timing (seen here: submit 1.13x
-    ray.put, fetch 1.09x pickle.loads)."""
+    tolerance: serialize and submit within 0.5-2x of the direct timing, deserialize (ranks
+    unpickling side by side) within 1/3-3x."""
     tel = rlotel.init(run="moves", prometheus_port=0, resource_attributes={"rl.role": "driver"})
     group = worker_group(cluster, MovingWorker)
     with tel.phase("init_model"):  # the workers start their telemetry (not measured below)
@@ -410,7 +410,7 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster,
     (moves,) = step.data_moves.values()
     assert moves.phase == "update_actor" and moves.calls == 1
     parts = sum(moves.seconds.values())
-    print(
+    figures = (
         "data movement of one call: "
         + ", ".join(f"{stage} {seconds * 1e3:.1f} ms" for stage, seconds in moves.seconds.items())
         + f"; wall {moves.wall_s * 1e3:.1f} ms, parts {parts * 1e3:.1f} ms; bytes {moves.bytes}"
@@ -423,9 +423,14 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster,
     expected = batch.batch["hidden"].nbytes + sum(a.nbytes for a in batch.non_tensor_batch.values())
     assert moves.bytes["sent"] == expected and moves.bytes["returned"] == expected
 
-    # the driver's submit is Ray putting each rank's share in its object store (pickling it:
-    # DataProto.__getstate__), its fetch unpickling the replies: the same, timed directly
+    # serialize is verl pickling the ranks' shares (DataProto.__getstate__) inside submit;
+    # submit and serialize together are Ray putting them in its object store; deserialize is
+    # the driver unpickling the two replies and the slowest rank its share: the same, timed
+    # directly
     shares = batch.chunk(2)
+    started = time.perf_counter()
+    states = [share.__getstate__() for share in shares]
+    getstate_s = time.perf_counter() - started
     started = time.perf_counter()
     refs = [ray.put(share) for share in shares]
     put_s = time.perf_counter() - started
@@ -434,16 +439,23 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster,
     for blob in pickled:
         pickle.loads(blob)
     loads_s = time.perf_counter() - started
-    del refs
-    print(
-        f"direct: ray.put of the shares {put_s * 1e3:.1f} ms, pickle.loads {loads_s * 1e3:.1f} ms"
+    del refs, states
+    unpickled_s = 1.5 * loads_s  # two replies on the driver, one share on the slowest rank
+    seconds = moves.seconds
+    figures += (
+        f"\ndirect: __getstate__ of the shares {getstate_s * 1e3:.1f} ms, ray.put "
+        f"{put_s * 1e3:.1f} ms, pickle.loads {loads_s * 1e3:.1f} ms (x1.5: "
+        f"{unpickled_s * 1e3:.1f} ms)"
     )
-    assert 0.5 <= moves.seconds["submit"] / put_s <= 2, (moves.seconds["submit"], put_s)
-    assert 0.5 <= moves.seconds["fetch"] / loads_s <= 2, (moves.seconds["fetch"], loads_s)
+    assert 0.5 <= seconds["serialize"] / getstate_s <= 2, (seconds["serialize"], getstate_s)
+    submitted = seconds["serialize"] + seconds["submit"]
+    assert 0.5 <= submitted / put_s <= 2, (submitted, put_s)
+    # the ranks unpickle side by side (on 2 cores here, beside the driver): a wider tolerance
+    assert 1 / 3 <= seconds["deserialize"] / unpickled_s <= 3, (seconds["deserialize"], unpickled_s)
 
     verdict = step.verdict
     stage = max(MOVING, key=moves.seconds.__getitem__)
-    print(f"verdict: {verdict.label}: {verdict.next_read}")
+    figures += f"\nverdict: {verdict.label}: {verdict.next_read}"
     assert verdict.kind == "data-movement-bound" and verdict.detail == stage
     assert verdict.evidence["data_stage_s"] == pytest.approx(moves.seconds[stage], abs=1e-6)
     assert verdict.evidence["data_sent_bytes"] == expected
@@ -463,3 +475,5 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster,
     assert cli.main(["analyze", str(cluster)]) == 0
     printed = capsys.readouterr().out
     assert f"data-movement-bound/{stage}" in printed and f"({stage} " in printed
+    with capsys.disabled():  # the figures, in `make test`'s output
+        print("\n" + figures)

@@ -7,7 +7,9 @@ verl's own steps give dispatch, submit, the wait, fetch, collect and other, whic
 the call's wall time; the slowest rank's own account, sent with its reply, splits the wait
 into transfer, TransferQueue reads, work and TransferQueue writes (`rlotel.schema.data_moves`).
 The batches verl passed give the bytes sent and returned. Sizes are what the batches hold
-(tensor and array `nbytes`): nothing is pickled a second time.
+(tensor and array `nbytes`): nothing is pickled a second time. verl's own pickling of its
+batches (`DataProto.__getstate__` / `__setstate__`, timed where it runs: inside a watched
+call on the driver, before a rank's call for its arguments) is serialize and deserialize.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from rlotel.base.queue_moves import QUEUE_MOVES
 from rlotel.integrations.hooks import Hook
-from rlotel.integrations.registered import MESSAGE_QUEUE, TRANSFER_QUEUE, WORKER_GROUP
+from rlotel.integrations.registered import DATA_PROTO, MESSAGE_QUEUE, TRANSFER_QUEUE, WORKER_GROUP
 from rlotel.record.ranks import RankReply
 from rlotel.schema import data_moves as dm
 
@@ -55,17 +57,26 @@ def nbytes(value: Any, depth: int = 0) -> int:
 class CallMoves:
     """One blocking worker-group call's stages, marked as verl's steps end."""
 
-    __slots__ = ("_last", "call", "slowest", "started")
+    __slots__ = ("_last", "call", "pickled", "slowest", "started")
 
     def __init__(self) -> None:
         self.started = self._last = time.perf_counter()
         self.call: dict[str, float] = {}
+        self.pickled = {dm.SERIALIZE: 0.0, dm.DESERIALIZE: 0.0}  # since the last mark
         self.slowest: RankReply | None = None
 
     def mark(self, stage: str) -> None:
-        """`stage` ended now: it took the time since the previous mark."""
+        """`stage` ended now: it took the time since the previous mark, less the batches'
+        pickling inside it (submit's serialize, fetch's deserialize)."""
         now = time.perf_counter()
-        self.call[stage] = self.call.get(stage, 0.0) + now - self._last
+        took, pickled = now - self._last, self.pickled
+        part = _PICKLED_IN.get(stage)
+        if part is not None and pickled[part]:
+            carved = min(took, pickled[part])
+            self.call[part] = self.call.get(part, 0.0) + carved
+            took -= carved
+        pickled[dm.SERIALIZE] = pickled[dm.DESERIALIZE] = 0.0
+        self.call[stage] = self.call.get(stage, 0.0) + took
         self._last = now
 
     def add(self, key: str, amount: float) -> None:
@@ -92,15 +103,21 @@ class CallMoves:
             wait = call.pop(dm.WAIT)
             wall = slowest.compute_s + slowest.collective_s
             read, write = slowest.moved[:2] if slowest.moved else (0.0, 0.0)
+            unpickled = slowest.moved[4] if slowest.moved and len(slowest.moved) > 4 else 0.0
             inside = min(1.0, wait / wall) if wall > 0 else 0.0  # clocks of two processes
             carried = call.get(f"{dm.SENT}_bytes", 0) + call.get(f"{dm.RETURNED}_bytes", 0)
+            outside = max(0.0, wait - wall)  # the rank's arguments unpickled in it
+            unpickled = min(unpickled, outside)
+            call[dm.DESERIALIZE] = call.get(dm.DESERIALIZE, 0.0) + unpickled
             # with no batch carried, what the ranks do not account for is Ray's scheduling
-            call[dm.TRANSFER if carried else dm.WAIT] = max(0.0, wait - wall)
+            call[dm.TRANSFER if carried else dm.WAIT] = outside - unpickled
             call[dm.READ] = read * inside
             call[dm.WRITE] = write * inside
             call[dm.WORK] = max(0.0, wall - read - write) * inside
         tel.record_data_moves(call)
 
+
+_PICKLED_IN = {dm.SUBMIT: dm.SERIALIZE, dm.FETCH: dm.DESERIALIZE}  # where the driver pickles
 
 CALL: contextvars.ContextVar[CallMoves | None] = contextvars.ContextVar(
     "rlotel_call_moves", default=None
@@ -167,29 +184,33 @@ class RankMoves:
     (one at a time: verl's ranks run one call after another). The client's coroutines run
     on its own event loop, so this is per process, not per context."""
 
-    __slots__ = ("read_bytes", "read_s", "write_bytes", "write_s")
+    __slots__ = ("read_bytes", "read_s", "unpickled_s", "write_bytes", "write_s")
 
-    def __init__(self) -> None:
+    def __init__(self, unpickled_s: float = 0.0) -> None:
         self.read_s = self.write_s = 0.0
         self.read_bytes = self.write_bytes = 0
+        self.unpickled_s = unpickled_s  # its arguments' batches, unpickled before it ran
 
-    def totals(self) -> tuple[float, float, int, int]:
-        return (self.read_s, self.write_s, self.read_bytes, self.write_bytes)
+    def totals(self) -> tuple[float, float, int, int, float]:
+        return (self.read_s, self.write_s, self.read_bytes, self.write_bytes, self.unpickled_s)
 
 
 _open: list[RankMoves] = []  # the worker call open in this process, if any
 _open_lock = threading.Lock()
+_unpickled = [0.0]  # batches unpickled in this process outside a call: the next one's arguments
 
 
 def open_rank_call() -> RankMoves:
-    moves = RankMoves()
     with _open_lock:
+        moves = RankMoves(_unpickled[0])
+        _unpickled[0] = 0.0
         _open[:] = [moves]
     return moves
 
 
-def close_rank_call(moves: RankMoves) -> tuple[float, float, int, int] | None:
-    """The call's TransferQueue totals (None when it moved nothing through it)."""
+def close_rank_call(moves: RankMoves) -> tuple[float, float, int, int, float] | None:
+    """The call's TransferQueue totals and its arguments' unpickling (None when it moved
+    nothing)."""
     with _open_lock:
         if _open and _open[0] is moves:
             _open.clear()
@@ -210,6 +231,51 @@ def _queue_moved(in_call: bool, queue: str, op: str, seconds: float, size: int) 
         else:
             moves.write_s += seconds
             moves.write_bytes += size
+
+
+# --- verl's batches, pickled and unpickled -----------------------------------------------
+
+
+def _pickled(stage: str, seconds: float) -> None:
+    """A batch pickled (serialize) or unpickled (deserialize) in this context: part of the
+    watched call's submit or fetch on the driver; on a rank, outside its calls, the next
+    call's arguments."""
+    with DATA_PROTO.guarded():
+        DATA_PROTO.fault()
+        moves = CALL.get()
+        if moves is not None:
+            DATA_PROTO.fired()
+            moves.pickled[stage] += seconds
+        elif stage == dm.DESERIALIZE and not _open:
+            DATA_PROTO.fired()
+            with _open_lock:
+                _unpickled[0] += seconds
+
+
+def traced_getstate(original: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's `DataProto.__getstate__`: the seconds it pickles a batch."""
+
+    def __getstate__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        state = original(self, *args, **kwargs)
+        _pickled(dm.SERIALIZE, time.perf_counter() - started)
+        return state
+
+    __getstate__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __getstate__
+
+
+def traced_setstate(original: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's `DataProto.__setstate__`: the seconds it unpickles a batch."""
+
+    def __setstate__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = original(self, *args, **kwargs)
+        _pickled(dm.DESERIALIZE, time.perf_counter() - started)
+        return result
+
+    __setstate__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __setstate__
 
 
 # --- the queues --------------------------------------------------------------------------

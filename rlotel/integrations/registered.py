@@ -261,6 +261,17 @@ TRANSFER_QUEUE = Hook(
     ),
 )
 
+DATA_PROTO = Hook(
+    "verl_data_proto",
+    "verl",
+    "seconds verl pickles and unpickles its batches (DataProto): a watched call's serialize "
+    "and deserialize on the driver, a rank's arguments unpickled before its call",
+    (
+        _t("verl.protocol", "DataProto.__getstate__", "data_moves:traced_getstate"),
+        _t("verl.protocol", "DataProto.__setstate__", "data_moves:traced_setstate"),
+    ),
+)
+
 MESSAGE_QUEUE = Hook(
     "verl_message_queue",
     "verl",
@@ -495,6 +506,7 @@ HOOKS: tuple[Hook, ...] = (
     RAY_ACTOR_SUBMIT,
     RAY_ACTOR_CLASS,
     TRANSFER_QUEUE,
+    DATA_PROTO,
     MESSAGE_QUEUE,
     VLLM_ENGINE,
     VLLM_REQUEST,

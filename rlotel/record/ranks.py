@@ -110,12 +110,12 @@ class RankReply:
         value: object,
         compute_s: float,
         collective_s: float,
-        moved: tuple[float, float, int, int] | None = None,
+        moved: tuple[float, ...] | None = None,
     ) -> None:
         self.value = value
         self.compute_s = compute_s
         self.collective_s = collective_s
-        self.moved = moved  # TransferQueue (read s, write s, read bytes, written bytes)
+        self.moved = moved  # TQ read s, write s, read bytes, written bytes; unpickled s
 
     def __reduce__(self) -> tuple:
         return RankReply, (self.value, self.compute_s, self.collective_s, self.moved)

@@ -305,9 +305,10 @@ DATA_MOVEMENT_SECONDS = MetricSpec(
     "rlotel_data_movement_seconds",
     "counter",
     "seconds",
-    "Seconds of the driver's worker-group calls by phase and stage: dispatch, submit, wait, "
-    "fetch, collect and other add up to the calls' wall time; read and write are the slowest "
-    "rank's TransferQueue reads and writes inside wait.",
+    "Seconds of the driver's worker-group calls by phase and stage: dispatch, serialize, "
+    "submit, wait, transfer, deserialize, read, work, write, fetch, collect and other add up "
+    "to the calls' wall time (serialize and deserialize: DataProto's pickling; read and "
+    "write: the slowest rank's TransferQueue reads and writes).",
     ("phase", "stage"),
 )
 DATA_MOVEMENT_BYTES = MetricSpec(

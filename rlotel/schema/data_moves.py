@@ -3,15 +3,18 @@
 verl's single controller makes each call as dispatch (split the batch per rank) → submit
 (pickle each rank's share, put it in Ray's object store, submit) → the ranks' replies →
 fetch (`ray.get`: transfer and unpickle the replies) → collect (`concat`), then removes the
-padding. While the driver waits for the replies, the slowest rank (the one whose call took
-longest) reports its call's seconds: TransferQueue reads (V1's data path), work and
-TransferQueue writes; what is left of the wait is transfer (the batch's way to the rank and
-back: object-store transfer, the rank unpickling its arguments and pickling its result,
-scheduling), or wait where the call carried no batch (V1 passes metadata: what is left is
-Ray's scheduling). A call whose ranks report nothing keeps its wait whole. The driver's marks are
-contiguous, so the stages add up to the call's wall time; `other` is what lies between
-verl's steps (padding removal, glue). Bytes are what the batches hold (tensor and array
-`nbytes`), never a second pickling.
+padding. The pickling of verl's batches (`DataProto.__getstate__`) is carved out of submit
+as serialize, their unpickling (`__setstate__`) out of fetch as deserialize, with the
+slowest rank's unpickling of its arguments (carved out of transfer).
+
+While the driver waits for the replies, the slowest rank (the one whose call took longest)
+reports its call's seconds: TransferQueue reads (V1's data path), work and TransferQueue
+writes; what is left of the wait is transfer (the batch's way to the rank and back:
+object-store transfer, the rank pickling its result, scheduling), or wait where the call
+carried no batch (V1 passes metadata: what is left is Ray's scheduling). A call whose ranks
+report nothing keeps its wait whole. The driver's marks are contiguous, so the stages add
+up to the call's wall time; `other` is what lies between verl's steps (padding removal,
+glue). Bytes are what the batches hold (tensor and array `nbytes`), never a second pickling.
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 DISPATCH, SUBMIT, FETCH, COLLECT, OTHER = "dispatch", "submit", "fetch", "collect", "other"
+SERIALIZE, DESERIALIZE = "serialize", "deserialize"  # DataProto's pickling, either way
 WAIT = "wait"  # the replies' wait not otherwise accounted for: not moving data
 TRANSFER, READ, WORK, WRITE = "transfer", "read", "work", "write"  # the wait, split
-STAGES = (DISPATCH, SUBMIT, WAIT, TRANSFER, READ, WORK, WRITE, FETCH, COLLECT, OTHER)
-MOVING = (DISPATCH, SUBMIT, TRANSFER, READ, WRITE, FETCH, COLLECT)  # moving data
+STAGES = (
+    DISPATCH, SERIALIZE, SUBMIT, WAIT, TRANSFER, DESERIALIZE, READ, WORK, WRITE, FETCH, COLLECT,
+    OTHER,
+)  # fmt: skip
+MOVING = (DISPATCH, SERIALIZE, SUBMIT, TRANSFER, DESERIALIZE, READ, WRITE, FETCH, COLLECT)
 SENT, RETURNED = "sent", "returned"  # to and from the ranks, with the call
 DIRECTIONS = (SENT, RETURNED, READ, WRITE)  # read, write: the ranks' TransferQueue bytes
 
