@@ -242,12 +242,11 @@ def _pickled(stage: str, seconds: float) -> None:
     call's arguments."""
     with DATA_PROTO.guarded():
         DATA_PROTO.fault()
+        DATA_PROTO.fired()  # it ran, whether or not a call is there to take the seconds
         moves = CALL.get()
         if moves is not None:
-            DATA_PROTO.fired()
             moves.pickled[stage] += seconds
         elif stage == dm.DESERIALIZE and not _open:
-            DATA_PROTO.fired()
             with _open_lock:
                 _unpickled[0] += seconds
 
