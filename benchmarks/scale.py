@@ -62,7 +62,7 @@ from rlotel.schema import attributes as attr
 
 PHASES = ("old_log_prob", "update_actor")  # one worker-group call on every rank each
 SPREAD_S = 0.25  # the real actor's replies arrive evenly over this (--spread)
-WATCH_S = 4.0  # the driver's own poll thread is watched this long at each N
+WATCH_S = 10.0  # the driver's own poll thread is watched this long at each N
 STALL_S = 2.0  # stall_after_s of the harness's telemetry: the stuck rank is named after it
 STEP_S = 60.0  # issue 50's step: the driver's telemetry CPU is judged as a share of it
 
