@@ -117,6 +117,7 @@ bench: $(STAMP) $(ENGINE_WHEEL)
 	$(PY) benchmarks/collectives.py
 	$(PY) benchmarks/call_cost.py
 	$(PY) benchmarks/scale.py --ranks 8 64 256 1024
+	$(PY) benchmarks/scale_targets.py --ranks 32
 	$(PY) benchmarks/compare_speed.py
 	$(PY) benchmarks/verl_e2e.py
 	$(PY) benchmarks/verl_worker_profile.py
