@@ -47,6 +47,7 @@ from rlotel.integrations import verl as plugin
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.promserver: the suite's own Prometheus runner
 
+from benchmarks import scale  # noqa: E402
 from tests.promserver import Prometheus  # noqa: E402
 
 WORK_S = 0.2  # a rank's work in update_actor; the slow rank's is SLOW_TIMES that
@@ -113,6 +114,22 @@ def pending(prometheus: Prometheus, name: str) -> list[dict[str, str]]:
     return [a["labels"] for a in alerts if a["labels"]["alertname"] == name]
 
 
+def worker_spans(traces: Path, ranks: int) -> dict[str, float]:
+    """The spans every rank exported for the STEPS calls (bounded wait: they export on
+    their publisher thread), per rank and step: what a Collector takes at any N."""
+
+    def counted() -> tuple[int, int] | None:
+        found = [scale.spans_in(path) for path in traces.glob("*.jsonl")]
+        spans = sum(len(spans) for spans, _ in found)
+        return (spans, sum(size for _, size in found)) if spans >= ranks * STEPS else None
+
+    spans, size = wait_for(counted, 60, f"{ranks * STEPS} worker spans")
+    return {
+        "worker_spans_rank_step": spans / ranks / STEPS,
+        "worker_kb_rank_step": size / ranks / STEPS / 1e3,
+    }
+
+
 def run(ranks: int) -> dict[str, Any]:
     """K real ranks scraped by a real Prometheus: the figures and what the rules named."""
     slow_rank = ranks // 2
@@ -121,6 +138,7 @@ def run(ranks: int) -> dict[str, Any]:
         workdir = Path(tmp)
         discovery = workdir / "workers"
         discovery.mkdir()  # before Prometheus starts: it watches the directory for files
+        traces = workdir / "traces"  # every rank's spans, OTLP/JSON lines: what a Collector gets
         plugin.install()
         ray.init(
             address="local",
@@ -138,7 +156,10 @@ def run(ranks: int) -> dict[str, Any]:
                 resource_pool=pool,
                 ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(ScaleWorker)),
                 device_name="cpu",
-                worker_env={"RLOTEL_PROMETHEUS_SD_DIR": str(discovery)},
+                worker_env={
+                    "RLOTEL_PROMETHEUS_SD_DIR": str(discovery),
+                    "RLOTEL_TRACES_DIR": str(traces),
+                },
             )
             figures["workers_start_s"] = time.monotonic() - started
             driver_target = tel.metrics_url.split("//")[1].split("/")[0]
@@ -149,6 +170,7 @@ def run(ranks: int) -> dict[str, Any]:
                 with tel.step(step), tel.phase(PHASE):
                     assert sorted(group.update_policy(WORK_S, slow_rank)) == list(range(ranks))
             tel.flush(10)
+            figures.update(worker_spans(traces, ranks))
             started = time.monotonic()
             up = 'count(up{job="rlotel-workers"} == 1)'
             prometheus.wait_for(up, ranks, timeout_s=60)

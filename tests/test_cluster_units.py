@@ -234,7 +234,7 @@ def test_polling_thousands_of_targets_takes_at_most_its_share_of_a_core(monkeypa
     for pid in range(3000):
         labels = {"role": "actor", "rank": str(pid)}
         ray_integration._Heartbeat(f"targets/01000000/n/{pid}", f"10.0.0.1:{pid}", labels).beat()
-    directory = ray_integration.TargetDirectory(poll_s=0.001)  # asks for a poll a millisecond
+    directory = ray_integration.TargetDirectory(poll_s=0.001, ttl_s=3600)  # a poll a millisecond
     try:
         deadline = time.perf_counter() + 30
         while directory.polled_cpu_s == 0 and time.perf_counter() < deadline:
