@@ -540,12 +540,18 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
         # margin: a real run beside this test stretches every sleep)
         assert fast >= 0.05 and slow >= 0.4 and slow > fast, table
         (spread,) = answers["RL step breakdown / Rank spread by phase (slowest ÷ median)"]
-        # slowest ÷ median of the ranks' own seconds (the median of two is their mean); a
-        # loaded machine stretches the fast rank's 0.05 s, so no fixed threshold
-        expected = slow / ((fast + slow) / 2)
         assert spread["metric"]["phase"] == "update_actor"
         ratio = float(spread["value"][1])
-        assert ratio > 1 and abs(ratio / expected - 1) < 0.1, (spread, table)
+        # the panel's spread is the driver's: slowest ÷ median of the seconds until each
+        # rank's reply, which a loaded machine stretches past a rank's own (CI once saw the
+        # fast rank reply at two thirds of the slow one's time for an eighth of its work), so
+        # it is checked against what the driver serves, not the ranks' own seconds; of two
+        # ranks (the median their mean) it is < 2
+        served = parse_exposition(scrape(tel.metrics_url))
+        (reply_spread,) = (
+            value for (name, _), value in served.items() if name == "rlotel_phase_rank_spread_ratio"
+        )
+        assert 1 < ratio < 2 and ratio == pytest.approx(reply_spread), (spread, table)
         series = prometheus.query('rlotel_rank_phase_seconds{run="demo"}')
         for found in series:  # bounded: the worker's identity and the method, nothing per call
             assert set(found["metric"]) == {
