@@ -16,12 +16,19 @@ then (what an input waits at most meanwhile). The load's main-thread CPU to ever
 shared cores the wall times also count whatever else runs, the CPU times are the work's own.
 Goals (issue 34): render ≤ 5 s, HTML ≤ 4 MB with plotly.js, interactive ≤ 1 s, cold and warm.
 
-    python benchmarks/report_size.py [--steps N] [--height PX] [--traces FILE]
+With `--ranks N` the run is also a worker group's of N ranks (verl's actor group: two calls
+a step, each rank's own traces file with a span per call, `synthetic_run`), and
+`rlotel analyze` on it is timed as well (its wall time and peak memory, a process of its own):
+a 1,000-GPU run's offline tools, `--steps 100 --ranks 1024`.
+
+    python benchmarks/report_size.py [--steps N] [--ranks N] [--height PX] [--traces PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.chromium, the driver
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # synthetic_run, also under -m
 
-from synthetic_run import write_traces
+from synthetic_run import write_rank_traces, write_traces
 
 from rlotel.offline.report import write_report
 from tests.chromium import Chromium, file_url
@@ -69,25 +76,59 @@ def load(browser: Chromium, url: str) -> tuple[float, float, float, list[str]]:
 RENDERS = 3
 
 
+def write_run(directory: Path, steps: int, samples: int, ranks: int) -> Path:
+    """The run's traces (a file, or with ranks a directory of the driver's and each
+    rank's), untimed; says how large."""
+    started = time.perf_counter()
+    traces = directory / "traces.jsonl"
+    if ranks:
+        traces = directory / "traces"
+        traces.mkdir()
+        carriers = write_traces(traces / "driver.jsonl", steps, samples, ranks=ranks)
+        write_rank_traces(traces, carriers, ranks)
+    else:
+        write_traces(traces, steps, samples)
+    files = list(traces.iterdir()) if ranks else [traces]
+    group = f"{ranks} ranks, " if ranks else ""
+    print(
+        f"run: {steps} steps, {samples} samples a step, {group}traces "
+        f"{sum(f.stat().st_size for f in files) / 1e6:.1f} MB in {len(files)} files, written in "
+        f"{time.perf_counter() - started:.1f}s"
+    )
+    return traces
+
+
+def analyze(traces: Path) -> None:
+    """`rlotel analyze` on the run, as a user runs it: wall time and the process's peak RSS."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "rlotel", "analyze", str(traces)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    wall_s = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e3
+    verdict = next((line for line in done.stdout.splitlines() if "bottleneck" in line), "")
+    print(f"rlotel analyze: {wall_s:.2f}s, peak RSS {peak_mb:.0f} MB; {verdict.strip()}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=32, help="per-sample timings a step")
+    parser.add_argument("--ranks", type=int, default=0, help="a worker group of N ranks")
     parser.add_argument("--height", type=int, default=1080, help="the window's height, px")
     parser.add_argument(
-        "--traces", type=Path, help="read this traces file instead (trees compared on one input)"
+        "--traces",
+        type=Path,
+        help="read this traces file or directory instead (trees compared on one input)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        traces = args.traces or Path(tmp) / "traces.jsonl"
-        if args.traces is None:
-            started = time.perf_counter()
-            write_traces(traces, args.steps, args.samples)
-            print(
-                f"run: {args.steps} steps, {args.samples} samples a step, traces "
-                f"{traces.stat().st_size / 1e6:.1f} MB, written in "
-                f"{time.perf_counter() - started:.1f}s"
-            )
+        traces = args.traces or write_run(Path(tmp), args.steps, args.samples, args.ranks)
+        if args.ranks:
+            analyze(traces)
         renders = []  # the best of three: the render's own cost, not a cold cache's
         for _ in range(RENDERS):
             started, started_cpu = time.perf_counter(), time.process_time()
