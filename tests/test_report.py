@@ -265,6 +265,51 @@ def test_processes_across_files(tmp_path) -> None:
     assert data["slowest_samples"][0]["process"] == "rollout-worker"
 
 
+def test_a_worker_groups_calls_fold_past_a_few_keeping_the_slowest_and_the_failed(
+    tmp_path,
+) -> None:
+    """A worker group's calls under one window, each rank's span in its own file (as verl's
+    ranks write them): past `FOLD_CALLS` the waterfall draws the slowest few and any that
+    failed, and one row for the rest with their count and spread — at 1,024 ranks a step's
+    tree is a dozen rows, not 2,048 (and the report stays under its size goal)."""
+    from rlotel.offline.report import FOLD_CALLS, SHOWN_SLOWEST
+
+    ranks, slow, failed = 16, (5, 9, 11, 13), 3  # as many slow ranks as are shown
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tel = rlotel.init(run="group", prometheus_port=None, traces_file=run_dir / "driver.jsonl")
+    with tel.step(1), tel.phase("update_actor"):
+        carrier = tel.current_context()
+    tel.shutdown()
+    for rank in range(ranks):  # each rank's own rlotel, one after another
+        worker = rlotel.init(
+            run="group",
+            prometheus_port=None,
+            traces_file=run_dir / f"rank-{rank}.jsonl",
+            resource_attributes={"rl.role": "actor", "rl.rank": rank},
+        )
+        try:
+            with worker.phase("update_actor", context=carrier):
+                sum(range(2_000_000 if rank in slow else 1_000))  # the slow ranks' work
+                if rank == failed:
+                    raise RuntimeError("a rank's call failed")
+        except RuntimeError:
+            pass
+        worker.shutdown()
+    data = page_data(write_report(run_dir, run_dir / "report.html").path)
+    rows = span_rows(data, 1)
+    calls = [r for r in rows if r["name"] == "update_actor" and r["depth"] == 2]
+    processes = data["processes"]
+    shown = {int(processes[r["process"]].rsplit(" ", 1)[1]) for r in calls}
+    assert ranks > FOLD_CALLS and len(slow) == SHOWN_SLOWEST
+    assert shown == {*slow, failed}, shown
+    (folded,) = [r for r in rows if r["name"].startswith("update_actor ×")]
+    assert folded["name"] == f"update_actor ×{ranks - len(calls)} more"
+    assert folded["attributes"]["folded calls"] == folded["attributes"]["processes"]
+    assert folded["attributes"]["ms max"] <= min(r["duration_ms"] for r in calls if not r["error"])
+    assert len(rows) == 3 + len(calls)  # the step, the window, the calls shown, the folded row
+
+
 def test_unknowns_are_unknown_not_zero(tmp_path) -> None:
     """verl's MFU 0.0 (no peak FLOPs known, e.g. CPU) and preemptions -1 ("not available")
     are unknown in the page: no MFU line, no number in the preempted column."""

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -51,6 +52,8 @@ from rlotel.schema import vocabulary as voc
 
 MAX_POINTS = 1000  # about one per pixel of a chart's width: more only costs drawing time
 MAX_TREES = 200
+FOLD_CALLS = 8  # calls of one name under one span beyond which a waterfall folds them
+SHOWN_SLOWEST = 4  # ... keeping the slowest few (and any that failed) as rows of their own
 MAX_SLOWEST_SAMPLES = 25
 MAX_VERDICT_ROWS = 200
 STAGES = voc.AGENT_LOOP_STAGES
@@ -810,14 +813,67 @@ class _SpanIndex:
                     self.role_index(span),
                 )
             )
-            for child in sorted(self.children(span), key=lambda s: s.start_ns):
+            children = sorted(self.children(span), key=lambda s: s.start_ns)
+            shown, folded = _fold_ranks(children)
+            for child in shown:
                 visit(child, depth + 1)
+            for group in folded:
+                rows.append(self._folded_row(group, depth + 1, root))
 
         visit(root, 0)
         for orphan in self.by_trace.get(root.trace_id, ()):  # parents not in the input
-            if orphan.span_id not in seen:
+            parent = self._by_id.get(orphan.parent_span_id)
+            if orphan.span_id not in seen and (parent is None or parent.trace_id != root.trace_id):
                 visit(orphan, 1)
         return {**details, "rows": rows}
+
+    def _folded_row(self, group: list[SpanRecord], depth: int, root: SpanRecord) -> SpanRow:
+        """One row for a worker group's calls not drawn one by one: from the first start
+        to the last end, in the process of the slowest, with their durations' spread."""
+        start = min(s.start_ns for s in group)
+        durations = sorted((s.end_ns - s.start_ns) / 1e6 for s in group)
+        slowest = max(group, key=lambda s: s.end_ns - s.start_ns)
+        return SpanRow(
+            f"{group[0].name} ×{len(group)} more",
+            depth,
+            round((start - root.start_ns) / 1e6, 4),
+            round((max(s.end_ns for s in group) - start) / 1e6, 4),
+            self.process_index(slowest),
+            "",
+            False,  # a call that failed is never folded
+            {
+                "folded calls": len(group),
+                "processes": len({self.process_key(s) for s in group}),
+                "ms min": round(durations[0], 4),
+                "ms median": round(statistics.median(durations), 4),
+                "ms max": round(durations[-1], 4),
+            },
+            self.role_index(slowest),
+        )
+
+
+def _fold_ranks(children: list[SpanRecord]) -> tuple[list[SpanRecord], list[list[SpanRecord]]]:
+    """(the children drawn one by one, the groups folded into a row each). A name called in
+    more than `FOLD_CALLS` processes under one span — a worker group's ranks, 2,048 rows a
+    step at 1,024 ranks — keeps its `SHOWN_SLOWEST` slowest calls and any that failed, in
+    order; the rest fold (their own children with them)."""
+    by_name: dict[str, list[SpanRecord]] = defaultdict(list)
+    for child in children:
+        by_name[child.name].append(child)
+    folded = []
+    hidden: set[str] = set()
+    for calls in by_name.values():
+        if len(calls) <= FOLD_CALLS:
+            continue
+        kept = heapq.nlargest(SHOWN_SLOWEST, calls, key=lambda s: s.end_ns - s.start_ns)
+        keep = {s.span_id for s in kept} | {
+            s.span_id for s in calls if s.status_code == otlp_json.STATUS_ERROR
+        }
+        group = [s for s in calls if s.span_id not in keep]
+        hidden.update(s.span_id for s in group)
+        folded.append(group)
+    shown = [child for child in children if child.span_id not in hidden] if hidden else children
+    return shown, folded
 
 
 def _captures(run: Run, trees: _SpanIndex, out_dir: Path) -> list[dict[str, Any]]:
