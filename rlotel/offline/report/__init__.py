@@ -853,8 +853,8 @@ class _SpanIndex:
 
 
 def _fold_ranks(children: list[SpanRecord]) -> tuple[list[SpanRecord], list[list[SpanRecord]]]:
-    """(the children drawn one by one, the groups folded into a row each). A name called in
-    more than `FOLD_CALLS` processes under one span — a worker group's ranks, 2,048 rows a
+    """(the children drawn one by one, the groups folded into a row each). A name called
+    more than `FOLD_CALLS` times under one span — a worker group's ranks, 2,048 rows a
     step at 1,024 ranks — keeps its `SHOWN_SLOWEST` slowest calls and any that failed, in
     order; the rest fold (their own children with them)."""
     by_name: dict[str, list[SpanRecord]] = defaultdict(list)
