@@ -151,6 +151,7 @@ def test_the_demo_offers_serving_and_serves_until_ctrl_c_where_the_variable_says
     port = free_port()
     command = [sys.executable, "-m", "rlotel", "demo", "--steps", "1", "--runs-dir", str(tmp_path)]
     env = {**os.environ, "OTEL_EXPORTER_PROMETHEUS_PORT": str(port), "COLUMNS": "80"}
+    env["PYTHONFAULTHANDLER"] = "1"  # a hang after Ctrl-C shows its stacks
     env.pop("OTEL_EXPORTER_PROMETHEUS_HOST", None)
     plain = subprocess.run(
         [*command, "--port", "0"], capture_output=True, text=True, timeout=300, env=env

@@ -63,9 +63,15 @@ def wait_for_line(process: subprocess.Popen, text: str, timeout_s: float = 120.0
 
 
 def interrupted(process: subprocess.Popen) -> tuple[int, list[str], str]:
-    """SIGINT, then (exit code, the rest of stdout's lines, stderr)."""
+    """SIGINT, then (exit code, the rest of stdout's lines, stderr). A process still there a
+    minute later fails the test with its threads' stacks (SIGABRT under PYTHONFAULTHANDLER)."""
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        out, err = process.communicate(timeout=30)
+        pytest.fail(f"still running 60 s after Ctrl-C; where its threads were:\n{err[-8000:]}")
     return process.returncode, out.splitlines(), err
 
 
@@ -75,7 +81,7 @@ def test_demo_end_to_end(tmp_path):
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "3", "--port", "0",
         "--runs-dir", str(tmp_path), "--serve-seconds", "120", "--profile-steps", "2",
     ]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -259,7 +265,7 @@ def test_ctrl_c_ends_the_demo_cleanly_at_each_point(tmp_path, point, steps_done,
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "3", "--port", "0",
         "--runs-dir", str(tmp_path), "--hold-at", point,
     ]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "400"}  # a path on one line
+    env = {**os.environ, "COLUMNS": "400", "PYTHONFAULTHANDLER": "1"}  # a path on one line
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -293,18 +299,24 @@ def test_a_second_ctrl_c_exits_at_once():
     """The first Ctrl-C asks the demo to stop at its next safe point; a second, while it
     is still busy (a shutdown that hangs), exits straight away with 130."""
     script = (
-        "import signal\n"
+        "import time\n"
         "from rlotel.demo.interrupt import CtrlC\n"
         "with CtrlC(print) as ctrl_c:\n"
         "    print('ready', flush=True)\n"
         "    while not ctrl_c.requested:\n"
-        "        signal.pause()\n"
+        "        time.sleep(0.05)\n"
         "    print('asked to stop', flush=True)\n"
-        "    signal.pause()  # busy, not at a safe point: the handler only notes Ctrl-C\n"
+        "    while True:  # busy, not at a safe point: the handler only notes Ctrl-C\n"
+        "        time.sleep(0.05)\n"
         "print('never reached', flush=True)\n"
     )
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         wait_for_line(process, "ready")
@@ -336,7 +348,7 @@ def test_one_verdict_per_step_live_analyze_and_report(tmp_path, capsys, mode):
         sys.executable, "-m", "rlotel.cli", "demo", "--steps", "4", "--port", "0",
         "--runs-dir", str(tmp_path), "--serve-seconds", "120", *mode,
     ]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "2000"}  # each summary line on one line
+    env = {**os.environ, "COLUMNS": "2000", "PYTHONFAULTHANDLER": "1"}  # a line each
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

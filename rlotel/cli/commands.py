@@ -84,8 +84,6 @@ def _demo(args: argparse.Namespace) -> int:
             return _demo_finish(args, tel, ctrl_c, files, outcome)
         except Interrupted as stop:
             point = stop.point
-        except KeyboardInterrupt:  # Ctrl-C in the instant a wait ends: where it was
-            pass
         except Exception:
             if not ctrl_c.requested:  # a crash, not something Ctrl-C broke (Ray's workers)
                 raise

@@ -2,10 +2,11 @@
 rlotel's own bookkeeping, so telemetry shuts down whole and the demo can say which of its
 files it wrote.
 
-The SIGINT handler only notes the request, except while the demo waits (serving, or held
-at a point): then it ends the wait at once. The safe points are the step boundaries of
-training, the gaps between the printed tables and the start of each write. A second Ctrl-C
-exits at once (`EXIT_INTERRUPTED`), for a shutdown that hangs.
+The SIGINT handler only notes the request; a wait (serving, or held at a point) looks at it
+every `POLL_S`, never parks in `signal.pause()`, which a signal landing just before it would
+leave parked for good (a Ctrl-C lost on a loaded machine). The safe points are the step
+boundaries of training, the gaps between the printed tables and the start of each write. A
+second Ctrl-C exits at once (`EXIT_INTERRUPTED`), for a shutdown that hangs.
 
 `--hold-at POINT` (a test hook) makes the demo print `holding at POINT` and wait there for
 a signal, so a test interrupts it at exactly that point rather than racing it.
@@ -21,6 +22,7 @@ from types import FrameType, TracebackType
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a process Ctrl-C ended
 POINTS = ("starting", "training", "printing", "report")  # where `--hold-at` can hold
+POLL_S = 0.05  # how soon a wait ends after Ctrl-C
 
 
 class Interrupted(Exception):
@@ -38,7 +40,6 @@ class CtrlC:
         self.requested = False
         self._announce = announce
         self._hold_at = hold_at
-        self._waiting = False
         self._previous: signal.Handlers | Callable | int | None = None
 
     def __enter__(self) -> CtrlC:
@@ -55,8 +56,6 @@ class CtrlC:
             os.write(2, b"rlotel demo: Ctrl-C again: exiting now, files may be incomplete\n")
             os._exit(EXIT_INTERRUPTED)
         self.requested = True
-        if self._waiting:
-            raise KeyboardInterrupt
 
     def checkpoint(self, point: str) -> None:
         """A safe point: raises `Interrupted(point)` once Ctrl-C was pressed; held here
@@ -69,16 +68,10 @@ class CtrlC:
 
     def wait(self, seconds: float | None) -> bool:
         """Sleep `seconds` (None: until a signal); True when Ctrl-C ended the wait."""
-        try:
-            self._waiting = True
-            if self.requested:
-                return True
-            if seconds is None:
-                while True:
-                    signal.pause()
-            time.sleep(seconds)
-            return False
-        except KeyboardInterrupt:
-            return True
-        finally:
-            self._waiting = False
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not self.requested:
+            left = POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, POLL_S))
+        return True
