@@ -59,8 +59,9 @@ from dashboards import promql_names  # noqa: E402
 from rlotel.schema import catalogue as cat  # noqa: E402
 from rlotel.schema import engine_metrics as eng  # noqa: E402
 from rlotel.schema import host_metrics as host  # noqa: E402
+from rlotel.schema import transfer_queue_metrics as tq  # noqa: E402
 
-Metric = cat.MetricSpec | eng.EngineMetric | host.ExporterMetric
+Metric = cat.MetricSpec | eng.EngineMetric | host.ExporterMetric | tq.QueueMetric
 
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TEMPO = DataSourceRef(type_val="tempo", uid="tempo")
@@ -73,6 +74,8 @@ ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
 RANK_SELECTOR = 'run=~"$run", rank!=""'
 # A node's exporters (jobs `node-exporter`, `dcgm-exporter`) carry the workers' `node` label.
 NODE_SELECTOR = 'node=~"$node"'
+# TransferQueue's controller is scraped by job `transfer-queue`; its discovery file gives `run`.
+QUEUE_SELECTOR = 'run=~"$run", job="transfer-queue"'
 # role and rank of every worker of the run on each node, from its own series (its target
 # labels): what a node's figures are joined to, `* on (node) group_left ()`.
 RANKS_ON_NODES = (
@@ -116,6 +119,10 @@ EMPTY = {
     "job node-exporter).",
     "no_dcgm": "Empty until NVIDIA's dcgm-exporter serves on the workers' nodes (port 9400, "
     "job dcgm-exporter).",
+    "loopback_only": "Empty on a node whose only network device is loopback (a job in a "
+    "network namespace of its own).",
+    "no_transfer_queue": "Empty unless verl's TransferQueue serves its metrics "
+    "(V1, transfer_queue.metrics.enabled=True; job transfer-queue).",
 }
 
 
@@ -207,6 +214,8 @@ PREFIX = Variable(
 def selector_of(metric: Metric) -> str:
     if isinstance(metric, host.ExporterMetric):
         return NODE_SELECTOR
+    if isinstance(metric, tq.QueueMetric):
+        return QUEUE_SELECTOR
     return ENGINE_SELECTOR if isinstance(metric, eng.EngineMetric) else SELECTOR
 
 
@@ -456,6 +465,78 @@ STEP_BREAKDOWN = Board(
             ),
         ),
         Section(
+            "TransferQueue (its own tq_* series)",
+            (
+                Panel(
+                    "Production and consumption progress by partition",
+                    (
+                        value(
+                            tq.PRODUCTION_PROGRESS,
+                            "{{partition_id}} produced",
+                            wrap="max by (partition_id) ({})",
+                        ),
+                        value(
+                            tq.CONSUMPTION_PROGRESS,
+                            "{{partition_id}} read by {{task_name}}",
+                            wrap="max by (partition_id, task_name) ({})",
+                        ),
+                    ),
+                    unit="percentunit",
+                    description="Share of each partition's samples written whole, and read by "
+                    "each task (a consumer of verl's): a partition whose production stalls "
+                    "below 1 holds the step that reads it.",
+                    empty_when=("no_transfer_queue",),
+                ),
+                Panel(
+                    "Samples held by partition",
+                    (
+                        value(
+                            tq.PARTITION_SAMPLES,
+                            "{{partition_id}}",
+                            wrap="max by (partition_id) ({})",
+                        ),
+                    ),
+                    unit="none",
+                    empty_when=("no_transfer_queue",),
+                ),
+                Panel(
+                    "Storage used (active keys ÷ capacity)",
+                    (
+                        value(
+                            tq.STORAGE_UTILIZATION,
+                            "{{storage_unit_id}}",
+                            wrap="max by (storage_unit_id) ({})",
+                        ),
+                    ),
+                    unit="percentunit",
+                    description="A storage unit near 1 refuses new samples: raise "
+                    "transfer_queue.backend.SimpleStorage.total_storage_size.",
+                    empty_when=("no_transfer_queue",),
+                ),
+                Panel(
+                    "Controller requests by operation",
+                    (increase(tq.CONTROLLER_REQUESTS, "{{op_type}}", "op_type"),),
+                    unit="none",
+                    empty_when=("no_transfer_queue",),
+                ),
+                Panel(
+                    "Storage request latency p99 by operation",
+                    (
+                        value(
+                            tq.STORAGE_LATENCY_P99,
+                            "{{op_type}}",
+                            wrap="max by (op_type) ({})",
+                        ),
+                    ),
+                    unit="s",
+                    description="Each storage unit's own p99 (the slowest unit per operation); "
+                    "rlotel's seconds of the same reads and writes, in the process that made "
+                    "them, are the row above's data queues.",
+                    empty_when=("no_transfer_queue",),
+                ),
+            ),
+        ),
+        Section(
             "Diagnosis",
             (
                 Panel(
@@ -574,7 +655,7 @@ STEP_BREAKDOWN = Board(
                     ),
                     unit="Bps",
                     description="Bytes per second on every device but loopback.",
-                    empty_when=("no_node_exporter",),
+                    empty_when=("no_node_exporter", "loopback_only"),
                 ),
             ),
         ),

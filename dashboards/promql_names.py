@@ -5,7 +5,8 @@ follows Prometheus' grammar), so a name is found only where PromQL selects a ser
 inside a label value, a function name or a `by (...)` list — and an expression that does
 not parse is an error too. A name is known when rlotel exports it (`rlotel.schema.catalogue`), a
 rollout engine serves it (`rlotel.schema.engine_metrics`), node_exporter or dcgm-exporter
-serves it (`rlotel.schema.host_metrics`), a recording rule records it or Prometheus writes
+serves it (`rlotel.schema.host_metrics`), TransferQueue serves it
+(`rlotel.schema.transfer_queue_metrics`), a recording rule records it or Prometheus writes
 it for every scrape (`up`).
 
 `dashboards/build.py --check` and `tests/test_alert_rules.py` both use this module.
@@ -20,7 +21,7 @@ from pathlib import Path
 import promql_parser
 import yaml
 
-from rlotel.schema import catalogue, engine_metrics, host_metrics
+from rlotel.schema import catalogue, engine_metrics, host_metrics, transfer_queue_metrics
 
 # The shipped stack's one source (`rlotel stack DIR`, docker-compose.yml): the repository's
 # top-level collector/ (rules, configs) and dashboards/ (the generated JSON).
@@ -95,7 +96,12 @@ def recorded_in(rules: dict) -> set[str]:
 
 def exported_names() -> set[str]:
     """Series served by rlotel, a rollout engine or a node's exporters."""
-    return catalogue.series_names() | engine_metrics.series_names() | host_metrics.series_names()
+    return (
+        catalogue.series_names()
+        | engine_metrics.series_names()
+        | host_metrics.series_names()
+        | transfer_queue_metrics.series_names()
+    )
 
 
 # Series Prometheus writes itself for every target it scrapes (RLTrainerDown reads `up`).

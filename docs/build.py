@@ -208,6 +208,8 @@ JOB_LABELS = {
     "rlotel-demo": "none; every rlotel series carries its own `run`",
     "rlotel-workers": "`role`, `rank`, `node` from the worker's file; `honor_labels` keeps "
     "the per-rank series' own `role` and `rank`",
+    "transfer-queue": "`run` from the file rlotel's trainer writes (V1 with "
+    "`transfer_queue.metrics.enabled=True`); TransferQueue's own `tq_*` series",
     "rollout-engines": "`replica` (required: a target without it is dropped) and `run` from "
     "the file; `vllm_*` / `sglang_*` renamed back to `vllm:` / `sglang:`",
     "node-exporter": "`node` (the workers' own), joined to the ranks on the node by it",

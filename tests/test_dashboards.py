@@ -62,6 +62,11 @@ HOSTS = (
     "(test_hosts_row_answers_on_a_real_node_exporter_joined_to_the_ranks_on_it)"
 )
 GPUS = "dcgm-exporter's series: no GPU and no DCGM on the test machine"
+QUEUE = (
+    "TransferQueue's own series: the demo has no TransferQueue; verl's real V1 run answers them "
+    "(tests/e2e/test_main_ppo.py, test_every_dashboard_panel_answers_on_the_real_run)"
+)
+QUEUE_ROW = "TransferQueue (its own tq_* series)"
 HOSTS_ROW = "Hosts (node_exporter), on the ranks of each node"
 GPUS_ROW = "GPUs (dcgm-exporter), by node and GPU"
 KEYS_ROW = "Every verl key (rlotel_train_metric), by prefix"
@@ -95,6 +100,7 @@ NOT_IN_THE_DEMO = {
     "rlotel:engine_queue_seconds:p99": ENGINES,
     **{f"RL step breakdown / {panel.title}": HOSTS for panel in row(HOSTS_ROW).panels},
     **{f"RL step breakdown / {panel.title}": GPUS for panel in row(GPUS_ROW).panels},
+    **{f"RL step breakdown / {panel.title}": QUEUE for panel in row(QUEUE_ROW).panels},
 }
 ENGINE_ROW = "Rollout engines (vLLM / SGLang, by replica)"
 
@@ -479,7 +485,7 @@ def test_rank_panels_answer_on_real_verl_workers(tmp_path, monkeypatch):
 
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    workers = tmp_path / "workers"  # `workers/*.json`, relative to the config file
+    workers = tmp_path / "workers"  # `workers/rlotel-*.json`, relative to the config file
     plugin.install()
     ray.init(
         address="local",
@@ -682,7 +688,7 @@ def test_hosts_row_answers_on_a_real_node_exporter_joined_to_the_ranks_on_it(mak
         tel = make_tel(run="demo")
         tel.log({"actor/pg_loss": 0.5}, step=1)  # a worker's series carries its run
         assert tel.flush(10)
-        workers = tmp_path / "workers"  # `workers/*.json`, relative to the config file
+        workers = tmp_path / "workers"  # `workers/rlotel-*.json`, relative to the config file
         workers.mkdir()
         target = urllib.parse.urlsplit(tel.metrics_url).netloc
         for rank in ("0", "1"):  # as rlotel.integrations.ray.write_target writes them

@@ -9,6 +9,7 @@ DIR (`docker compose config` cannot run here: no Docker Compose).
 from __future__ import annotations
 
 import copy
+import fnmatch
 import re
 import shlex
 import shutil
@@ -285,13 +286,28 @@ def test_amtool_accepts_the_alertmanager_config():
 
 
 def test_discovery_jobs_read_directories_the_stack_mounts():
-    """Workers and engines are found by file discovery in collector/ (mounted at
-    /etc/prometheus); an engine target must carry `replica`."""
+    """Workers, TransferQueue and engines are found by file discovery in collector/ (mounted
+    at /etc/prometheus), each job reading the files rlotel names for it; an engine target
+    must carry `replica`."""
+    from rlotel.integrations import ray as ray_integration
+    from rlotel.integrations.verl_v1 import TRANSFER_QUEUE_JOB
+
     jobs = {job["job_name"]: job for job in load(COLLECTOR / "prometheus.yml")["scrape_configs"]}
-    for name, directory in (("rlotel-workers", "workers"), ("rollout-engines", "engines")):
+    for name, pattern in (
+        ("rlotel-workers", "workers/rlotel-*.json"),
+        ("node-exporter", "workers/rlotel-*.json"),
+        ("dcgm-exporter", "workers/rlotel-*.json"),
+        (TRANSFER_QUEUE_JOB, f"workers/{TRANSFER_QUEUE_JOB}-*.json"),
+        ("rollout-engines", "engines/*.json"),
+    ):
         (files,) = [files for sd in jobs[name]["file_sd_configs"] for files in sd["files"]]
-        assert files == f"{directory}/*.json"
+        assert files == pattern, name
+        directory, glob = pattern.split("/")
         assert (COLLECTOR / directory).is_dir(), f"collector/{directory}/ is missing"
+        if directory == "workers":  # the names rlotel writes match the job's, and no other's
+            kind = glob.removesuffix("-*.json")
+            assert fnmatch.fnmatch(ray_integration.target_path(kind).name, glob), name
+            assert not fnmatch.fnmatch(ray_integration.target_path("x" + kind).name, glob)
     keep = jobs["rollout-engines"]["relabel_configs"][0]
     assert keep == {"source_labels": ["replica"], "regex": ".+", "action": "keep"}
 

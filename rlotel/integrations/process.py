@@ -56,8 +56,8 @@ def declare_verl_driver(config: Any, n_gpus: int | None = None) -> None:
     """`declare_driver` from verl's trainer config (`trainer.experiment_name`, and
     `global_profiler.steps`/`save_path`: the captures verl writes get linked) and the GPU
     count verl divides throughput by."""
-    trainer = _get(config, "trainer")
-    run = _get(trainer, "experiment_name")
+    trainer = setting(config, "trainer")
+    run = setting(trainer, "experiment_name")
     declare_driver(Driver(str(run) if run else None, verl_profile_config(config), n_gpus))
 
 
@@ -66,19 +66,19 @@ def verl_profile_config(config: Any) -> ProfileConfig | None:
 
     from rlotel.profile.config import ProfileConfig
 
-    profiler = _get(config, "global_profiler")
+    profiler = setting(config, "global_profiler")
     try:
-        steps = tuple(int(s) for s in (_get(profiler, "steps") or ()))
+        steps = tuple(int(s) for s in (setting(profiler, "steps") or ()))
     except (TypeError, ValueError):
         return None
-    save_path = _get(profiler, "save_path")
+    save_path = setting(profiler, "save_path")
     if not steps or not save_path:
         return None
-    continuous = bool(_get(profiler, "profile_continuous_steps"))
+    continuous = bool(setting(profiler, "profile_continuous_steps"))
     # the rollout engines' token window (vLLM's delay/max iterations): on their captures' links
-    rollout = _get(_get(_get(config, "actor_rollout_ref"), "rollout"), "profiler")
-    tool = _get(_get(rollout, "tool_config"), str(_get(profiler, "tool")))
-    start, end = _get(tool, "profile_token_start"), _get(tool, "profile_token_end")
+    rollout = setting(setting(setting(config, "actor_rollout_ref"), "rollout"), "profiler")
+    tool = setting(setting(rollout, "tool_config"), str(setting(profiler, "tool")))
+    start, end = setting(tool, "profile_token_start"), setting(tool, "profile_token_end")
     if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end):
         start = end = None  # both or neither (verl allows one: then only the workers say)
     return ProfileConfig(
@@ -90,7 +90,7 @@ def verl_profile_config(config: Any) -> ProfileConfig | None:
     )
 
 
-def _get(config: Any, key: str) -> Any:
+def setting(config: Any, key: str) -> Any:
     """`config.key` of an OmegaConf node, a dict or a dataclass; None when absent."""
     if config is None:
         return None

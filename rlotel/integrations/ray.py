@@ -10,7 +10,7 @@ spans are children of the driver's phase.
 
 Metrics: each worker serves `/metrics` on its own ephemeral port and registers it in a
 Prometheus file-service-discovery JSON (one file per process, like Ray's own
-`prom_metrics_service_discovery.json`; Prometheus reads `files: [<dir>/*.json]`). Chosen
+`prom_metrics_service_discovery.json`; Prometheus reads `files: [<dir>/rlotel-*.json]`). Chosen
 over OTLP metrics because a scrape keeps OpenMetrics exemplars (p99 → trace) and the
 exact catalogue series the dashboards query. `rank`, `role` and `node` are target labels
 from the discovery file, so they reach every series with cardinality bounded by the
@@ -116,20 +116,28 @@ def register(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
     return path
 
 
-def write_target(metrics_url: str | None, labels: dict[str, str]) -> Path | None:
+def write_target(
+    metrics_url: str | None, labels: dict[str, str], kind: str = "rlotel"
+) -> Path | None:
     """This process's target as a Prometheus file-discovery JSON in `discovery_dir()`,
-    removed at exit; the file, or None without an endpoint."""
+    removed at exit (`target_path`); the file, or None without an endpoint. `kind` names
+    the job that scrapes it: `rlotel` for rlotel's own processes, `transfer-queue` for the
+    TransferQueue endpoint this process found (`verl_v1.register_transfer_queue`)."""
     if not metrics_url:
         return None
     target = advertised_target(metrics_url)
-    directory = discovery_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"rlotel-{os.getpid()}.json"
+    path = target_path(kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps([{"targets": [target], "labels": labels}]))
     temporary.replace(path)  # atomic: Prometheus never reads half a file
     atexit.register(path.unlink, missing_ok=True)
     return path
+
+
+def target_path(kind: str) -> Path:
+    """This process's discovery file of `kind` (the shipped jobs read `<kind>-*.json`)."""
+    return discovery_dir() / f"{kind}-{os.getpid()}.json"
 
 
 def advertised_target(metrics_url: str) -> str:

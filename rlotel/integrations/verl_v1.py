@@ -443,13 +443,57 @@ def traced_fit(original: Any) -> Any:
             V1_FIT.fault()
             process.declare_verl_driver(self.config, self._get_n_gpus_for_throughput())
             set_mode(getattr(self, "trainer_mode", "sync"))
+            register_transfer_queue(self.config)
         try:
             return original(self, *args, **kwargs)
         finally:  # its last steps go out now; an exception of the loop itself propagates
             V1_FIT.fired()  # counted where the loop's telemetry now is
             V1_FIT.attempt(process.flush_driver)
+            V1_FIT.attempt(_forget_transfer_queue)
 
     return fit
+
+
+TRANSFER_QUEUE_JOB = "transfer-queue"  # the shipped Prometheus job: <sd dir>/transfer-queue-*.json
+
+
+def register_transfer_queue(config: Any) -> None:
+    """TransferQueue's own `/metrics` (its controller's `tq_*` series), when verl's config
+    turns them on (`transfer_queue.metrics.enabled`), registered for file discovery beside
+    rlotel's processes with the run's name, for the shipped `transfer-queue` job. Looked up
+    on a thread: `tq.get_metrics_endpoint()` asks the controller actor (`ray.get`), which
+    `fit` never waits on."""
+    import threading
+
+    from rlotel.integrations.process import setting
+
+    if not setting(setting(setting(config, "transfer_queue"), "metrics"), "enabled"):
+        return
+    threading.Thread(
+        target=_write_transfer_queue_target, name="rlotel-tq-target", daemon=True
+    ).start()
+
+
+def _write_transfer_queue_target() -> None:
+    from rlotel.integrations import process, service
+    from rlotel.integrations import ray as ray_integration
+
+    with V1_FIT.guarded():
+        import transfer_queue
+
+        endpoint = transfer_queue.get_metrics_endpoint()
+        if endpoint:
+            run = service.of(process.telemetry()).run
+            labels = {"run": run}
+            ray_integration.write_target(f"http://{endpoint}/metrics", labels, TRANSFER_QUEUE_JOB)
+
+
+def _forget_transfer_queue() -> None:
+    """TransferQueue closes after `fit`: its target goes with it, not left to be scraped as
+    down."""
+    from rlotel.integrations import ray as ray_integration
+
+    ray_integration.target_path(TRANSFER_QUEUE_JOB).unlink(missing_ok=True)
 
 
 def set_mode(mode: str) -> None:

@@ -20,24 +20,24 @@ reachable from outside and nothing vLLM leaves in /dev/shm outlives it.
 Stand-ins, in `verl_cpu/` and outside the measured path: the CPU platform verl lacks and a
 dense toy reward.
 
-Made to go wrong: `--hold-port` holds the documented `/metrics` address with a listener of
-its own (another job on the node), `--otlp-protocol` sets `OTEL_EXPORTER_OTLP_PROTOCOL`,
-`--faults` sets the test-only `RLOTEL_TEST_FAULTS` (hooks whose rlotel part raises).
-A run expected to hang: `--until-stalled S` kills it S seconds after a scrape of the
-trainer's /metrics first shows a stall flag (`run.json`: `stalled_scrape`); `--env` sets
-more variables for every process (`RLOTEL_STALL_AFTER_S`). `--prometheus` runs a real
-Prometheus next to it (loopback, inside the namespace) with the shipped jobs: the trainer at
-the documented address, the workers by file discovery of `sd/`, the vLLM engines by file
-discovery of `engines/` (bridged from the config verl's own `rollout.prometheus` writer
+Made to go wrong: `--hold-port` holds the documented `/metrics` address with a listener of its
+own (another job on the node), `--otlp-protocol` sets `OTEL_EXPORTER_OTLP_PROTOCOL`, `--faults`
+sets the test-only `RLOTEL_TEST_FAULTS` (hooks whose rlotel part raises). A run expected to
+hang: `--until-stalled S` kills it S seconds after a scrape of the trainer's /metrics first
+shows a stall flag (`run.json`: `stalled_scrape`); `--env` sets more variables for every
+process (`RLOTEL_STALL_AFTER_S`). `--prometheus` runs a real Prometheus next to it (loopback,
+inside the namespace) with the shipped jobs: the trainer at the documented address, the workers
+and TransferQueue (its metrics on) by file discovery of `sd/`, the workers' node through
+Debian's node_exporter (started at the shipped port), the vLLM engines by file discovery of
+`engines/` (bridged from the config verl's own `rollout.prometheus` writer
 writes), the shipped rule files; its TSDB is left in `prometheus/data` for the dashboards'
-queries. An override
-in HYDRA_OVERRIDES replaces the default of the same key (another reward). `--fully-async`
-runs verl's fully async policy (`verl.experimental.fully_async_policy.fully_async_main`)
-instead: a rollouter and a trainer on fake GPUs of their own, weights through the CPU
-checkpoint engine stand-in (`verl_cpu/rlotel_test_checkpoint_engine.py`). `--one-step-off`
-runs verl's one-step-off policy (`verl.experimental.one_step_off_policy.main_ppo`): the trainer
-and a rollout pool on fake GPUs of their own, the next batch generated while a step trains,
-weights through the same stand-in.
+queries. An override in HYDRA_OVERRIDES replaces the default of the same key (another reward).
+`--fully-async` runs verl's fully async policy
+(`verl.experimental.fully_async_policy.fully_async_main`) instead: a rollouter and a trainer on
+fake GPUs of their own, weights through the CPU checkpoint engine stand-in
+(`verl_cpu/rlotel_test_checkpoint_engine.py`). `--one-step-off` runs verl's one-step-off policy
+(`verl.experimental.one_step_off_policy.main_ppo`): the trainer and a rollout pool on fake GPUs
+of their own, the next batch generated while a step trains, weights through the same stand-in.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 STAND_INS = Path(__file__).resolve().parent / "verl_cpu"
 METRICS_PORT = 9464  # rlotel's documented default: no OTEL_EXPORTER_PROMETHEUS_PORT is set
 EXPERIMENT = "e2e-grpo"
+TQ_CAPACITY = 60000  # TransferQueue's storage in samples (verl's default: 100000)
 TIMEOUT_S = 600  # a bound for a broken run; healthy ones take 100–250 s beside the suite
 
 
@@ -128,6 +129,7 @@ def overrides(assets: Path, work: Path, steps: int) -> list[str]:
         "+ray_kwargs.ray_init.include_dashboard=False",
         f"+ray_kwargs.ray_init._temp_dir={work}/ray",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        f"transfer_queue.backend.SimpleStorage.total_storage_size={TQ_CAPACITY}",
     ]
 
 
@@ -275,8 +277,8 @@ def scrape(url: str) -> str | None:
 
 
 def scrape_discovered(sd_dir: Path, out: Path) -> None:
-    """The latest `/metrics` of every process registered for file discovery, by file."""
-    for path in sd_dir.glob("*.json"):
+    """The latest `/metrics` of every rlotel process registered for file discovery, by file."""
+    for path in sd_dir.glob("rlotel-*.json"):
         try:
             (group,) = json.loads(path.read_text())
             text = scrape(f"http://{group['targets'][0]}/metrics")
@@ -296,19 +298,23 @@ def hold(port: int) -> socket.socket:
 
 
 PROMETHEUS_CONFIG = ROOT / "collector" / "prometheus.yml"
-SHIPPED_JOBS = ("rlotel", "rlotel-workers", "rollout-engines")  # trainer, workers, vLLM
+# the trainer, the workers, TransferQueue, vLLM, the node under the workers
+SHIPPED_JOBS = ("rlotel", "rlotel-workers", "transfer-queue", "rollout-engines", "node-exporter")
+NODE_EXPORTER_PORT = 9100  # the shipped job's: free inside the run's own network namespace
 VERL_PROMETHEUS = "verl-prometheus.yml"  # where verl's rollout.prometheus writer writes
 
 
-def engine_overrides(work: Path) -> list[str]:
-    """verl's own `rollout.prometheus` writer, on (`--prometheus`): it writes the engines'
-    addresses (with the plugin on, labelled with their replica and the run) to a config file
-    for Ray's Prometheus and asks that one to reload; here there is none to reload."""
+def scraped_overrides(work: Path) -> list[str]:
+    """What `--prometheus` turns on besides rlotel: verl's own `rollout.prometheus` writer
+    (it writes the engines' addresses, with the plugin on labelled with their replica and the
+    run, to a config file for Ray's Prometheus and asks that one to reload; here there is
+    none to reload) and TransferQueue's own metrics (V1: rlotel registers their endpoint)."""
     rollout = "actor_rollout_ref.rollout"
     return [
         f"{rollout}.disable_log_stats=False",  # verl requires the engines' stats for it
         f"{rollout}.prometheus.enable=True",
         f"{rollout}.prometheus.file={work / VERL_PROMETHEUS}",
+        "transfer_queue.metrics.enabled=True",
     ]
 
 
@@ -339,8 +345,11 @@ def start_prometheus(work: Path) -> subprocess.Popen:
     for job in shipped["scrape_configs"]:
         if job["job_name"] == "rlotel":
             jobs.append({**job, "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]})
-        elif job["job_name"] == "rlotel-workers":
-            jobs.append({**job, "file_sd_configs": [{"files": [f"{work}/sd/*.json"]}]})
+        elif job["job_name"] in ("rlotel-workers", "transfer-queue", "node-exporter"):
+            (shipped_sd,) = job["file_sd_configs"]
+            (pattern,) = shipped_sd["files"]  # workers/<kind>-*.json: under sd/ here
+            files = [f"{work}/sd/{Path(pattern).name}"]
+            jobs.append({**job, "file_sd_configs": [{"files": files}]})
         elif job["job_name"] == "rollout-engines":
             jobs.append({**job, "file_sd_configs": [{"files": [f"{work}/engines/*.json"]}]})
     assert [job["job_name"] for job in jobs] == list(SHIPPED_JOBS), jobs
@@ -371,8 +380,19 @@ def start_prometheus(work: Path) -> subprocess.Popen:
     )
 
 
-def stop_prometheus(process: subprocess.Popen) -> None:
-    """SIGTERM: Prometheus closes its head block and WAL, so a later one reads them."""
+def start_node_exporter(work: Path) -> subprocess.Popen:
+    """Debian's real node_exporter at the shipped job's port on the run's one node (the
+    workers' `node`: 127.0.0.1), so the hosts row reads the node the run trained on."""
+    log = work / "prometheus" / "node_exporter.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    address = f"--web.listen-address=127.0.0.1:{NODE_EXPORTER_PORT}"
+    return subprocess.Popen(
+        ["prometheus-node-exporter", address], stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
+
+
+def terminate(process: subprocess.Popen) -> None:
+    """SIGTERM (Prometheus closes its head block and WAL, so a later one reads them)."""
     process.terminate()
     try:
         process.wait(30)
@@ -431,6 +451,7 @@ def run(
     endpoint = otlp_endpoint if plugin and otlp_endpoint else None
     held = hold(METRICS_PORT) if hold_port else None
     scraper = start_prometheus(work) if prometheus else None
+    exporter = start_node_exporter(work) if prometheus else None
     started = time.monotonic()
     with (work / "console.log").open("w") as console:
         process = subprocess.Popen(
@@ -475,8 +496,10 @@ def run(
         held.close()
     stopping = time.monotonic()
     if scraper is not None:
-        stop_prometheus(scraper)
+        terminate(scraper)
     stopped_s = time.monotonic() - stopping
+    if exporter is not None:
+        terminate(exporter)
     with contextlib.suppress(ProcessLookupError):  # whatever verl or Ray left behind
         os.killpg(process.pid, signal.SIGKILL)
     if receiver is not None:
@@ -557,7 +580,7 @@ def main() -> int:
     if options.ranks != 1:
         extra = [*ranks_overrides(options.ranks), *extra]
     if options.prometheus:
-        extra = [*engine_overrides(work), *extra]
+        extra = [*scraped_overrides(work), *extra]
     if options.fully_async:
         extra = [*fully_async_overrides(options.steps), *extra]
     if options.one_step_off:

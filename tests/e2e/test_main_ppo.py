@@ -6,12 +6,13 @@ traces directory, and rlotel's offline commands on it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from rlotel.schema import vocabulary as voc
 from rlotel.schema.data_moves import DIRECTIONS, MOVING, STAGES
 from tests.e2e import ahead
 from tests.e2e.ahead import figure
-from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, isolated
+from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, TQ_CAPACITY, isolated
 from tests.helpers import file_spans, parse_exposition, span_rows
 
 pytestmark = pytest.mark.slow
@@ -711,25 +712,38 @@ def test_report_of_the_real_run_in_chromium(plugin_on: Path, tmp_path: Path) -> 
 
 # What this run is, in the words the dashboards' descriptions use for when a panel is empty
 # (dashboards/build.py `EMPTY`): a panel that is empty on it must say one of these.
-THIS_RUN = ("sync", "no_replay_buffer", "no_tools", "one_rank", "no_node_exporter", "no_dcgm")
+# (its node_exporter runs in the run's own network namespace: loopback only)
+THIS_RUN = ("sync", "no_replay_buffer", "no_tools", "one_rank", "loopback_only", "no_dcgm")
 OTHER_ENGINE = "sglang:"  # the engine row's panels query vLLM and SGLang side by side
 
 
-def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[str]]]:
-    """Every panel query of every shipped dashboard over the run's window, on a Prometheus
-    that reads the TSDB the run's own Prometheus wrote: dashboard → (answering panels,
-    panels, the titles of those empty)."""
-    from dashboards import build
+@contextlib.contextmanager
+def run_tsdb(work: Path, tmp_path: Path) -> Iterator[Callable[[str], list[dict]]]:
+    """PromQL over the run's window (`query_range`, 1 s steps: the result's series), on a
+    Prometheus that reads the TSDB the run's own Prometheus wrote (`--prometheus`)."""
     from tests.promserver import Prometheus
-    from tests.test_dashboards import VARIABLES
 
-    shutil.copytree(data, tmp_path / "data")
+    shutil.copytree(work / "prometheus" / "data", tmp_path / "data")
     config = {"global": {"scrape_interval": "1s"}, "scrape_configs": []}  # reads, scrapes none
     prometheus = Prometheus(tmp_path, [], config=config)
-    variables = {**VARIABLES, "$run": EXPERIMENT, "${run}": EXPERIMENT}
     try:
         head = prometheus.api("status/tsdb")["headStats"]  # the run's first and last sample
         window = {"start": str(head["minTime"] / 1000), "end": str(head["maxTime"] / 1000)}
+        yield lambda promql: prometheus.api("query_range", query=promql, step="1", **window)[
+            "result"
+        ]
+    finally:
+        prometheus.stop()
+
+
+def dashboards_on(work: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[str]]]:
+    """Every panel query of every shipped dashboard over the run's window (`run_tsdb`):
+    dashboard → (answering panels, panels, the titles of those empty)."""
+    from dashboards import build
+    from tests.test_dashboards import VARIABLES
+
+    variables = {**VARIABLES, "$run": EXPERIMENT, "${run}": EXPERIMENT}
+    with run_tsdb(work, tmp_path) as over_the_run:
         found: dict[str, tuple[int, int, list[str]]] = {}
         for text in (json.loads(path.read_text()) for path in build.OUTPUTS.values()):
             panels = [p for p in text["panels"] if any("expr" in t for t in p.get("targets", []))]
@@ -742,9 +756,9 @@ def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[
                     for name, value in variables.items():
                         promql = promql.replace(name, value)
                     assert "$" not in promql, promql
-                    series = prometheus.api("query_range", query=promql, step="1", **window)
-                    queries, answered = queries + 1, answered + bool(series["result"])
-                    if not series["result"] and panel["title"] not in empty:
+                    series = over_the_run(promql)
+                    queries, answered = queries + 1, answered + bool(series)
+                    if not series and panel["title"] not in empty:
                         empty.append(panel["title"])
             found[text["title"]] = (len(panels) - len(empty), len(panels), empty)
             found[f"{text['title']} (queries)"] = (answered, queries, [])
@@ -772,20 +786,16 @@ def dashboards_on(data: Path, tmp_path: Path) -> dict[str, tuple[int, int, list[
         }
 
         def answers(promql: str) -> bool:
-            return bool(prometheus.api("query_range", query=promql, step="1", **window)["result"])
+            return bool(over_the_run(promql))
 
         recorded = {name for name in rules if answers(name)}
         assert recorded == {name for name, expr in rules.items() if answers(expr)}
         found["recording rules"] = (len(recorded), len(rules), sorted(set(rules) - recorded))
         # the shipped alerts, evaluated by the run's Prometheus on this healthy run: none fired
-        fired = prometheus.api(
-            "query_range", query='ALERTS{alertstate="firing"}', step="1", **window
-        )
-        names = sorted({series["metric"]["alertname"] for series in fired["result"]})
+        fired = over_the_run('ALERTS{alertstate="firing"}')
+        names = sorted({series["metric"]["alertname"] for series in fired})
         found["alerts firing"] = (len(names), 0, names)
         return found
-    finally:
-        prometheus.stop()
 
 
 def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path: Path) -> None:
@@ -795,7 +805,7 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
     run's engine is vLLM, found through verl's own `rollout.prometheus` writer). A panel
     answers, or its description says it is empty on a run like this one (CPU, synchronous,
     one rank)."""
-    found = dashboards_on(plugin_on / "prometheus" / "data", tmp_path)
+    found = dashboards_on(plugin_on, tmp_path)
     for title, (answering, total, empty) in found.items():
         figure(f"\n{title}: {answering}/{total} answer on the real run; empty: {empty}")
     assert found["RL step breakdown"][0] >= 18 and found["RL rollout tail"][0] >= 12
@@ -803,6 +813,34 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
     assert found["alerts firing"][2] == []  # on-call keeps them on: a healthy run fires none
     run = json.loads((plugin_on / "run.json").read_text())
     figure(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
+
+
+def test_transfer_queue_scraped_as_shipped(plugin_on: Path, tmp_path: Path) -> None:
+    """TransferQueue's own series, its metrics on as verl's config allows: rlotel's trainer
+    registered the controller's endpoint for file discovery with the run's name, and the
+    shipped `transfer-queue` job scraped it while the run trained — the capacity it serves is
+    the one the run configured, a partition's production reached 1, its controller served
+    requests of several kinds — and the target went when `fit` ended."""
+    run = f'run="{EXPERIMENT}", job="transfer-queue"'
+    with run_tsdb(plugin_on, tmp_path) as over_the_run:
+        up = over_the_run(f"up{{{run}}}")
+        capacity = over_the_run(f"sum(tq_storage_capacity_total{{{run}}})")
+        produced = over_the_run(
+            f"max by (partition_id) (tq_partition_production_progress{{{run}}})"
+        )
+        served = over_the_run(f"max by (op_type) (tq_controller_request_total{{{run}}})")
+    (target,) = up
+    assert {float(v) for _, v in target["values"]} == {1.0}, target  # up whenever scraped
+    assert {float(v) for series in capacity for _, v in series["values"]} == {TQ_CAPACITY}
+    assert any(float(v) == 1.0 for series in produced for _, v in series["values"]), produced
+    requests = {series["metric"]["op_type"]: float(series["values"][-1][1]) for series in served}
+    assert len(requests) >= 2 and all(count > 0 for count in requests.values()), requests
+    assert not list((plugin_on / "sd").glob("transfer-queue-*.json"))  # gone with `fit`
+    figure(
+        f"transfer-queue: {len(target['values'])} scrapes up, capacity {TQ_CAPACITY}, "
+        f"partitions {sorted(s['metric']['partition_id'] for s in produced)}, "
+        f"controller requests {requests}"
+    )
 
 
 def test_one_verdict_per_step_live_analyze_and_report(plugin_on: Path, tmp_path: Path) -> None:

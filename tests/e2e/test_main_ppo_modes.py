@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 from collections import Counter
 from collections.abc import Iterator
 from itertools import pairwise
@@ -26,6 +25,7 @@ from tests.e2e.test_main_ppo import (
     declare_main_ppo,
     links_of,
     main_ppo,
+    run_tsdb,
     spans_by_role,
     verl_log,
 )
@@ -447,30 +447,22 @@ def test_async_panels_answer_on_the_colocate_async_run(
     verl's colocate_async run, scraped by a real Prometheus as shipped, each query over the
     run's window: the idle ratio of the trainer and of the rollout, within [0, 1], and the
     groups verl's buffer evicted by reason, each at least its largest count of a step."""
-    from tests.promserver import Prometheus
     from tests.test_dashboards import VARIABLES, step_panel
 
     _, work = mode_run
-    shutil.copytree(work / "prometheus" / "data", tmp_path / "data")
-    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": []}  # reads, scrapes none
-    prometheus = Prometheus(tmp_path, [], config=config)
     variables = {**VARIABLES, "$run": EXPERIMENT, "${run}": EXPERIMENT}
-    try:
-        head = prometheus.api("status/tsdb")["headStats"]  # the run's first and last sample
-        window = {"start": str(head["minTime"] / 1000), "end": str(head["maxTime"] / 1000)}
 
-        def over_the_run(promql: str) -> list[dict]:
-            for name, value in variables.items():
-                promql = promql.replace(name, value)
-            return prometheus.api("query_range", query=promql, step="1", **window)["result"]
+    def substituted(promql: str) -> str:
+        for name, value in variables.items():
+            promql = promql.replace(name, value)
+        return promql
 
+    with run_tsdb(work, tmp_path) as over_the_run:
         answers = {}
         for title in ASYNC_PANELS:
             (target,) = step_panel(title)["targets"]
-            answers[title] = over_the_run(target["expr"])
+            answers[title] = over_the_run(substituted(target["expr"]))
         (seen,) = over_the_run(f'rlotel_step{{run="{EXPERIMENT}"}}')
-    finally:
-        prometheus.stop()
     idle = {
         series["metric"]["role"]: [float(v) for _, v in series["values"]]
         for series in answers["Idle ratio by role"]
