@@ -468,23 +468,28 @@ STEP_BREAKDOWN = Board(
             "TransferQueue (its own tq_* series)",
             (
                 Panel(
-                    "Production and consumption progress by partition",
-                    (
-                        value(
-                            tq.PRODUCTION_PROGRESS,
-                            "{{partition_id}} produced",
-                            wrap="max by (partition_id) ({})",
-                        ),
-                        value(
-                            tq.CONSUMPTION_PROGRESS,
-                            "{{partition_id}} read by {{task_name}}",
-                            wrap="max by (partition_id, task_name) ({})",
-                        ),
-                    ),
-                    unit="percentunit",
-                    description="Share of each partition's samples written whole, and read by "
-                    "each task (a consumer of verl's): a partition whose production stalls "
-                    "below 1 holds the step that reads it.",
+                    "TransferQueue requests by operation",
+                    (increase(tq.CONTROLLER_REQUESTS, "{{op_type}}", "op_type"),),
+                    unit="none",
+                    description="Requests TransferQueue's controller served (metadata reads, "
+                    "writes' notifications, clears), per interval.",
+                    empty_when=("no_transfer_queue",),
+                ),
+                Panel(
+                    "TransferQueue request latency p99 by operation",
+                    (quantile(tq.CONTROLLER_REQUEST_SECONDS, 0.99, "{{op_type}}", by="op_type"),),
+                    unit="s",
+                    description="The controller's own seconds per request; the seconds a "
+                    "process spent in its reads and writes, waiting included, are the row "
+                    "above's data queues.",
+                    empty_when=("no_transfer_queue",),
+                ),
+                Panel(
+                    "Samples written and cleared",
+                    (increase(tq.CONTROLLER_REQUEST_SAMPLES, "{{op_type}}", "op_type"),),
+                    unit="none",
+                    description="Samples carried by the controller's requests per interval: "
+                    "NOTIFY_DATA_UPDATE (written), CLEAR_META (cleared after training).",
                     empty_when=("no_transfer_queue",),
                 ),
                 Panel(
@@ -511,27 +516,6 @@ STEP_BREAKDOWN = Board(
                     unit="percentunit",
                     description="A storage unit near 1 refuses new samples: raise "
                     "transfer_queue.backend.SimpleStorage.total_storage_size.",
-                    empty_when=("no_transfer_queue",),
-                ),
-                Panel(
-                    "Controller requests by operation",
-                    (increase(tq.CONTROLLER_REQUESTS, "{{op_type}}", "op_type"),),
-                    unit="none",
-                    empty_when=("no_transfer_queue",),
-                ),
-                Panel(
-                    "Storage request latency p99 by operation",
-                    (
-                        value(
-                            tq.STORAGE_LATENCY_P99,
-                            "{{op_type}}",
-                            wrap="max by (op_type) ({})",
-                        ),
-                    ),
-                    unit="s",
-                    description="Each storage unit's own p99 (the slowest unit per operation); "
-                    "rlotel's seconds of the same reads and writes, in the process that made "
-                    "them, are the row above's data queues.",
                     empty_when=("no_transfer_queue",),
                 ),
             ),

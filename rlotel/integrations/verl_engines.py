@@ -94,7 +94,7 @@ def caller_run(depth: int = 4) -> str:
     verl config (`self.config.trainer.experiment_name`, where every verl caller of the writer
     keeps it), else the current telemetry's, else verl's default."""
     from rlotel.base import env
-    from rlotel.integrations.process import _get
+    from rlotel.integrations.process import setting
 
     run = env.Environment.read().run
     if run:
@@ -103,8 +103,8 @@ def caller_run(depth: int = 4) -> str:
     for _ in range(depth):
         if frame is None:
             break
-        config = _get(frame.f_locals.get("self"), "config")
-        name = _get(_get(config, "trainer"), "experiment_name")
+        config = setting(frame.f_locals.get("self"), "config")
+        name = setting(setting(config, "trainer"), "experiment_name")
         if name:
             return str(name)
         frame = frame.f_back

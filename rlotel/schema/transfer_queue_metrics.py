@@ -12,47 +12,57 @@ the build rather than showing an empty panel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
 class QueueMetric:
-    """One series name as TransferQueue's controller serves it (counters with `_total`)."""
+    """One family as TransferQueue's controller declares it with prometheus_client."""
 
     name: str
+    kind: Literal["gauge", "counter", "histogram"]
     unit: str  # TransferQueue's own unit, for the reader; panels state their Grafana unit
     help: str
 
     @property
     def sample_names(self) -> tuple[str, ...]:
+        """Series names as the exposition writes them (what PromQL queries)."""
+        if self.kind == "counter":
+            return (f"{self.name}_total",)
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
         return (self.name,)
 
 
-PRODUCTION_PROGRESS = QueueMetric(
-    "tq_partition_production_progress",
-    "ratio",
-    "Share of a partition's samples whose fields are all written, by partition and task.",
+# What verl 0.9.1's V1 run moves shows here (its real run, scraped as shipped): the controller's
+# requests by operation, their latency and the samples they carry, the samples a partition
+# holds, the storage units' use. TransferQueue's production and consumption progress stay 0 or
+# absent on it (verl reads and writes through the key-value API, which they do not follow), and
+# the storage units' own request counters stay 0: neither is on the dashboard.
+CONTROLLER_REQUESTS = QueueMetric(
+    "tq_controller_request", "counter", "requests", "Requests the controller served, by op_type."
 )
-CONSUMPTION_PROGRESS = QueueMetric(
-    "tq_partition_consumption_progress",
-    "ratio",
-    "Share of a partition's samples a task (a consumer) has read, by partition and task.",
+CONTROLLER_REQUEST_SECONDS = QueueMetric(
+    "tq_controller_request_duration_seconds",
+    "histogram",
+    "seconds",
+    "Seconds the controller took per request, by op_type.",
+)
+CONTROLLER_REQUEST_SAMPLES = QueueMetric(
+    "tq_controller_request_samples",
+    "counter",
+    "samples",
+    "Samples the controller's requests carried, by op_type (NOTIFY_DATA_UPDATE: written; "
+    "CLEAR_META: cleared).",
 )
 PARTITION_SAMPLES = QueueMetric(
-    "tq_partition_samples_total", "samples", "Samples held in each partition (a gauge)."
+    "tq_partition_samples_total", "gauge", "samples", "Samples each partition holds."
 )
 STORAGE_UTILIZATION = QueueMetric(
-    "tq_storage_utilization_ratio", "ratio", "Active keys ÷ capacity, per storage unit."
+    "tq_storage_utilization_ratio", "gauge", "ratio", "Active keys ÷ capacity, per storage unit."
 )
 STORAGE_CAPACITY = QueueMetric(
-    "tq_storage_capacity_total", "keys", "A storage unit's capacity in keys (a gauge)."
-)
-CONTROLLER_REQUESTS = QueueMetric(
-    "tq_controller_request_total", "requests", "Requests the controller served, by op_type."
-)
-STORAGE_LATENCY_P99 = QueueMetric(
-    "tq_storage_request_latency_p99",
-    "seconds",
-    "p99 of a storage unit's request latency, by op_type (computed by the unit).",
+    "tq_storage_capacity_total", "gauge", "keys", "A storage unit's capacity in keys."
 )
 
 QUEUE_METRICS: tuple[QueueMetric, ...] = tuple(
@@ -62,4 +72,4 @@ QUEUE_METRICS: tuple[QueueMetric, ...] = tuple(
 
 def series_names() -> set[str]:
     """Every TransferQueue series name a dashboard or rule may query."""
-    return {metric.name for metric in QUEUE_METRICS}
+    return {name for metric in QUEUE_METRICS for name in metric.sample_names}
