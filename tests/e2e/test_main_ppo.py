@@ -81,7 +81,8 @@ PROFILE = (  # verl's torch profiler on the actor for step 2, written under its 
 )
 
 
-declare_main_ppo("plugin_on", "--prometheus", *PROFILE)  # scraped as shipped
+# scraped as shipped, verl's RL-Insight logger and its own stack beside rlotel
+declare_main_ppo("plugin_on", "--prometheus", "--rl-insight", *PROFILE)
 declare_main_ppo("plugin_off", "--off", *PROFILE)
 declare_main_ppo("every_hook_failing", "--faults", "all", *PROFILE)
 
@@ -828,7 +829,11 @@ def test_transfer_queue_scraped_as_shipped(plugin_on: Path, tmp_path: Path) -> N
         served = over_the_run(f"max by (op_type) (tq_controller_request_total{{{run}}})")
         samples = over_the_run(f"max by (op_type) (tq_controller_request_samples_total{{{run}}})")
     (target,) = up
-    assert {float(v) for _, v in target["values"]} == {1.0}, target  # up whenever scraped
+    values = [float(v) for _, v in target["values"]]
+    ended = len(values) - values[::-1].index(1.0)  # scrapes until the last one up
+    assert set(values[:ended]) == {1.0}, values  # up at every scrape while the run trained;
+    # closed with the run, scraped down until Prometheus' discovery (5 s updates) drops it
+    assert len(values) - ended <= 6, values
     assert {float(v) for series in capacity for _, v in series["values"]} == {TQ_CAPACITY}
     requests = {series["metric"]["op_type"]: float(series["values"][-1][1]) for series in served}
     assert len(requests) >= 2 and all(count > 0 for count in requests.values()), requests
@@ -836,8 +841,48 @@ def test_transfer_queue_scraped_as_shipped(plugin_on: Path, tmp_path: Path) -> N
     assert carried.get("NOTIFY_DATA_UPDATE", 0) >= STEPS * TRAJECTORIES, carried  # written
     assert not list((plugin_on / "sd").glob("transfer-queue-*.json"))  # gone with `fit`
     figure(
-        f"transfer-queue: {len(target['values'])} scrapes up, capacity {TQ_CAPACITY}, "
-        f"controller requests {requests}, samples carried {carried}"
+        f"transfer-queue: {ended} scrapes up, {len(values) - ended} down at its end, "
+        f"capacity {TQ_CAPACITY}, controller requests {requests}, samples carried {carried}"
+    )
+
+
+def test_beside_rl_insight_each_logger_has_verls_numbers(plugin_on: Path) -> None:
+    """verl's in-tree RL-Insight ran beside rlotel on this run (`trainer.logger` with both,
+    `VERL_RL_INSIGHT_ENABLE=1`, RL-Insight's own server and Prometheus started as its docs
+    say), so every other test of this module holds with it there. Here: RL-Insight's hub
+    served verl's metrics dict of the last step key for key, its Prometheus had its hub,
+    TransferQueue and the vLLM engine up, no process of RL-Insight's joined rlotel's, and no
+    rlotel hook failed in any process (no `rlotel_integration_failures_total`)."""
+    up = json.loads((plugin_on / "rl_insight.json").read_text())["up"]
+    assert {"trainer_metrics", "transfer_queue", "vllm"} <= set(up), up
+    hub = {
+        name.removeprefix("rl_insight_monitor_"): value
+        for (name, _), value in parse_exposition(
+            (plugin_on / "rl_insight_hub.txt").read_text()
+        ).items()
+        if name.startswith("rl_insight_monitor_")
+    }
+    last = verl_log(plugin_on)[STEPS]
+    logged = {}
+    for key, value in last.items():  # as verl's RLInsightLogger sends them: floats, `/` → `_`
+        with contextlib.suppress(TypeError, ValueError):
+            logged[key.replace("/", "_")] = float(value)
+
+    def same(key: str) -> bool:
+        ours, theirs = logged.get(key), hub.get(key)
+        both = ours is not None and theirs is not None
+        return both and (ours == theirs or (math.isnan(ours) and math.isnan(theirs)))
+
+    differ = {key: (logged.get(key), hub.get(key)) for key in logged.keys() | hub.keys()}
+    differ = {key: values for key, values in differ.items() if not same(key)}
+    assert not differ, differ
+    assert set(spans_by_role(plugin_on)) <= {"trainer", *VERL_ROLES}
+    processes = [*sorted((plugin_on / "scrapes").glob("*.txt")), *(plugin_on / "targets").glob("*")]
+    failed = [p.name for p in processes if "rlotel_integration_failures_total" in p.read_text()]
+    assert not failed, failed
+    figure(
+        f"beside RL-Insight: its hub served {len(hub)} of verl's keys, equal to step {STEPS}'s; "
+        f"its Prometheus had up {sorted(up)}; no rlotel hook failed in {len(processes)} scrapes"
     )
 
 
