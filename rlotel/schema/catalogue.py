@@ -50,12 +50,16 @@ class MetricSpec:
 
     @property
     def sample_names(self) -> tuple[str, ...]:
-        """Series names as they appear in the text exposition (what PromQL queries)."""
-        if self.kind == "counter":
-            return (f"{self.name}_total",)
-        if self.kind == "histogram":
-            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
-        return (self.name,)
+        return exposed_names(self.name, self.kind)
+
+
+def exposed_names(name: str, kind: Kind) -> tuple[str, ...]:
+    """A family's series names as the text exposition writes them (what PromQL queries)."""
+    if kind == "counter":
+        return (f"{name}_total",)
+    if kind == "histogram":
+        return (f"{name}_bucket", f"{name}_sum", f"{name}_count")
+    return (name,)
 
 
 STEP_PHASE_SECONDS = MetricSpec(

@@ -12,7 +12,8 @@ the build rather than showing an empty panel.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+
+from rlotel.schema.catalogue import Kind, exposed_names
 
 
 @dataclass(frozen=True)
@@ -20,18 +21,13 @@ class QueueMetric:
     """One family as TransferQueue's controller declares it with prometheus_client."""
 
     name: str
-    kind: Literal["gauge", "counter", "histogram"]
+    kind: Kind
     unit: str  # TransferQueue's own unit, for the reader; panels state their Grafana unit
     help: str
 
     @property
     def sample_names(self) -> tuple[str, ...]:
-        """Series names as the exposition writes them (what PromQL queries)."""
-        if self.kind == "counter":
-            return (f"{self.name}_total",)
-        if self.kind == "histogram":
-            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
-        return (self.name,)
+        return exposed_names(self.name, self.kind)
 
 
 # What verl 0.9.1's V1 run moves shows here (its real run, scraped as shipped): the controller's
