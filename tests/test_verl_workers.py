@@ -3,12 +3,15 @@ processes with no carrier in user code, a file per process, straggler ranks, fau
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -389,19 +392,49 @@ def heavy_batch(rows: int, width: int, columns: int) -> DataProto:
     )
 
 
+@contextlib.contextmanager
+def timed_around_rlotel(seconds: dict[str, float]) -> Iterator[None]:
+    """The driver's `DataProto.__getstate__` / `__setstate__`, each call timed into `seconds`
+    around whatever is there (rlotel's hook): the test's own timing of verl's pickling."""
+
+    def timed(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def around(self: DataProto, *args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(self, *args)
+            finally:
+                seconds[name] += time.perf_counter() - started
+
+        return around
+
+    originals = {name: DataProto.__dict__[name] for name in seconds}
+    for name, inner in originals.items():
+        setattr(DataProto, name, timed(name, inner))
+    try:
+        yield
+    finally:
+        for name, inner in originals.items():
+            setattr(DataProto, name, inner)
+
+
 def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster, capsys):
     """verl's real worker group, DataProto and dispatch: a method that does nothing with a
     64 MB batch. The call's stages add up to its wall time, its bytes are the batch's (an
-    independent count), the pickling stages agree with a direct timing of the same pickling,
-    and the step's verdict is data movement, naming the stage that took longest. Stated
-    tolerance: serialize and submit within 0.5-2x of the direct timing, deserialize (ranks
-    unpickling side by side) within 1/3-3x."""
+    independent count), the pickling stages agree with the test's own timing of the same
+    pickling, and the step's verdict is data movement, naming the stage that took longest.
+    The test times verl's `DataProto.__getstate__` / `__setstate__` on the driver around
+    rlotel's hook, during the very call: serialize is within 5 % + 5 ms below that (rlotel's
+    wrapper is inside it), deserialize at least the driver's unpickling of the replies (it adds
+    the slowest rank's of its share) and at most 4x it + 50 ms. Separate direct timings
+    (`__getstate__`, `ray.put`, `pickle.loads` of the shares) are printed beside them, not
+    asserted: on a loaded machine one call and a later timing differ by more than 2x."""
     tel = rlotel.init(run="moves", prometheus_port=0, resource_attributes={"rl.role": "driver"})
     group = worker_group(cluster, MovingWorker)
     with tel.phase("init_model"):  # the workers start their telemetry (not measured below)
         group.echo(heavy_batch(2, 4, 1))
     batch = heavy_batch(rows=512, width=32768, columns=8)
-    with tel.step(1) as step:
+    pickling: dict[str, float] = {"__getstate__": 0.0, "__setstate__": 0.0}  # on the driver
+    with tel.step(1) as step, timed_around_rlotel(pickling):
         with tel.phase("update_actor"):
             returned = group.echo(batch)
     assert tel.flush(10)
@@ -424,10 +457,19 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster,
     assert moves.bytes["sent"] == expected and moves.bytes["returned"] == expected
 
     # serialize is verl pickling the ranks' shares (DataProto.__getstate__) inside submit;
-    # submit and serialize together are Ray putting them in its object store; deserialize is
-    # the driver unpickling the two replies and the slowest rank its share: the same, timed
-    # directly
-    shares = batch.chunk(2)
+    # deserialize the driver unpickling the two replies and the slowest rank its share
+    seconds = moves.seconds
+    outer = pickling["__getstate__"]
+    assert seconds["serialize"] <= outer <= seconds["serialize"] + 0.05 * outer + 0.005, (
+        seconds["serialize"],
+        outer,
+    )
+    replies = pickling["__setstate__"]
+    assert replies <= seconds["deserialize"] <= 4 * replies + 0.05, (
+        seconds["deserialize"],
+        replies,
+    )
+    shares = batch.chunk(2)  # the same, timed apart from the call: printed only
     started = time.perf_counter()
     states = [share.__getstate__() for share in shares]
     getstate_s = time.perf_counter() - started
@@ -440,18 +482,12 @@ def test_a_call_moving_a_large_batch_says_data_movement_with_each_stage(cluster,
         pickle.loads(blob)
     loads_s = time.perf_counter() - started
     del refs, states
-    unpickled_s = 1.5 * loads_s  # two replies on the driver, one share on the slowest rank
-    seconds = moves.seconds
     figures += (
-        f"\ndirect: __getstate__ of the shares {getstate_s * 1e3:.1f} ms, ray.put "
-        f"{put_s * 1e3:.1f} ms, pickle.loads {loads_s * 1e3:.1f} ms (x1.5: "
-        f"{unpickled_s * 1e3:.1f} ms)"
+        f"\nin the call, around rlotel's hook: __getstate__ {outer * 1e3:.1f} ms, the replies' "
+        f"__setstate__ {replies * 1e3:.1f} ms; apart: __getstate__ of the shares "
+        f"{getstate_s * 1e3:.1f} ms, ray.put {put_s * 1e3:.1f} ms, pickle.loads "
+        f"{loads_s * 1e3:.1f} ms"
     )
-    assert 0.5 <= seconds["serialize"] / getstate_s <= 2, (seconds["serialize"], getstate_s)
-    submitted = seconds["serialize"] + seconds["submit"]
-    assert 0.5 <= submitted / put_s <= 2, (submitted, put_s)
-    # the ranks unpickle side by side (on 2 cores here, beside the driver): a wider tolerance
-    assert 1 / 3 <= seconds["deserialize"] / unpickled_s <= 3, (seconds["deserialize"], unpickled_s)
 
     verdict = step.verdict
     stage = max(MOVING, key=moves.seconds.__getitem__)
