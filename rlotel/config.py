@@ -360,7 +360,7 @@ def _credentials(pair: Any) -> tuple[str, str] | None:
 
 def _steps(profile_steps: Iterable[int]) -> tuple[int, ...]:
     try:
-        steps = tuple(sorted(set(profile_steps or ())))
+        steps = tuple(sorted(set(() if profile_steps is None else profile_steps)))  # 0: bad
     except TypeError as exc:
         raise ConfigError(f"profile_steps must be a list of global steps: {exc}") from None
     bad = [s for s in steps if not isinstance(s, int) or isinstance(s, bool) or s < 0]

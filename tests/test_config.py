@@ -142,6 +142,7 @@ BOUNDARIES = [
     {"queue_size": 0},
     {"max_sample_spans": -1},
     {"profile_steps": [-1]},
+    {"profile_steps": 0},  # not a list of steps (it once read as none: falsy)
     {"shutdown_timeout_s": 0},
     {"shutdown_timeout_s": NAN},
 ]
