@@ -49,7 +49,14 @@ def transfer_queue_cluster():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
         patch.delenv("RAY_ADDRESS", raising=False)
-        ray.init(num_cpus=4, address="local", include_dashboard=False, log_to_driver=False)
+        for attempt in (1, 2):  # Ray gives its raylet a fixed 30 s to register; beside a real
+            try:  # run on 2 cores that can pass once (x16): a second start, not a longer wait
+                ray.init(num_cpus=4, address="local", include_dashboard=False, log_to_driver=False)
+                break
+            except Exception as error:
+                ray.shutdown()
+                if attempt == 2 or "timed out during startup" not in str(error):
+                    raise
         try:
             tq.init()  # controller + 2 storage actors: needs ≥ 3 logical CPUs
             yield tq
