@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from rlotel.config import Config
 from rlotel.derive.goodput import BUCKETS, DEFAULT_BUCKETS
+from rlotel.derive.sources import MAX_DATA_SOURCES, MAX_REWARD_COMPONENTS, SIGNS
 from rlotel.integrations.registered import HOOKS
 from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS
 from rlotel.schema import catalogue as cat
@@ -94,6 +95,11 @@ LABELS: dict[str, Label] = {
     "direction": Label(len(dm.DIRECTIONS), ", ".join(dm.DIRECTIONS)),
     "queue": Label(2, "transfer_queue, verl_message_queue"),
     "op": Label(2, "put, get"),
+    "data_source": Label(
+        MAX_DATA_SOURCES + 2, f"the first {MAX_DATA_SOURCES} sources named, other, unknown"
+    ),
+    "sign": Label(len(SIGNS), ", ".join(SIGNS)),
+    "component": Label(MAX_REWARD_COMPONENTS, "reward_extra_info components kept per call"),
 }
 # The windows a worker-group call is made in (the data ledger's phase).
 CALLING_PHASES = Label(
@@ -104,6 +110,7 @@ CALLING_PHASES = Label(
 # Where a family's label means fewer values than the label's own bound.
 FAMILY_LABELS: dict[str, dict[str, Label]] = {
     cat.AGENT_LOOP_LENGTH.name: {"kind": Label(len(LENGTH_KINDS), "prompt, response")},
+    cat.SOURCE_LENGTH.name: {"kind": Label(len(LENGTH_KINDS), "prompt, response")},
     cat.ROLE_IDLE.name: {"role": Label(2, "trainer, rollout")},
     cat.DATA_MOVEMENT_SECONDS.name: {
         "phase": CALLING_PHASES,

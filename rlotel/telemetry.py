@@ -21,6 +21,7 @@ from typing import Any
 from rlotel import active, wiring
 from rlotel.base.drops import Drops, describe, encodable
 from rlotel.config import MAX_SHUTDOWN_TIMEOUT_S, Config
+from rlotel.derive import sources
 from rlotel.derive.diagnose import Diagnoser, Verdict
 from rlotel.derive.goodput import PhaseBuckets, Timeline
 from rlotel.derive.stall import RankWait, StallWatch
@@ -65,6 +66,7 @@ class Telemetry:
         exports = wiring.build_exports(config, self.drops, self._phase_buckets)
         self._endpoint, self.metrics_url = exports.endpoint, exports.metrics_url
         self._traced = exports.traced
+        self._source_labels = exports.source_labels
         self._sink = CompositeSink(exports.sinks, self.drops)
         top_ops = config.profile.top_n if config.profile is not None else 10
         identity = {**config.resource_attributes, attr.PROCESS_PID: os.getpid()}
@@ -175,6 +177,8 @@ class Telemetry:
         exemplar_spans: Mapping[int, Any] | None = None,
         discarded: str | None = None,
         replica: Any = None,
+        data_source: Any = None,
+        reward_extra_info: Mapping[str, Any] | None = None,
         **fields: Any,
     ) -> dict[int, str]:
         """Per-sample agent-loop timings and lengths, one entry per sample.
@@ -216,12 +220,21 @@ class Telemetry:
         that dropped them, they are its async-bias reference (no spans, no histograms, not
         in verl's keys). `replica`: the rollout replica they ran on (one label, or one per
         sample) for occupancy, which `start_time_ns`/`end_time_ns` of every sample measure.
+        `data_source`: verl's per-sample `data_source` (one string a sample): the samples' series
+        by source, the step span's figures by source, `rl.sample.data_source` on their
+        spans (the first 10 sources keep their names, later ones are labelled `other`).
+        `reward_extra_info`: component → one number a sample (verl's custom-reward dict;
+        any sign; at most 8): sums by component and source, `rl.sample.reward.<name>`.
         Returns sample index → span id (hex) of the samples that got a span here.
         """
         try:
+            fields.update(sources.reward_components(reward_extra_info, self.drops))
+            if data_source is not None:
+                fields["data_source"] = data_source  # its spans' attribute, as given
             batch = build_batch(records, fields, self.drops, discarded, replica)
             if batch is None:
                 return {}
+            self._source_labels.label(batch, data_source)
             span_budget = self.config.max_sample_spans if self._traced else 0
             if exemplar_spans is not None or batch.discarded is not None:
                 span_budget = 0

@@ -16,10 +16,12 @@ from rlotel.base.drops import Drops
 from rlotel.base.env import DEFAULT_SPAN_EXPORT_DELAY_MS
 from rlotel.config import Config
 from rlotel.derive.goodput import PhaseBuckets
+from rlotel.derive.sources import SourceLabels
 from rlotel.publish.pipeline import Pipeline
 from rlotel.publish.sink import Sink
 from rlotel.record.ledger import HookServices, Ledger, StepHooks
 from rlotel.schema import attributes as attr
+from rlotel.schema import catalogue as cat
 from rlotel.series.recorder import Recorder
 from rlotel.series.store import SeriesStore
 
@@ -38,6 +40,7 @@ class Exports:
     endpoint: PrometheusEndpoint | None = None
     metrics_url: str | None = None
     traced: bool = False  # some span exporter is on: samples get spans
+    source_labels: SourceLabels | None = None  # samples' data sources → bounded labels
 
 
 def process_file(config: Config, suffix: str) -> Path | None:
@@ -103,6 +106,9 @@ def build_exports(
         (str(own[attr.ROLE]), str(own[attr.RANK])) if {attr.ROLE, attr.RANK} <= set(own) else None
     )
     exports.sinks.insert(0, Recorder(store, drops, rank))
+    exports.source_labels = SourceLabels(
+        drops, lambda folded: store.inc(cat.DATA_SOURCES_FOLDED, float(folded))
+    )
     if exporters:
         delay_s = environment.span_export_delay_s
         if delay_s is None:

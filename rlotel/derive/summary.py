@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlotel.derive import async_bias, goodput, occupancy, staleness
+from rlotel.derive import async_bias, goodput, occupancy, sources, staleness
 from rlotel.derive.diagnose import StepFacts, Verdict
 from rlotel.record import ranks, samples
 from rlotel.schema import formulas, vocabulary
@@ -48,6 +48,7 @@ class StepSummary:
     occupancy: dict[str, occupancy.Occupancy] = field(default_factory=dict)  # by replica
     facts: StepFacts | None = None  # what the bottleneck verdict is read from
     verdict: Verdict | None = None  # added by the pipeline, with the run's trends
+    sources: dict[str, sources.SourceFigures] = field(default_factory=dict)  # by data source
 
 
 def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> StepSummary:
@@ -67,7 +68,7 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
     metrics = formulas.timing_metrics(timing, step.prompt_tokens, step.response_tokens)
     metrics.update(formulas.throughput_metrics(timing, step.total_tokens, n_gpus))
     metrics.update(formulas.mfu_metrics(step.mfu))
-    consumed, replicas = None, {}
+    consumed, replicas, by_source = None, {}, {}
     if trace.samples:
         trained = [batch for batch in trace.samples if batch.discarded is None]
         if trained:
@@ -77,6 +78,7 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
             metrics.update(staleness.token_weighted(step.number, trained))
         metrics.update(async_bias.bias_metrics(trace.samples, buckets.is_async))
         replicas = occupancy.by_replica(trace.samples)
+        by_source = sources.step_figures(trace.samples)
         metrics.update(occupancy.step_metrics(replicas))
     root = trace.root
     metrics.update(
@@ -110,7 +112,9 @@ def summarize(step: StepRecord, n_gpus: int, buckets: goodput.PhaseBuckets) -> S
         },
         data_movement=data_movement(step.data_moves, trace.records),
     )
-    return StepSummary(timing, metrics, unaccounted, consumed, replicas or {}, facts)
+    return StepSummary(
+        timing, metrics, unaccounted, consumed, replicas or {}, facts, sources=by_source
+    )
 
 
 def data_movement(

@@ -36,7 +36,10 @@ IDENTITY_FIELDS = {  # field → span attribute
     "session": attr.SAMPLE_SESSION,
     "output": attr.SAMPLE_OUTPUT,
     "turns": attr.SAMPLE_TURNS,
+    "data_source": attr.SAMPLE_DATA_SOURCE,
 }
+TEXTUAL = frozenset({"uid", "data_source"})  # the rest are whole numbers
+REWARD_PREFIX = REWARD + "."  # columns of reward components: `reward.<name>`, any sign
 TIME_FIELDS = ("start_time_ns", "end_time_ns")  # real Unix times of the trajectory
 GENERATED_STEP = "generated_step"
 TRAJECTORY = "trajectory_context"  # carrier of the span the trajectory ran under (worker)
@@ -91,6 +94,7 @@ class SampleBatch:
         "parent",
         "parent_span_id",
         "replica",
+        "sources",
         "span_extras",
         "spans",
         "times",
@@ -116,6 +120,7 @@ class SampleBatch:
         self.times: tuple[np.ndarray, np.ndarray] | None = None  # every sample's Unix ns
         self.turns: list | None = None  # every sample's model turns, with `times` (occupancy)
         self.replica: str | np.ndarray | None = None  # the rollout replica(s) it ran on
+        self.sources: np.ndarray | None = None  # each sample's data-source label (capped)
         self.token_versions: tuple[float, float] | None = None  # Σ tokens, Σ tokens × oldest
 
     @property
@@ -175,7 +180,7 @@ def build_batch(
     if records is not None:
         raw.update(_columns_from_records(records, drops))
     for name, values in fields.items():
-        if name in FIELDS:  # a column (reward is a span field too)
+        if name in FIELDS or name.startswith(REWARD_PREFIX):  # a column (and reward a span field)
             if values is not None:
                 raw[name] = values
         elif name not in SPAN_FIELDS:  # span-only fields are read below
@@ -295,7 +300,7 @@ def _column(name: str, values: Any, drops: Drops) -> np.ndarray:
             if not reason and not whole.all():
                 reason = "non_integer"
             valid &= whole
-    elif name == REWARD:
+    elif name == REWARD or name.startswith(REWARD_PREFIX):
         valid = finite
     else:
         valid = finite & (column >= 0)
@@ -374,7 +379,8 @@ def _span_fields(values: dict[str, Any], sizes: set[int], drops: Drops) -> dict[
     for name, column in values.items():
         if column is None:
             continue
-        size = _samples_in(column) if name in PART_FIELDS else _length(column)
+        sized = hasattr(column, "__len__")  # a field of sequences: samples on its first axis
+        size = (len(column) if sized else None) if name in PART_FIELDS else _length(column)
         if size is None or (sizes and {size} != sizes):
             drops.add(
                 "samples",
@@ -386,14 +392,6 @@ def _span_fields(values: dict[str, Any], sizes: set[int], drops: Drops) -> dict[
     return kept
 
 
-def _samples_in(column: Any) -> int | None:
-    """How many samples a per-sample sequence field covers (its first axis)."""
-    try:
-        return len(column)
-    except TypeError:
-        return None
-
-
 def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
     """One sample's identity, real times, generating step, reward, turns and tool calls
     (bad entries dropped and counted; the span keeps the rest)."""
@@ -401,9 +399,9 @@ def _extras(per_sample: dict[str, Any], index: int, drops: Drops) -> SpanExtras:
     for name, key in IDENTITY_FIELDS.items():
         if name in per_sample:
             value = _item(per_sample[name], index)
-            if name == "uid" and isinstance(value, (str, int)) and not isinstance(value, bool):
+            if name in TEXTUAL and isinstance(value, (str, int)) and not isinstance(value, bool):
                 attributes[key] = str(value)
-            elif name != "uid" and (whole := _whole(value)) is not None:
+            elif name not in TEXTUAL and (whole := _whole(value)) is not None:
                 attributes[key] = whole
             elif value is not None:
                 drops.add("samples", "bad_identity", f"{name}={value!r} of sample {index}")

@@ -80,6 +80,16 @@ SAMPLE_VERSION_MIN = "rl.sample.weight_version.min"
 SAMPLE_VERSION_MAX = "rl.sample.weight_version.max"
 SAMPLE_STALENESS = "rl.sample.staleness"  # (consuming step - 1) - newest version
 SAMPLE_GENERATED_STEP = "rl.sample.generated_step"  # the step whose prompts it answers
+SAMPLE_DATA_SOURCE = "rl.sample.data_source"  # verl's `data_source` of the prompt, as given
+# The step span's figures by data source: parallel arrays, one entry per source (as labelled
+# on the metrics: capped, the rest under `other`). Sums and counts, so that means over
+# several steps weight each step by its volume.
+DATA_SOURCES = "rl.data_source.names"
+DATA_SOURCE_SAMPLES = "rl.data_source.samples"
+DATA_SOURCE_REWARD_SUM = "rl.data_source.reward.sum"  # where every sample had a reward
+DATA_SOURCE_REWARDED = "rl.data_source.reward.count"
+DATA_SOURCE_RESPONSE_SUM = "rl.data_source.response_length.sum"  # tokens
+DATA_SOURCE_GENERATE_P90 = "rl.data_source.generate_sequences.p90_s"
 LINK_RELATION = "rl.link.relation"  # why a span links another: "generated_in", ...
 
 CAPTURE_SPAN = "profile.capture"

@@ -424,6 +424,71 @@ ROLLOUT_TAIL = MetricSpec(
     ("replica",),
 )
 
+# By verl's `data_source` (record_samples(data_source=...)): the first MAX_DATA_SOURCES
+# sources seen keep their name, later ones are labelled `other` (rlotel_data_sources_folded).
+# Counters of sums and counts, so that a mean over any window weighs each step by its volume.
+SOURCE_SAMPLES = MetricSpec(
+    "rlotel_source_samples",
+    "counter",
+    "",
+    "Trained samples by data source.",
+    ("data_source",),
+)
+SOURCE_REWARD = MetricSpec(
+    "rlotel_source_reward",
+    "counter",
+    "",
+    "Sum of the absolute rewards of the trained samples by data source and sign (positive, "
+    "negative): a counter cannot go down, so the signed sum is positive - negative, and the "
+    "mean reward over a window is that over rlotel_source_rewarded_samples.",
+    ("data_source", "sign"),
+)
+SOURCE_REWARDED = MetricSpec(
+    "rlotel_source_rewarded_samples",
+    "counter",
+    "",
+    "Trained samples with a reward, by data source (the divisor of the mean reward).",
+    ("data_source",),
+)
+SOURCE_REWARD_COMPONENT = MetricSpec(
+    "rlotel_source_reward_component",
+    "counter",
+    "",
+    "Sum of the absolute values of each numeric reward_extra_info component (verl's custom "
+    "reward dict) by component, data source and sign, as rlotel_source_reward.",
+    ("component", "data_source", "sign"),
+)
+SOURCE_REWARD_COMPONENT_SAMPLES = MetricSpec(
+    "rlotel_source_reward_component_samples",
+    "counter",
+    "",
+    "Trained samples with a value of the component, by component and data source.",
+    ("component", "data_source"),
+)
+SOURCE_STAGE_DURATION = MetricSpec(
+    "rlotel_source_stage_duration_seconds",
+    "histogram",
+    "seconds",
+    "Per-sample agent-loop seconds by data source and stage (generate_sequences, tool_calls, "
+    "compute_score); as rlotel_agent_loop_duration_seconds, split by source.",
+    ("data_source", "stage"),
+    SAMPLE_DURATION_BUCKETS,
+)
+SOURCE_LENGTH = MetricSpec(
+    "rlotel_source_length_tokens",
+    "histogram",
+    "tokens",
+    "Per-sample prompt and response lengths by data source.",
+    ("data_source", "kind"),
+    LENGTH_BUCKETS,
+)
+DATA_SOURCES_FOLDED = MetricSpec(
+    "rlotel_data_sources_folded_samples",
+    "counter",
+    "",
+    "Samples whose data source came after the first MAX_DATA_SOURCES and is labelled other.",
+)
+
 # Every spec defined above, in definition order: a family cannot be defined and left out.
 CATALOGUE: tuple[MetricSpec, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricSpec)

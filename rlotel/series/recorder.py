@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlotel.base.drops import Drops, as_finite_float, describe, encodable
+from rlotel.derive import sources
 from rlotel.publish.sink import Sink
 from rlotel.record import ranks
 from rlotel.record.capture import Capture
@@ -204,6 +205,8 @@ class Recorder(Sink):
         if PREEMPTED in batch.columns:
             reported = batch.valid(PREEMPTED)
             self.store.inc(cat.AGENT_LOOP_PREEMPTIONS, float(reported[reported >= 0].sum()))
+        for method, spec, value, labels in sources.series(batch):  # and by data source
+            getattr(self.store, method)(spec, value, *labels)
 
     # --- tel.log (publisher thread) --------------------------------------------------------
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from rlotel.base import clock, ids
 from rlotel.base.drops import Drops
+from rlotel.derive import sources
 from rlotel.derive.goodput import PhaseBuckets
 from rlotel.publish.sink import Sink
 from rlotel.record import ranks
@@ -425,6 +426,7 @@ def step_attributes(step: Step) -> dict[str, Any]:
             result[name] = metrics[key]
     for role, value in step.mfu.items():
         result[attr.MFU_PREFIX + role] = value
+    result.update(sources.attributes(step.summary.sources))  # the step's samples by source
     if step.sequences is not None:
         result[attr.SEQUENCES] = step.sequences
     verdict = step.summary.verdict

@@ -1,0 +1,221 @@
+"""Samples by verl's `data_source`: bounded labels, the series by source, the step's figures.
+
+A mean reward per source over several steps must weigh each step by how many samples the
+source had in it (verl #3785), so rlotel keeps sums and counts (counters, the step span's
+arrays) and lets the reader divide. The first MAX_DATA_SOURCES sources a process sees keep
+their names for its lifetime (a source's series never change label); later ones are labelled
+`other` and counted. A reward can be negative and a counter cannot go down: sums are kept as
+the positive and the negative part.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rlotel.base.drops import Drops
+from rlotel.record.samples import DURATION_FIELDS, LENGTH_KINDS, REWARD, REWARD_PREFIX, SampleBatch
+from rlotel.schema import attributes as attr
+from rlotel.schema import catalogue as cat
+from rlotel.schema import vocabulary as voc
+
+log = logging.getLogger("rlotel")
+
+MAX_DATA_SOURCES = 10  # distinct names a process labels; later sources are `other`
+MAX_REWARD_COMPONENTS = 8  # reward_extra_info components kept per call (the rest dropped)
+OTHER = "other"
+UNKNOWN = "unknown"  # a sample whose data_source is missing or not a non-empty string
+SIGNS = ("positive", "negative")
+
+
+class SourceLabels:
+    """Each sample's label: its data_source, while the process has seen fewer than `cap`
+    names; `other` after that (counted in rlotel_data_sources_folded_samples)."""
+
+    def __init__(
+        self, drops: Drops, on_fold: Callable[[int], None], cap: int = MAX_DATA_SOURCES
+    ) -> None:
+        self._drops, self._on_fold, self._cap = drops, on_fold, cap
+        self._named: set[str] = set()
+        self._lock = threading.Lock()
+        self._warned = False  # one line for the first source labelled other
+
+    def label(self, batch: SampleBatch, data_source: Any) -> None:
+        """Sets `batch.sources` from its samples' data sources (one a sample)."""
+        if data_source is None or batch.discarded is not None:
+            return
+        given = np.asarray(data_source, dtype=object).ravel().tolist()
+        if len(given) != batch.size:
+            self._drops.add(
+                "samples",
+                "length_mismatch",
+                f"data_source of {len(given)} sample(s) for {batch.size}: no labels",
+            )
+            return
+        texts = [_text(value) for value in given]
+        names = {text: self._name(text) for text in set(texts)}
+        folded = sum(1 for text in texts if names[text] == OTHER and text != OTHER)
+        if folded:
+            self._on_fold(folded)
+        bad = sum(1 for value in given if not (isinstance(value, str) and value))
+        if bad:
+            self._drops.add(
+                "samples", "bad_data_source", f"{bad} sample(s) labelled {UNKNOWN}", bad
+            )
+        labels = np.array([names[text] for text in texts], dtype=object)
+        batch.sources = labels
+
+    def _name(self, name: str) -> str:
+        with self._lock:
+            if name in self._named or len(self._named) < self._cap:
+                self._named.add(name)
+                return name
+        if not self._warned and name not in (OTHER, UNKNOWN):
+            self._warned = True
+            log.warning(
+                "rlotel: %d data sources named; %r and any later ones are labelled %r",
+                self._cap,
+                name,
+                OTHER,
+            )
+        return OTHER
+
+
+def _text(value: Any) -> str:
+    """A sample's source name; UNKNOWN where it has none."""
+    return value if isinstance(value, str) and value else UNKNOWN
+
+
+def reward_components(extra: Mapping[str, Any] | None, drops: Drops) -> dict[str, Any]:
+    """record_samples' `reward_extra_info` (component → one number a sample) as the batch's
+    `reward.<component>` columns, at most MAX_REWARD_COMPONENTS (the rest dropped, counted)."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        drops.add("samples", "bad_reward_extra_info", f"not a mapping: {type(extra).__name__}")
+        return {}
+    named = [(name, values) for name, values in extra.items() if isinstance(name, str) and name]
+    if len(named) != len(extra):
+        drops.add("samples", "bad_reward_extra_info", "a component without a name")
+    if len(named) > MAX_REWARD_COMPONENTS:
+        left = [name for name, _ in named[MAX_REWARD_COMPONENTS:]]
+        drops.add("samples", "reward_component_cap", f"components {left} not kept")
+    return {REWARD_PREFIX + name: values for name, values in named[:MAX_REWARD_COMPONENTS]}
+
+
+def _groups(batch: SampleBatch) -> Iterable[tuple[str, np.ndarray]]:
+    """(label, that label's sample indices) of a labelled batch."""
+    names, inverse = np.unique(batch.sources.astype(str), return_inverse=True)
+    for index, name in enumerate(names.tolist()):
+        yield name, np.flatnonzero(inverse == index)
+
+
+def _at(batch: SampleBatch, field: str, rows: np.ndarray) -> np.ndarray | None:
+    """The valid values of `field` at `rows` (None without the column)."""
+    column = batch.columns.get(field)
+    if column is None or column.size != batch.sources.size:
+        return None
+    values = column[rows]
+    return values[~np.isnan(values)]
+
+
+Write = tuple[str, cat.MetricSpec, Any, tuple[str, ...]]  # store method, family, value, labels
+
+
+def series(batch: SampleBatch) -> Iterator[Write]:
+    """The writes of a trained, labelled batch's series by data source (else none)."""
+    if batch.sources is None or batch.discarded is not None:
+        return
+    components = [field for field in batch.columns if field.startswith(REWARD_PREFIX)]
+    for source, rows in _groups(batch):
+        yield "inc", cat.SOURCE_SAMPLES, float(rows.size), (source,)
+        for field in (REWARD, *components):
+            values = _at(batch, field, rows)
+            if values is None:
+                continue
+            parts = (float(values[values > 0].sum()), float(-values[values < 0].sum()))
+            if field == REWARD:
+                yield "inc", cat.SOURCE_REWARDED, float(values.size), (source,)
+                for sign, part in zip(SIGNS, parts, strict=True):
+                    yield "inc", cat.SOURCE_REWARD, part, (source, sign)
+                continue
+            component = field[len(REWARD_PREFIX) :]
+            count = cat.SOURCE_REWARD_COMPONENT_SAMPLES
+            yield "inc", count, float(values.size), (component, source)
+            for sign, part in zip(SIGNS, parts, strict=True):
+                yield "inc", cat.SOURCE_REWARD_COMPONENT, part, (component, source, sign)
+        for field, spec, label in (
+            *((f, cat.SOURCE_STAGE_DURATION, f) for f in DURATION_FIELDS),
+            *((f, cat.SOURCE_LENGTH, kind) for f, kind in LENGTH_KINDS.items()),
+        ):
+            values = _at(batch, field, rows)
+            if values is not None:
+                yield "observe", spec, values, (source, label)
+
+
+class SourceFigures(NamedTuple):
+    """One data source's trained samples in one step."""
+
+    samples: int
+    rewarded: int  # of them with a reward
+    reward_sum: float
+    response_tokens: float  # summed over the samples with a response length
+    generate_p90_s: float | None  # of generate_sequences seconds (numpy's linear p90)
+
+
+def step_figures(batches: Iterable[SampleBatch]) -> dict[str, SourceFigures]:
+    """The step's trained samples by data source (labelled batches only)."""
+    labelled = [b for b in batches if b.sources is not None and b.discarded is None]
+    if not labelled:
+        return {}
+    labels = np.concatenate([b.sources.astype(str) for b in labelled])
+
+    reward, response, generate = (
+        _joined(labelled, field) for field in (REWARD, voc.RESPONSE_LENGTH, voc.GENERATE_SEQUENCES)
+    )
+    figures = {}
+    for name in sorted(set(labels.tolist())):
+        rows = labels == name
+        rewards, lengths, seconds = (c[rows] for c in (reward, response, generate))
+        rewards, seconds = rewards[~np.isnan(rewards)], seconds[~np.isnan(seconds)]
+        figures[name] = SourceFigures(
+            int(rows.sum()),
+            int(rewards.size),
+            float(rewards.sum()),
+            float(np.nansum(lengths)),
+            float(np.percentile(seconds, 90)) if seconds.size else None,
+        )
+    return figures
+
+
+def _joined(batches: list[SampleBatch], field: str) -> np.ndarray:
+    """One field of several labelled batches end to end (NaN where a batch lacks it)."""
+    parts = []
+    for batch in batches:
+        column = batch.columns.get(field)
+        size = batch.sources.size
+        parts.append(
+            column if column is not None and column.size == size else np.full(size, np.nan)
+        )
+    return np.concatenate(parts)
+
+
+def attributes(figures: Mapping[str, SourceFigures]) -> dict[str, Any]:
+    """The step span's arrays, one entry per source (p90 only where every source has one)."""
+    if not figures:
+        return {}
+    values = list(figures.values())
+    result: dict[str, Any] = {
+        attr.DATA_SOURCES: list(figures),
+        attr.DATA_SOURCE_SAMPLES: [f.samples for f in values],
+        attr.DATA_SOURCE_REWARDED: [f.rewarded for f in values],
+        attr.DATA_SOURCE_REWARD_SUM: [f.reward_sum for f in values],
+        attr.DATA_SOURCE_RESPONSE_SUM: [f.response_tokens for f in values],
+    }
+    if all(f.generate_p90_s is not None for f in values):
+        result[attr.DATA_SOURCE_GENERATE_P90] = [f.generate_p90_s for f in values]
+    return result
