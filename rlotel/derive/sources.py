@@ -49,15 +49,10 @@ class SourceLabels:
         if data_source is None or batch.discarded is not None:
             return
         given = np.asarray(data_source, dtype=object).ravel().tolist()
-        if len(given) != batch.size:
-            self._drops.add(
-                "samples",
-                "length_mismatch",
-                f"data_source of {len(given)} sample(s) for {batch.size}: no labels",
-            )
+        if len(given) != batch.size:  # counted once, as its spans' field (build_batch)
             return
         texts = [_text(value) for value in given]
-        names = {text: self._name(text) for text in set(texts)}
+        names = {text: self._name(text) for text in dict.fromkeys(texts)}  # in order seen
         folded = sum(1 for text in texts if names[text] == OTHER and text != OTHER)
         if folded:
             self._on_fold(folded)

@@ -321,8 +321,8 @@ def _take_rlotel_columns(args: tuple, kwargs: dict) -> tuple[Any, Any]:
 
 
 def _trajectories(stamps: Any, servers: Any) -> dict[str, Any]:
-    """Each trajectory's real times, model turns and the replica that served it, from the
-    stamps rlotel's agent-loop workers put on it."""
+    """Each trajectory's real times, model turns, the replica that served it, its reward,
+    data source and reward components, from the stamps rlotel's agent-loop workers put on it."""
     from rlotel.integrations import verl_v1
 
     if stamps is None:
@@ -333,6 +333,7 @@ def _trajectories(stamps: Any, servers: Any) -> dict[str, Any]:
         "end_time_ns": [stamp.end_ns for stamp in parsed],
         "turn_times_ns": [stamp.turn_times_ns for stamp in parsed],
         "replica": verl_v1.replicas(list(servers)) if servers is not None else None,
+        **verl_v1.scored(parsed),
     }
 
 

@@ -328,9 +328,7 @@ def sample_fields(
         fields["turn_times_ns"] = [stamp.turn_times_ns for stamp in parsed]
         fields["tool_times_ns"] = [stamp.tool_times_ns for stamp in parsed]
         fields["trajectory_context"] = [stamp.context for stamp in parsed]
-        rewards = [stamp.reward for stamp in parsed]
-        if all(reward is not None for reward in rewards):
-            fields[voc.SAMPLE_REWARD] = rewards
+    fields.update(verl_v1.scored(parsed))
     replica = verl_v1.replicas(servers)
     if replica is not None:
         fields["replica"] = replica

@@ -30,8 +30,11 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from rlotel.base import clock
 from rlotel.integrations import guard
@@ -187,8 +190,6 @@ def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) ->
     identity = [_identity(key) for key in keys]
     stamps = [Stamp.read(extra.get(STAMP_KEY)) for extra in extras]
     replica = replicas([extra.get(SERVER_KEY) for extra in extras])
-    rewards = [stamp.reward for stamp in stamps]
-    scored = {vocabulary.SAMPLE_REWARD: rewards} if all(r is not None for r in rewards) else {}
     return tel.record_samples(
         metrics,
         prompt_length=[tag.get("prompt_len") for tag in tags],
@@ -207,8 +208,25 @@ def record_batch(batch: Any, fetch: Any = None, discarded: str | None = None) ->
         generated_step=[tag.get("global_steps") for tag in tags],
         replica=replica,
         discarded=discarded,
-        **scored,
+        **scored(stamps),
     )
+
+
+def scored(stamps: list[Stamp]) -> dict[str, Any]:
+    """record_samples' `reward` (where every sample has one), `data_source` (where any has
+    one) and `reward_extra_info` (the components every sample has) from the stamps."""
+    fields: dict[str, Any] = {}
+    rewards = [stamp.reward for stamp in stamps]
+    if rewards and all(reward is not None for reward in rewards):
+        fields[vocabulary.SAMPLE_REWARD] = rewards
+    if any(stamp.data_source is not None for stamp in stamps):
+        fields["data_source"] = [stamp.data_source for stamp in stamps]
+    parts = [stamp.reward_extra for stamp in stamps]
+    if parts and all(isinstance(part, dict) for part in parts):
+        names = [name for name in parts[0] if all(name in part for part in parts)]
+        if names:
+            fields["reward_extra_info"] = {name: [part[name] for part in parts] for name in names}
+    return fields
 
 
 def replicas(servers: list[Any]) -> list[str] | None:
@@ -260,13 +278,15 @@ class Stamp(NamedTuple):
     turn_times_ns: Any = None
     reward: Any = None
     tool_times_ns: Any = None
+    data_source: Any = None  # the prompt's `data_source`, as verl's dataset gives it
+    reward_extra: Any = None  # the numeric entries of verl's `reward_extra_info`
 
     def wire(self) -> list[Any]:
         return list(self)
 
     @classmethod
     def read(cls, value: Any) -> Stamp:
-        """The stamp in `value` (a stamp's list; 3 to 7 fields, older workers wrote fewer)."""
+        """The stamp in `value` (a stamp's list; 3 to 9 fields, older workers wrote fewer)."""
         if not isinstance(value, (list, tuple)) or not 3 <= len(value) <= len(cls._fields):
             return cls()
         return cls(*value)
@@ -360,6 +380,8 @@ async def compute_score(self, *args, **kwargs):
         if trajectory is not None:
             V1_SCORE.fired()
             outputs = args[0] if args else kwargs["outputs"]
+            row = args[1] if len(args) > 1 else kwargs.get("kwargs")
+            source = row.get("data_source") if isinstance(row, Mapping) else None
             end = clock.unix_ns()
             for output in outputs:
                 stamp = Stamp(
@@ -370,6 +392,8 @@ async def compute_score(self, *args, **kwargs):
                     [list(turn) for turn in trajectory.turns] or None,
                     output.reward_score,
                     [list(call) for call in trajectory.tools] or None,
+                    source if isinstance(source, str) else None,
+                    _numbers(output.extra_fields.get("reward_extra_info")),
                 )
                 output.extra_fields[STAMP_KEY] = stamp.wire()
                 servers = trajectory.servers
@@ -377,6 +401,19 @@ async def compute_score(self, *args, **kwargs):
                 if "extra_fields" not in output.model_fields_set:
                     output.extra_fields = output.extra_fields  # so as_dict() keeps it
     return result
+
+
+def _numbers(info: Any) -> dict[str, float] | None:
+    """The numeric entries of a `reward_extra_info` dict (a reward's components; its other
+    entries, text or lists, are no component)."""
+    if not isinstance(info, Mapping):
+        return None
+    numbers = {
+        name: float(value)
+        for name, value in info.items()
+        if isinstance(name, str) and isinstance(value, (int, float, np.integer, np.floating))
+    }
+    return numbers or None
 
 
 def traced_server_generate(original: Any) -> Any:

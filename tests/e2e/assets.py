@@ -1,7 +1,9 @@
 """The e2e run's inputs, built locally in ~5 s (run with the engine venv's Python):
 a byte-level BPE tokenizer trained on synthetic "Tom has N apples" text, a 2.5 M-parameter
 Qwen2 with random weights whose vocabulary equals the tokenizer's (else vLLM and the actor
-score different supports), and gsm8k-shaped parquet files.
+score different supports), and gsm8k-shaped parquet files whose rows come from two data
+sources (`SOURCES`): the second's questions have larger numbers, so its ground truths are
+over 100 and a row's source can be read back from verl's rollout dump (`source_of`).
 
     python -m tests.e2e.assets DIR   →   DIR/model, DIR/train.parquet, DIR/test.parquet
 """
@@ -19,9 +21,18 @@ CHAT_TEMPLATE = (
 )
 
 
-def question(rng: random.Random) -> tuple[str, int]:
-    a, b = rng.randint(1, 50), rng.randint(1, 50)
+SOURCES = ("openai/gsm8k", "rlotel/large-numbers")  # the dataset's data_source, by row parity
+LARGE = 100  # the first source's answers are at most this, the second's above it
+
+
+def question(rng: random.Random, low: int = 1, high: int = 50) -> tuple[str, int]:
+    a, b = rng.randint(low, high), rng.randint(low, high)
     return f"Tom has {a} apples and buys {b} more. How many apples does Tom have?", a + b
+
+
+def source_of(ground_truth: str) -> str:
+    """The data source of a row, from its ground truth (as verl's rollout dump gives it)."""
+    return SOURCES[int(ground_truth) > LARGE]
 
 
 def build_tokenizer(rng: random.Random):
@@ -82,10 +93,11 @@ def build(out: Path) -> None:
     for split, rows in (("train", 64), ("test", 8)):
         records = []
         for index in range(rows):
-            text, answer = question(rng)
+            source = SOURCES[index % 2]
+            text, answer = question(rng) if index % 2 == 0 else question(rng, 51, 99)
             records.append(
                 {
-                    "data_source": "openai/gsm8k",
+                    "data_source": source,
                     "prompt": [{"role": "user", "content": f"{text} {INSTRUCTION}"}],
                     "ability": "math",
                     "reward_model": {"style": "rule", "ground_truth": str(answer)},

@@ -307,19 +307,22 @@ PROMETHEUS_CONFIG = ROOT / "collector" / "prometheus.yml"
 SHIPPED_JOBS = ("rlotel", "rlotel-workers", "transfer-queue", "rollout-engines", "node-exporter")
 NODE_EXPORTER_PORT = 9100  # the shipped job's: free inside the run's own network namespace
 VERL_PROMETHEUS = "verl-prometheus.yml"  # where verl's rollout.prometheus writer writes
+ROLLOUTS = "rollouts"  # trainer.rollout_data_dir: verl's dump, {step}.jsonl
 
 
 def scraped_overrides(work: Path) -> list[str]:
     """What `--prometheus` turns on besides rlotel: verl's own `rollout.prometheus` writer
     (it writes the engines' addresses, with the plugin on labelled with their replica and the
     run, to a config file for Ray's Prometheus and asks that one to reload; here there is
-    none to reload) and TransferQueue's own metrics (V1: rlotel registers their endpoint)."""
+    none to reload), TransferQueue's own metrics (V1: rlotel registers their endpoint) and
+    verl's dump of every trained sample with its score, a JSON-lines file a step."""
     rollout = "actor_rollout_ref.rollout"
     return [
         f"{rollout}.disable_log_stats=False",  # verl requires the engines' stats for it
         f"{rollout}.prometheus.enable=True",
         f"{rollout}.prometheus.file={work / VERL_PROMETHEUS}",
         "transfer_queue.metrics.enabled=True",
+        f"trainer.rollout_data_dir={work / ROLLOUTS}",  # verl's own record of each sample
     ]
 
 

@@ -26,7 +26,8 @@ from rlotel.schema import vocabulary as voc
 from rlotel.schema.data_moves import DIRECTIONS, MOVING, STAGES
 from tests.e2e import ahead
 from tests.e2e.ahead import figure
-from tests.e2e.main_ppo import EXPERIMENT, TIMEOUT_S, TQ_CAPACITY, isolated
+from tests.e2e.assets import SOURCES, source_of
+from tests.e2e.main_ppo import EXPERIMENT, ROLLOUTS, TIMEOUT_S, TQ_CAPACITY, isolated
 from tests.helpers import file_spans, parse_exposition, span_rows
 
 pytestmark = pytest.mark.slow
@@ -80,9 +81,14 @@ PROFILE = (  # verl's torch profiler on the actor for step 2, written under its 
     f"actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end={TOKEN_WINDOW[1]}",
 )
 
+# the toy reward as a dict: verl's reward_extra_info carries its components (score, acc)
+SCORED_WITH_ACC = "reward.custom_reward_function.name=compute_score_with_acc"
+COMPONENTS = ("score", "acc")
 
-# scraped as shipped, verl's RL-Insight logger and its own stack beside rlotel
-declare_main_ppo("plugin_on", "--prometheus", "--rl-insight", *PROFILE)
+
+# scraped as shipped, verl's RL-Insight logger and its own stack beside rlotel, and the
+# rewards as a dict (its components by data source)
+declare_main_ppo("plugin_on", "--prometheus", "--rl-insight", SCORED_WITH_ACC, *PROFILE)
 declare_main_ppo("plugin_off", "--off", *PROFILE)
 declare_main_ppo("every_hook_failing", "--faults", "all", *PROFILE)
 
@@ -814,6 +820,79 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
     assert found["alerts firing"][2] == []  # on-call keeps them on: a healthy run fires none
     run = json.loads((plugin_on / "run.json").read_text())
     figure(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
+
+
+def _values(attribute: dict) -> list:
+    """An OTLP/JSON array attribute's values (`intValue`s are strings there)."""
+    return [
+        int(value) if kind == "intValue" else value
+        for kind, value in (next(iter(v.items())) for v in attribute["arrayValue"]["values"])
+    ]
+
+
+def test_samples_by_data_source_are_verls_rows_by_source(plugin_on: Path, tmp_path: Path) -> None:
+    """The dataset's two sources (`tests/e2e/assets.py`). Per step, each source's trained
+    samples and reward sum on the step span are those of verl's own dump of that step
+    (`trainer.rollout_data_dir`: every trained row with verl's score, its source read back
+    from its ground truth); sample spans say their source and the reward's components; the
+    trainer's series by source agree with the dumps at its last scrape; the run's own
+    Prometheus has them by source."""
+    dumped: dict[int, dict[str, list[float]]] = {}  # step → source → verl's scores
+    for path in sorted((plugin_on / ROLLOUTS).glob("*.jsonl")):
+        for row in map(json.loads, path.read_text().splitlines()):
+            by_source = dumped.setdefault(int(row["step"]), {})
+            by_source.setdefault(source_of(row["gts"]), []).append(row["score"])
+    assert sorted(dumped) == list(range(1, STEPS + 1))
+    assert {source for rows in dumped.values() for source in rows} == set(SOURCES)
+    trainer = spans_by_role(plugin_on)["trainer"]
+    steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
+    for number, rows in dumped.items():
+        attrs = steps[number]["attrs"]
+        names = _values(attrs["rl.data_source.names"])
+        counts = dict(zip(names, _values(attrs["rl.data_source.samples"]), strict=True))
+        sums = dict(zip(names, _values(attrs["rl.data_source.reward.sum"]), strict=True))
+        assert counts == {source: len(scores) for source, scores in rows.items()}, number
+        for source, scores in rows.items():  # verl's scores are float32 sums of rm_scores
+            assert math.isclose(sums[source], math.fsum(scores), rel_tol=1e-6), (number, sums)
+        samples = [
+            s for s in trainer if s["name"] == "sample" and s["trace"] == steps[number]["trace"]
+        ]
+        for sample in samples:
+            sample_attrs = sample["attrs"]
+            assert sample_attrs["rl.sample.data_source"] in rows
+            (score,) = [e for n, e in sample["events"] if n == "gen_ai.evaluation.result"]
+            value = score["gen_ai.evaluation.score.value"]
+            assert sample_attrs["rl.sample.reward.score"] == value  # verl's dict: score, acc
+            assert sample_attrs["rl.sample.reward.acc"] in (0.0, 1.0)
+    number, last = last_scrape(plugin_on)
+    run = ("run", EXPERIMENT)
+
+    def scraped(name: str, **labels: str) -> float:
+        return last.get((name, frozenset({run, *labels.items()})), 0.0)
+
+    for source in SOURCES:  # samples of steps up to the scrape's, maybe some of the next's
+        before = [s for n, rows in dumped.items() if n <= number for s in rows.get(source, [])]
+        upto = [s for n, rows in dumped.items() if n <= number + 1 for s in rows.get(source, [])]
+        samples = scraped("rlotel_source_samples_total", data_source=source)
+        assert len(before) <= samples <= len(upto), (source, number, samples)
+        reward = scraped("rlotel_source_reward_total", data_source=source, sign="positive")
+        assert math.fsum(before) - 1e-3 <= reward <= math.fsum(upto) + 1e-3, (source, reward)
+        for component in COMPONENTS:
+            name = "rlotel_source_reward_component_samples_total"
+            assert scraped(name, component=component, data_source=source) == samples
+    with run_tsdb(plugin_on, tmp_path) as over_the_run:
+        stored = over_the_run(
+            f'sum by (data_source) (rlotel_source_samples_total{{run="{EXPERIMENT}"}})'
+        )
+    assert {series["metric"]["data_source"] for series in stored} == set(SOURCES)
+    figure(
+        "samples and reward sums by data source, per step, as verl dumped them: "
+        + "; ".join(
+            f"step {n}: "
+            + ", ".join(f"{s} {len(v)} / {math.fsum(v):.3f}" for s, v in sorted(rows.items()))
+            for n, rows in sorted(dumped.items())
+        )
+    )
 
 
 def test_transfer_queue_scraped_as_shipped(plugin_on: Path, tmp_path: Path) -> None:

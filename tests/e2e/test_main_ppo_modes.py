@@ -21,6 +21,7 @@ from rlotel.schema import vocabulary as voc
 from tests.e2e.ahead import figure
 from tests.e2e.main_ppo import EXPERIMENT, STAND_INS, overrides
 from tests.e2e.test_main_ppo import (
+    SCORED_WITH_ACC,
     STEPS,
     declare_main_ppo,
     links_of,
@@ -62,7 +63,7 @@ STALE_DROP = (f"{SAMPLER}.max_off_policy_threshold=1", f"{SAMPLER}.max_off_polic
 DAPO_FILTER = (
     "algorithm.filter_groups.enable=True",
     "algorithm.filter_groups.metric=acc",
-    "reward.custom_reward_function.name=compute_score_with_acc",
+    SCORED_WITH_ACC,
 )
 MODES = {
     # V0 also meets a collector that refuses every connection, in every process, asked for
