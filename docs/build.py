@@ -128,7 +128,8 @@ NAME_MAP: tuple[tuple[str, str, str, str], ...] = (
     (
         "`rl.sample.*`",
         f"`{attr.SAMPLE_INDEX}`, `{attr.SAMPLE_UID}`, `{attr.SAMPLE_TURNS}`, "
-        f"`{attr.SAMPLE_STALENESS}`, `{attr.SAMPLE_PREFIX}weight_version.*`",
+        f"`{attr.SAMPLE_STALENESS}`, `{attr.SAMPLE_PREFIX}weight_version.*`, "
+        f"`{attr.SAMPLE_DATA_SOURCE}`",
         SAME,
         "the namespace: one generated sample (rlotel: its span's attributes); the "
         "proposal's summary names no member",
@@ -145,6 +146,14 @@ NAME_MAP: tuple[tuple[str, str, str, str], ...] = (
         f"`{attr.EVALUATION_SCORE}`; the `{voc.REWARD}` phase",
         DIFFERENT,
         "rlotel uses OTel GenAI's evaluation event for a sample's reward",
+    ),
+    (
+        "`rl.reward.*` (components, by data source)",
+        f"`{attr.SAMPLE_PREFIX}reward.<component>` per sample; `{cat.SOURCE_REWARD.name}`, "
+        f"`{cat.SOURCE_REWARD_COMPONENT.name}`; the step span's `rl.data_source.*`",
+        DIFFERENT,
+        "verl's reward_extra_info components and the reward summed by data source, as counters "
+        "of sums and counts (means weigh each step by its volume)",
     ),
     (
         "`rl.sync.*`",
