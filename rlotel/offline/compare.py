@@ -18,6 +18,11 @@ interval costs O(resamples) whatever the runs' length, and each window's own see
 seed and its name) makes the output reproducible and independent of the other windows.
 A change is significant when its interval excludes 0, unless the window is negligible
 (under `NEGLIGIBLE_SHARE` of the step in both runs).
+
+Where both runs' step spans carry figures by data source, each source (in either run) gets
+its samples, mean reward and mean response length over the kept steps on each side, means
+weighing every step by its samples (`rlotel.offline.sources`), and the change: relative for
+samples and response length, new − base for the reward (a mean reward may be 0 or negative).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from rlotel.derive.diagnose import diagnose, windows
+from rlotel.offline import sources
 from rlotel.offline.analyze import Run, StepRecord, load_run, without_gc
 from rlotel.offline.otlp_json import SpanRecord
 from rlotel.schema import attributes as attr
@@ -129,6 +135,60 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class SourceChange:
+    """One data source over the kept steps of each run (None: the run never had it)."""
+
+    name: str
+    base: sources.SourceTotals | None
+    new: sources.SourceTotals | None
+
+    @property
+    def only_in(self) -> str | None:
+        """ "base" or "new" for a source one run lacks; None when both have it."""
+        if self.base is None:
+            return "new"
+        return "base" if self.new is None else None
+
+    def changes(self) -> dict[str, float | None]:
+        """samples and response_mean: new/base − 1; reward_mean: new − base; None where a
+        side lacks the figure (or the base is 0, for a ratio)."""
+        if self.base is None or self.new is None:
+            return dict.fromkeys(SOURCE_FIGURES)
+        result: dict[str, float | None] = {}
+        for figure in SOURCE_FIGURES:
+            base, new = _source_figure(self.base, figure), _source_figure(self.new, figure)
+            if base is None or new is None:
+                result[figure] = None
+            elif figure == "reward_mean":
+                result[figure] = new - base
+            else:
+                result[figure] = new / base - 1 if base else None
+        return result
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "base": _source_json(self.base),
+            "new": _source_json(self.new),
+            "change": self.changes(),
+            "only_in": self.only_in,
+        }
+
+
+SOURCE_FIGURES = ("samples", "reward_mean", "response_mean")
+
+
+def _source_figure(totals: sources.SourceTotals, figure: str) -> float | None:
+    value = getattr(totals, figure)
+    return None if value is None else float(value)
+
+
+def _source_json(totals: sources.SourceTotals | None) -> dict[str, Any] | None:
+    if totals is None:
+        return None
+    return {"steps": totals.steps, **{f: getattr(totals, f) for f in SOURCE_FIGURES}}
+
+
+@dataclass(frozen=True)
 class Comparison:
     base: Side
     new: Side
@@ -138,6 +198,8 @@ class Comparison:
     seed: int
     headline: str | None = None  # the window the verdict names first
     gates: list[tuple[Gate, bool]] = field(default_factory=list)  # (gate, failed)
+    # by data source, where both runs' step spans carry the figures; else empty
+    sources: list[SourceChange] = field(default_factory=list)
 
     @property
     def moved(self) -> bool:
@@ -183,6 +245,7 @@ class Comparison:
                 {"expression": g.expression, "window": g.window, "failed": failed}
                 for g, failed in self.gates
             ],
+            "sources": {change.name: change.as_json() for change in self.sources},
         }
 
 
@@ -373,7 +436,18 @@ def _compare_runs(base: Run, new: Run, skip: int | None, resamples: int, seed: i
     sides = [_side(run, steps) for run, steps in zip((base, new), kept, strict=True)]
     headline = _headline(results, phases)
     verdict = _verdict(results, headline, *sides)
-    return Comparison(*sides, results, verdict, resamples, seed, headline)
+    by_source = source_changes(*kept)
+    return Comparison(*sides, results, verdict, resamples, seed, headline, sources=by_source)
+
+
+def source_changes(base: Sequence[StepRecord], new: Sequence[StepRecord]) -> list[SourceChange]:
+    """Each data source of either side's steps, base's order first; [] unless both sides
+    have figures by data source."""
+    totals = [sources.by_source(steps) for steps in (base, new)]
+    if not all(totals):
+        return []
+    names = list(dict.fromkeys([*totals[0], *totals[1]]))
+    return [SourceChange(name, totals[0].get(name), totals[1].get(name)) for name in names]
 
 
 def _side(run: Run, kept: Sequence[StepRecord]) -> Side:
@@ -505,6 +579,85 @@ def significance(window: WindowChange, failed: Iterable[str]) -> str:
     return f"<{NEGLIGIBLE_SHARE:.0%}" if window.excludes_zero else ""
 
 
+SOURCE_COLUMNS = (
+    "data source",
+    "samples base",
+    "samples new",
+    "change",
+    "mean reward base",
+    "mean reward new",
+    "change",
+    "mean response tokens base",
+    "mean response tokens new",
+    "change",
+)
+
+
+def _reward_text(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
+def source_rows(comparison: Comparison) -> list[list[str]]:
+    """The by-source table as text cells (`SOURCE_COLUMNS`), a row per source; a source one
+    run lacks says so in its change cells."""
+    rows = []
+    for change in comparison.sources:
+        sides = (change.base, change.new)
+        samples = [str(t.samples) if t is not None else "–" for t in sides]
+        rewards = [_reward_text(t.reward_mean if t is not None else None) for t in sides]
+        lengths = [
+            "–" if t is None or t.response_mean is None else f"{t.response_mean:.1f}" for t in sides
+        ]
+        if change.only_in is not None:
+            moved = [f"only in {change.only_in}"] * 3
+        else:
+            delta = change.changes()
+            moved = [
+                "n/a" if delta["samples"] is None else format_percent(delta["samples"]),
+                "n/a" if delta["reward_mean"] is None else f"{delta['reward_mean']:+.4g}",
+                "n/a" if delta["response_mean"] is None else format_percent(delta["response_mean"]),
+            ]
+        rows.append([change.name, *samples, moved[0], *rewards, moved[1], *lengths, moved[2]])
+    return rows
+
+
+def format_sources(comparison: Comparison) -> str:
+    """The by-source table as aligned plain text ("" without figures by data source)."""
+    if not comparison.sources:
+        return ""
+    table = [list(SOURCE_COLUMNS), *source_rows(comparison)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(SOURCE_COLUMNS))]
+    lines = [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    ]
+    kept = " / ".join(str(s.kept) for s in (comparison.base, comparison.new))
+    title = f"By data source, over {kept} kept steps (means weigh each step by its samples)"
+    return "\n".join([title, *lines])
+
+
+def _sources_html(comparison: Comparison) -> str:
+    """The by-source section ("" without figures by data source in both runs)."""
+    if not comparison.sources:
+        return ""
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in SOURCE_COLUMNS)
+    body = "".join(
+        f'<tr data-source="{html.escape(row[0])}"><td>{html.escape(row[0])}</td>'
+        + "".join(f'<td class="num">{html.escape(cell)}</td>' for cell in row[1:])
+        + "</tr>"
+        for row in source_rows(comparison)
+    )
+    return f"""<section><h2>By data source</h2>
+<table id="sources"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+<p class="note">Over the kept steps of each run, from the sums and counts on the step spans:
+a mean weighs every step by its samples (mean reward = Σ rewards ÷ Σ rewarded samples, mean
+response tokens = Σ tokens ÷ Σ samples). Changes: relative for samples and response tokens,
+new − base for the mean reward.</p></section>"""
+
+
 def _interval_svg(window: WindowChange, scale: float) -> str:
     """The change and its interval on an axis shared by every row (0 in the middle)."""
     if window.change is None:
@@ -595,6 +748,7 @@ relative change ({comparison.resamples} resamples, seed {comparison.seed})</div>
 {NEGLIGIBLE_SHARE:.0%} of the step in one of the runs (<{NEGLIGIBLE_SHARE:.0%}: the interval
 excludes 0, but the window is smaller). Rows share one axis, 0 in the middle,
 ±{format_percent(scale).lstrip("+")} at the edges.</p></section>
+{_sources_html(comparison)}
 </main>
 <script type="application/json" id="rlotel-compare">{blob}</script>
 <script>

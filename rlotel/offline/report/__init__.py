@@ -36,7 +36,7 @@ import numpy as np
 
 from rlotel.derive import occupancy
 from rlotel.derive.diagnose import FACTS, THRESHOLDS, Diagnoser, Verdict, windows
-from rlotel.offline import otlp_json
+from rlotel.offline import otlp_json, sources
 from rlotel.offline.analyze import (
     Run,
     StepRecord,
@@ -183,6 +183,7 @@ def report_data(run: Run, out_dir: Path, title: str) -> dict[str, Any]:
             if (series := _optional(buckets, steps, key)) is not None
         },
         "async_summary": _async_summary(steps, metric_keys),
+        "data_sources": _data_sources(steps),
         "captures": captures,
         "trees": {
             str(steps[i].number): trees.waterfall(steps[i], verdicts[i], samples, captures)
@@ -215,6 +216,29 @@ def _async_summary(steps: Sequence[StepRecord], metric_keys: list[str]) -> list[
                 }
             )
     return rows
+
+
+def _data_sources(steps: Sequence[StepRecord]) -> list[dict[str, Any]]:
+    """A row per data source over the run's steps, from the step spans' sums and counts:
+    means weigh each step by its samples (`rlotel.offline.sources`); [] when no step span
+    has the figures."""
+    totals = sources.by_source(steps)
+    everything = sources.total_samples(totals)
+    return [
+        {
+            "name": t.name,
+            "steps": t.steps,
+            "samples": t.samples,
+            "share": t.samples / everything if everything else None,
+            "rewarded": t.rewarded,
+            "reward_mean": t.reward_mean,
+            "response_mean": t.response_mean,
+            "generate_p90_s": t.generate_p90_s,
+            "last_step": t.last_step,
+            "last_reward_mean": t.last_reward_mean,
+        }
+        for t in totals.values()
+    ]
 
 
 def _buckets(count: int, limit: int) -> list[tuple[int, int]]:

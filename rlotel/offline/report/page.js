@@ -141,6 +141,22 @@
     ["step", "total s", "generate s", "tool calls s", "score s", "preempted", "prompt tokens", "response tokens", "process", "span id"],
     data.slowest_samples.map((s) => [s.step, s.total_s, s.generate_sequences_s, s.tool_calls_s, s.compute_score_s, unknown(s.num_preempted), s.prompt_length, s.response_length, escape(s.process), `<code>${escape(s.span_id)}</code>`]));
 
+  // --- by data source (only when the step spans carry the figures) --------------------
+  if (data.data_sources.length) {
+    el("data-sources").hidden = false;
+    const num = (x, text) => (x === null || x === undefined ? unknown(x) : `<td class="num">${text}</td>`);
+    const signed = (x) => (x >= 0 ? "+" : "") + fmt(x);
+    table("source-table",
+      ["data source", "steps", "samples", "share of samples", "mean reward", "mean response tokens", "generate p90 s (median over steps)", "last step", "its mean reward", "last − run"],
+      data.data_sources.map((r) => {
+        const both = r.last_reward_mean !== null && r.reward_mean !== null;
+        return [escape(r.name), r.steps, r.samples, num(r.share, `${(r.share * 100).toFixed(1)}%`),
+          num(r.reward_mean, fmt(r.reward_mean)), num(r.response_mean, fmt(r.response_mean)),
+          num(r.generate_p90_s, fmt(r.generate_p90_s)), r.last_step, num(r.last_reward_mean, fmt(r.last_reward_mean)),
+          num(both ? r.last_reward_mean - r.reward_mean : null, both ? signed(r.last_reward_mean - r.reward_mean) : "")];
+      }));
+  }
+
   // --- verdicts --------------------------------------------------------------------------
   const v = data.verdicts;
   const colors = { high: "#c0392b", medium: "#e67e22", low: "#95a5a6" };
