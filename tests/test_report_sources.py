@@ -193,6 +193,12 @@ def test_compare_by_data_source_with_a_source_in_one_run(tmp_path, capsys) -> No
     cells = re.findall(r'<tr data-source="code">(.*?)</tr>', html)[0]
     assert re.findall(r">([^<]*)</td>", cells)[:4] == ["code", "8", "–", "only in base"]
     assert html.count("<tr data-source=") == 2
+    assert cli.main(["compare", str(base), str(new), "--skip", "0"]) == 0  # the console's
+    shown = capsys.readouterr().out
+    rows = [line.split("│") for line in shown.splitlines() if line.count("│") == 6]
+    cells = [[cell.strip() for cell in row[1:-1]] for row in rows]
+    assert ["", "mean reward", "0.6136", "0.4773", "-0.1364"] in cells, shown  # math's
+    assert ["code", "samples", "8", "–", "only in base"] in cells, shown
 
 
 def test_compare_without_figures_on_one_side_has_no_by_source_table(tmp_path) -> None:

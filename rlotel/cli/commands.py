@@ -407,6 +407,8 @@ def _compare(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result.as_json(), indent=1, allow_nan=False) + "\n")
     else:
         console.print(_compare_table(result))
+        if result.sources:
+            console.print(_sources_table(result))
         console.print(result.verdict, markup=False, soft_wrap=True)
     if args.html:
         try:
@@ -465,6 +467,21 @@ def _hangs(args: argparse.Namespace) -> int:
     for line in render(found):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 1
+
+
+def _sources_table(result) -> Table:
+    """By data source: samples, mean reward and response tokens in base and new."""
+    from rlotel.offline import compare
+
+    kept = " / ".join(str(side.kept) for side in (result.base, result.new))
+    table = Table(title=f"By data source, over {kept} kept steps (means weigh steps by samples)")
+    for column in ("data source", "figure", "base", "new", "change"):
+        table.add_column(column, justify="right" if column in ("base", "new", "change") else "left")
+    for source, *cells in compare.source_rows(result):  # (base, new, change) per figure
+        figures = ("samples", "mean reward", "mean response tokens")
+        for index, figure in enumerate(figures):
+            table.add_row(source if index == 0 else "", figure, *cells[3 * index : 3 * index + 3])
+    return table
 
 
 def _compare_table(result) -> Table:
