@@ -61,7 +61,23 @@ from rlotel.schema import engine_metrics as eng  # noqa: E402
 from rlotel.schema import host_metrics as host  # noqa: E402
 from rlotel.schema import transfer_queue_metrics as tq  # noqa: E402
 
-Metric = cat.MetricSpec | eng.EngineMetric | host.ExporterMetric | tq.QueueMetric
+
+@dataclass(frozen=True)
+class Recorded:
+    """A series a recording rule in `collector/rules/` records, per run (no job, instance):
+    the dashboard check finds its name among the rules' (`promql_names.recorded_names`)."""
+
+    name: str
+    unit: str = ""
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        return (self.name,)
+
+
+Metric = cat.MetricSpec | eng.EngineMetric | host.ExporterMetric | tq.QueueMetric | Recorded
+# Mean reward of each source's trained samples over 5 minutes (sums over counts).
+SOURCE_REWARD_MEAN = Recorded("rlotel:source_reward:mean5m")
 
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TEMPO = DataSourceRef(type_val="tempo", uid="tempo")
@@ -74,6 +90,8 @@ ENGINE_SELECTOR = 'run=~"$run", replica=~"$replica"'
 RANK_SELECTOR = 'run=~"$run", rank!=""'
 # A node's exporters (jobs `node-exporter`, `dcgm-exporter`) carry the workers' `node` label.
 NODE_SELECTOR = 'node=~"$node"'
+# Recording rules aggregate per run (and their own labels): only `run` selects them.
+RECORDED_SELECTOR = 'run=~"$run"'
 # TransferQueue's controller is scraped by job `transfer-queue`; its discovery file gives `run`.
 QUEUE_SELECTOR = 'run=~"$run", job="transfer-queue"'
 # role and rank of every worker of the run on each node, from its own series (its target
@@ -212,6 +230,8 @@ PREFIX = Variable(
 
 
 def selector_of(metric: Metric) -> str:
+    if isinstance(metric, Recorded):
+        return RECORDED_SELECTOR
     if isinstance(metric, host.ExporterMetric):
         return NODE_SELECTOR
     if isinstance(metric, tq.QueueMetric):
@@ -266,6 +286,32 @@ def quantile(
         (metric,),
         exemplar=exemplar,
     )
+
+
+def per_second(metric: Metric, legend: str, by: str, match: str = "") -> Target:
+    """`sum by (by) (rate(...))` of a counter: its events per second."""
+    return Target(
+        f"sum by ({by}) (rate({select(metric, match)}[$__rate_interval]))", legend, (metric,)
+    )
+
+
+def signed_mean(
+    total: cat.MetricSpec, count: cat.MetricSpec, legend: str, by: str, window: str = "5m"
+) -> Target:
+    """A mean over `window` from a sum kept by sign (`total`: |values| by sign) and its
+    count: (positive - negative) / count, per `by`; none where the window has no sample."""
+    signs = [select(total, f'sign="{sign}"') for sign in ("positive", "negative")]
+    parts = [f"sum by ({by}) (increase({series}[{window}]))" for series in signs]
+    samples = f"sum by ({by}) (increase({select(count)}[{window}]))"
+    return Target(f"({parts[0]} - {parts[1]}) / ({samples} > 0)", legend, (total, count))
+
+
+BY_SOURCE = "{{data_source}}"
+WEIGHTED = (
+    "Weighted by volume: the sum over every trained sample of the source in the last 5 "
+    "minutes divided by their count, not a mean of per-step means, which would give a step "
+    "with 3 of the source's samples the weight of one with 300 (verl #3785)."
+)
 
 
 def on_ranks(by_node: str) -> str:
@@ -397,6 +443,75 @@ STEP_BREAKDOWN = Board(
                     "Replay-buffer evictions by reason",
                     (increase_from_zero(cat.REPLAY_EVICTED, "{{reason}}", by="reason"),),
                     empty_when=("no_replay_buffer",),
+                ),
+            ),
+        ),
+        Section(
+            "By data source",
+            (
+                Panel(
+                    "Mean reward by source (5m)",
+                    (value(SOURCE_REWARD_MEAN, BY_SOURCE),),
+                    unit="short",
+                    description="Each data_source's mean reward (recording rule "
+                    f"{SOURCE_REWARD_MEAN.name}). {WEIGHTED}",
+                ),
+                Panel(
+                    "Trained samples/s by source",
+                    (per_second(cat.SOURCE_SAMPLES, BY_SOURCE, "data_source"),),
+                    unit="cps",
+                    stacked=True,
+                    description="The mix the policy trains on: a source whose share falls "
+                    "is drawn less, or filtered or evicted more, than the others. Sources after "
+                    "the first 10 a process sees are summed as other.",
+                ),
+                Panel(
+                    "Response length p50 / p90 by source",
+                    tuple(
+                        quantile(
+                            cat.SOURCE_LENGTH,
+                            q,
+                            f"p{round(q * 100)} {BY_SOURCE}",
+                            'kind="response"',
+                            by="data_source",
+                        )
+                        for q in (0.5, 0.9)
+                    ),
+                ),
+                Panel(
+                    "generate_sequences p90 by source",
+                    (quantile(cat.SOURCE_STAGE_DURATION, 0.9, BY_SOURCE, GEN, by="data_source"),),
+                    description="Per-sample generation seconds: the source whose tail holds "
+                    "the step.",
+                ),
+                Panel(
+                    "tool_calls p90 by source",
+                    (
+                        quantile(
+                            cat.SOURCE_STAGE_DURATION,
+                            0.9,
+                            BY_SOURCE,
+                            'stage="tool_calls"',
+                            by="data_source",
+                        ),
+                    ),
+                    description="Per-sample seconds in tool calls (0 for a sample that "
+                    "called none).",
+                    empty_when=("no_tools",),
+                ),
+                Panel(
+                    "Mean reward component by source (5m)",
+                    (
+                        signed_mean(
+                            cat.SOURCE_REWARD_COMPONENT,
+                            cat.SOURCE_REWARD_COMPONENT_SAMPLES,
+                            "{{component}} {{data_source}}",
+                            "component, data_source",
+                        ),
+                    ),
+                    unit="short",
+                    description="Each numeric reward_extra_info component (acc, format, ...: "
+                    f"what the reward function returned beside the score). {WEIGHTED}",
                 ),
             ),
         ),

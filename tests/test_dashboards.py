@@ -70,6 +70,7 @@ QUEUE_ROW = "TransferQueue (its own tq_* series)"
 HOSTS_ROW = "Hosts (node_exporter), on the ranks of each node"
 GPUS_ROW = "GPUs (dcgm-exporter), by node and GPU"
 KEYS_ROW = "Every verl key (rlotel_train_metric), by prefix"
+SOURCES_ROW = "By data source"
 VERL_LOG = ROOT / "tests" / "data" / "verl-0.9.1-main_ppo.jsonl"  # a real run's metric dicts
 
 
@@ -271,6 +272,39 @@ def test_straggler_and_async_panels_use_the_new_catalogue_entries():
     assert matrix["type"] == "table"
     options = matrix["transformations"][0]["options"]
     assert (options["rowField"], options["columnField"]) == ("worker", "phase")  # role + rank
+
+
+def test_the_data_source_row_reads_every_source_family_by_source():
+    """One line per data_source in every panel; the two means are sums over counts (the
+    rewards' through the shipped recording rule), never a mean of per-step means."""
+    panels = row(SOURCES_ROW).panels
+    targets = [target for panel in panels for target in panel.targets]
+    queried = {name for target in targets for name in promql_names.selected_names(target.expr)}
+    families = (
+        cat.SOURCE_SAMPLES,
+        cat.SOURCE_LENGTH,
+        cat.SOURCE_STAGE_DURATION,
+        cat.SOURCE_REWARD_COMPONENT,
+        cat.SOURCE_REWARD_COMPONENT_SAMPLES,
+    )
+    assert queried == {build.SOURCE_REWARD_MEAN.name, *(f.sample_names[0] for f in families)}
+    assert all("{{data_source}}" in target.legend for target in targets)
+    rules = {
+        rule["record"]: rule["expr"]
+        for group in load_rules()["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    mean = rules[build.SOURCE_REWARD_MEAN.name]
+    assert set(promql_names.selected_names(mean)) == {
+        cat.SOURCE_REWARD.sample_names[0],
+        cat.SOURCE_REWARDED.sample_names[0],
+    }
+    for expression in (mean, targets[-1].expr):  # the reward's, each component's
+        assert 'sign="positive"' in expression and 'sign="negative"' in expression
+        assert "avg" not in expression and "> 0)" in expression
+    means = [p for p in panels if p.title.startswith("Mean reward")]
+    assert len(means) == 2 and all("verl #3785" in p.description for p in means)
 
 
 @pytest.mark.slow  # the demo, run once for the session (tests/conftest.py)

@@ -39,6 +39,7 @@ NOT_IN_THE_SYNC_DEMO = {
     "rlotel_queue_seconds": "the demo puts into no data queue (TransferQueue, MessageQueue)",
     "rlotel_queue_bytes": "the demo puts into no data queue (TransferQueue, MessageQueue)",
     "rlotel_queue_operations": "the demo puts into no data queue (TransferQueue, MessageQueue)",
+    "rlotel_data_sources_folded_samples": "two data sources: none past the first 10 is folded",
 }
 VERL_PHASES = {"gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
 
@@ -124,6 +125,21 @@ def test_demo_end_to_end(tmp_path):
         ("rlotel_agent_loop_duration_seconds_sum", frozenset({run, ("stage", "tool_calls")}))
     ]
     assert tools > 0  # the calculator tool really ran
+    samples = {  # two data sources, each with its reward components (acc, format)
+        (name, dict(labels)["data_source"], dict(labels).get("component")): value
+        for (name, labels), value in series.items()
+        if name.startswith("rlotel_source_") and name.endswith("samples_total")
+    }
+    sources = ("openai/gsm8k", "lighteval/MATH")
+    trained = [samples["rlotel_source_samples_total", name, None] for name in sources]
+    assert sum(trained) == 3 * 32 * 8  # every sample of 3 steps (32 prompts × 8)
+    for source in sources:
+        trained = samples["rlotel_source_samples_total", source, None]
+        rewarded = samples["rlotel_source_rewarded_samples_total", source, None]
+        assert trained > 0 and rewarded == trained
+        for component in ("acc", "format"):
+            name = "rlotel_source_reward_component_samples_total"
+            assert samples[name, source, component] == trained
 
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert len(summary["steps"]) == 3

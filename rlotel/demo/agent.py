@@ -8,6 +8,12 @@ generated (what its latency is under continuous batching), the calculator tool's
 for its call, and the time of its own reward computation. It also keeps when each sample's
 turns (its decoding between tool calls) and its calculator calls really ran, in Unix ns:
 the trajectory spans' `chat` and `execute_tool calculator` children.
+
+Each prompt also has verl's `data_source`, as a mixed dataset gives it: the toy's stand-in
+names the smaller targets "openai/gsm8k" and the larger ones "lighteval/MATH" (their answers
+need more digits: longer responses, and more room to miss). Scoring returns, beside each
+sample's reward, the components a rule reward reports in `reward_extra_info`: `acc` (the
+digits hit the target) and `format` (the answer ended with EOS, not at the length cap).
 """
 
 from __future__ import annotations
@@ -156,6 +162,32 @@ def score(rollout: Rollout) -> tuple[torch.Tensor, list[float]]:
         rewards.append(max(0.0, 1.0 - distance / P.MAX_TARGET))
         seconds.append(perf_counter() - started)
     return torch.tensor(rewards), seconds
+
+
+# verl's `data_source` of each prompt, by its target: the stand-in for a two-dataset mix.
+DATA_SOURCES = ("openai/gsm8k", "lighteval/MATH")
+MATH_FROM = (P.MIN_TARGET + P.MAX_TARGET + 1) // 2  # targets from here on are "MATH"
+
+
+def data_sources(targets: torch.Tensor) -> list[str]:
+    """Each sample's `data_source` (one string a sample, as verl's batch has it)."""
+    return [DATA_SOURCES[int(target >= MATH_FROM)] for target in targets.tolist()]
+
+
+def reward_components(rollout: Rollout) -> dict[str, list[float]]:
+    """verl's `reward_extra_info` of the rule reward: `acc` 1 when the digits sum to the
+    target, `format` 1 when the answer ended with EOS (not cut at the length cap)."""
+    hit = P.digit_sum(rollout.tokens) == rollout.targets
+    ended = (rollout.tokens[:, P.PROMPT_LEN :] == P.EOS).any(-1)
+    return {"acc": hit.double().tolist(), "format": ended.double().tolist()}
+
+
+def by_source(rollout: Rollout) -> dict:
+    """record_samples' `data_source` and `reward_extra_info` of a rollout's samples."""
+    return {
+        "data_source": data_sources(rollout.targets),
+        "reward_extra_info": reward_components(rollout),
+    }
 
 
 def token_level_scores(rollout: Rollout, scores: torch.Tensor) -> torch.Tensor:

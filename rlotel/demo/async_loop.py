@@ -255,6 +255,7 @@ def _record(
         max_weight_version=[batch.version] * size,
         reward=batch.scores[rows].numpy(),
         discarded=discarded,
+        **agent.by_source(rollout.select(rows)),
         **batch.identity(group_size, rows),
     )
 

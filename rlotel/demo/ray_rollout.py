@@ -70,6 +70,7 @@ class RolloutWorker:
             response_length=lengths,
             context=carrier,
             **trajectories(rollout, scores, f"w{self.rank}-b{self.batches}"),
+            **agent.by_source(rollout),  # on its sample spans
         )
         return rollout, scores, metrics, spans
 
@@ -136,6 +137,7 @@ class RayRollout:
             response_length=merged.response_lengths.numpy(),
             exemplar_spans=spans,
             reward=torch.cat(scores).numpy(),
+            **agent.by_source(merged),  # the series by data source
             start_time_ns=merged.start_ns.numpy(),  # real times, per replica: occupancy
             end_time_ns=merged.end_ns.numpy(),
             replica=[str(i) for i, r in enumerate(rollouts) for _ in range(len(r.targets))],

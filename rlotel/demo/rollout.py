@@ -79,6 +79,7 @@ class LocalRollout:
             min_weight_version=[version] * batch,
             max_weight_version=[version] * batch,
             **trajectories(rollout, scores, f"step{version + 1}"),
+            **agent.by_source(rollout),  # data_source, reward_extra_info
             start_time_ns=rollout.start_ns.numpy(),  # each trajectory's real times: occupancy
             end_time_ns=rollout.end_ns.numpy(),
         )
