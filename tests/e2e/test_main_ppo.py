@@ -822,11 +822,11 @@ def test_every_dashboard_panel_answers_on_the_real_run(plugin_on: Path, tmp_path
     figure(f"stopping Prometheus took {run['prometheus_stop_s']:.2f} s of {run['wall_s']:.0f} s")
 
 
-def _values(attribute: dict) -> list:
-    """An OTLP/JSON array attribute's values (`intValue`s are strings there)."""
+def values_of(attribute: dict) -> list:
+    """An OTLP/JSON `arrayValue` attribute's values (`intValue`s are strings there)."""
     return [
         int(value) if kind == "intValue" else value
-        for kind, value in (next(iter(v.items())) for v in attribute["arrayValue"]["values"])
+        for kind, value in (next(iter(v.items())) for v in attribute["values"])
     ]
 
 
@@ -848,9 +848,9 @@ def test_samples_by_data_source_are_verls_rows_by_source(plugin_on: Path, tmp_pa
     steps = {s["attrs"]["rl.step"]: s for s in trainer if s["name"] == "step"}
     for number, rows in dumped.items():
         attrs = steps[number]["attrs"]
-        names = _values(attrs["rl.data_source.names"])
-        counts = dict(zip(names, _values(attrs["rl.data_source.samples"]), strict=True))
-        sums = dict(zip(names, _values(attrs["rl.data_source.reward.sum"]), strict=True))
+        names = values_of(attrs["rl.data_source.names"])
+        counts = dict(zip(names, values_of(attrs["rl.data_source.samples"]), strict=True))
+        sums = dict(zip(names, values_of(attrs["rl.data_source.reward.sum"]), strict=True))
         assert counts == {source: len(scores) for source, scores in rows.items()}, number
         for source, scores in rows.items():  # verl's scores are float32 sums of rm_scores
             assert math.isclose(sums[source], math.fsum(scores), rel_tol=1e-6), (number, sums)

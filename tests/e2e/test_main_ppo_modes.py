@@ -19,6 +19,7 @@ import yaml
 from rlotel.offline import analyze
 from rlotel.schema import vocabulary as voc
 from tests.e2e.ahead import figure
+from tests.e2e.assets import SOURCES
 from tests.e2e.main_ppo import EXPERIMENT, STAND_INS, overrides
 from tests.e2e.test_main_ppo import (
     SCORED_WITH_ACC,
@@ -28,6 +29,7 @@ from tests.e2e.test_main_ppo import (
     main_ppo,
     run_tsdb,
     spans_by_role,
+    values_of,
     verl_log,
 )
 from tests.helpers import file_spans, parse_exposition
@@ -173,6 +175,29 @@ def test_ppo_calls_carry_the_role_of_the_model_they_ran(mode_run: tuple[str, Pat
         } <= calls, rank
     timed = {n for data in trained(work).values() for n in voc.timing_from_metrics(data)}
     assert {"values", "update_critic", "ref", "testing", "save_checkpoint"} <= timed
+
+
+@pytest.mark.parametrize("mode_run", ["v0", "colocate_async"], indirect=True)
+def test_each_step_counts_its_trained_samples_by_data_source(mode_run: tuple[str, Path]) -> None:
+    """V0's samples (taken in the trainer's `_performance_metrics`) and V1's async buffer's
+    (taken as the buffer hands a batch over): each step span's sources are the dataset's,
+    every sample has its reward (the agent loop scored it), and the reward summed over the
+    sources over the samples is verl's own `critic/score/mean` of the step: the samples
+    by source are exactly the batch verl trained."""
+    _, work = mode_run
+    trainer = spans_by_role(work)["trainer"]
+    logged = trained(work)
+    means = {}
+    for step in (s for s in trainer if s["name"] == "step"):
+        attrs, number = step["attrs"], step["attrs"]["rl.step"]
+        assert set(values_of(attrs["rl.data_source.names"])) <= set(SOURCES), number
+        samples = values_of(attrs["rl.data_source.samples"])
+        assert values_of(attrs["rl.data_source.reward.count"]) == samples and sum(samples) > 0
+        means[number] = math.fsum(values_of(attrs["rl.data_source.reward.sum"])) / sum(samples)
+        verl = logged[number]["critic/score/mean"]
+        assert math.isclose(means[number], verl, rel_tol=1e-5, abs_tol=1e-6), (number, verl)
+    assert sorted(means) == sorted(logged)
+    figure(f"mean reward by step from the sources' sums and counts {means} (verl's the same)")
 
 
 def resource(path: Path) -> dict[str, str]:
