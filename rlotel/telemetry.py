@@ -229,6 +229,7 @@ class Telemetry:
         """
         try:
             fields.update(sources.reward_components(reward_extra_info, self.drops))
+            data_source = sources.per_sample(data_source)
             if data_source is not None:
                 fields["data_source"] = data_source  # its spans' attribute, as given
             batch = build_batch(records, fields, self.drops, discarded, replica)

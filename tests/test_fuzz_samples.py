@@ -214,3 +214,70 @@ def test_ragged_sample_field_keeps_the_other_fields(fuzz_tel):
     family = "rlotel_agent_loop_duration_seconds"
     check_histogram(before, after, family, {"stage": "generate_sequences"}, [1.0, 2.0])
     check_histogram(before, after, family, {"stage": "tool_calls"}, [1.0])
+
+
+SOURCE_ENTRY = st.one_of(
+    st.sampled_from(["a", "b", "", "other", "unknown"]),
+    st.text(max_size=5),
+    st.none(),
+    st.integers(),
+    st.binary(max_size=3),
+    st.lists(st.text(max_size=2), max_size=2),
+)
+SOURCES = st.one_of(
+    st.none(),
+    st.lists(SOURCE_ENTRY, max_size=8),
+    st.lists(SOURCE_ENTRY, max_size=8).map(object_array),
+    st.lists(SOURCE_ENTRY, max_size=8).map(tuple).map(iter),
+    st.text(max_size=3),
+    st.integers(),
+)
+EXTRA = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.text(max_size=3),
+        st.lists(SAMPLE_NUMBER | st.none() | st.text(max_size=2), max_size=8),
+        max_size=3,
+    ),
+    st.lists(st.integers(), max_size=2),
+    st.integers(),
+)
+
+
+@fuzz(60)
+@given(
+    source=SOURCES,
+    rewards=st.lists(st.floats(-10, 10) | st.none(), min_size=1, max_size=8),
+    extra=EXTRA,
+)
+def test_record_samples_by_source_counts_each_sample_once_whatever_it_is_given(
+    fuzz_tel, source, rewards, extra
+):
+    """Whatever `data_source` and `reward_extra_info` hold, the call never fails (no
+    internal error); where the sources pair with the batch every sample counts under
+    exactly one source, its name or `unknown` or `other`; elsewhere none does."""
+    given_source = list(source) if isinstance(source, type(iter(()))) else source
+    if isinstance(source, type(iter(()))):
+        source = iter(given_source)
+    before = exposition(fuzz_tel)
+    with fuzz_tel.step(next(step_numbers)), fuzz_tel.phase("gen"):
+        fuzz_tel.record_samples(reward=rewards, data_source=source, reward_extra_info=extra)
+    after = exposition(fuzz_tel)
+    assert dropped(after, reason="internal_error") == dropped(before, reason="internal_error")
+
+    def labelled(samples: Samples) -> float:
+        return sum(
+            value for (name, _), value in samples.items() if name == "rlotel_source_samples_total"
+        )
+
+    size = len(rewards)
+    if isinstance(extra, dict):
+        named = [values for name, values in extra.items() if name][:8]
+        size = max([size, *(len(values) for values in named if values)])
+    if given_source is None:
+        pairs = False
+    elif isinstance(given_source, (str, int)):  # one sample's
+        pairs = size == 1
+    else:
+        pairs = len(given_source) == size
+    assert labelled(after) - labelled(before) == (size if pairs else 0)

@@ -80,6 +80,19 @@ class SourceLabels:
         return OTHER
 
 
+def per_sample(data_source: Any) -> Any:
+    """`data_source` as a sequence read twice (labels, spans): a string is one sample's, an
+    array or list stays as given, another iterable is listed, anything else is one value."""
+    if data_source is None or isinstance(data_source, (np.ndarray, list, tuple)):
+        return data_source
+    if isinstance(data_source, (str, bytes)):
+        return [data_source]
+    try:
+        return list(data_source)
+    except TypeError:
+        return [data_source]
+
+
 def _text(value: Any) -> str:
     """A sample's source name; UNKNOWN where it has none."""
     return value if isinstance(value, str) and value else UNKNOWN
