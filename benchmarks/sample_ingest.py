@@ -7,7 +7,9 @@ bucket counting (drained with `tel.flush`). Goals: ≥ 20x a prometheus_client
 (staleness) add ≤ 20 % to the arrays path; the async-bias bookkeeping adds ≤ 2 % to
 `record_samples` on the training thread (10 % of a step's samples recorded as discarded
 vs the same calls without; the KS statistics are computed at step close on the
-publisher, printed beside it as the whole path's extra).
+publisher, printed beside it as the whole path's extra). What samples by data source cost
+(two sources and two reward components a sample, against the same call without them) is
+printed as measured: on the training thread and on the whole path.
 
     python benchmarks/sample_ingest.py [--samples N] [--rounds R]
 """
@@ -158,6 +160,39 @@ def main() -> None:
         rlotel_versions()
         pairs.append((time.perf_counter() - middle) / (middle - start))
     extra = float(np.median(pairs)) - 1
+    rewarded = {**columns, "reward": lengths["reward"]}
+    by_source = {
+        "data_source": np.array(["openai/gsm8k", "lighteval/MATH"], dtype=object)[
+            rng.integers(0, 2, args.samples)
+        ],
+        "reward_extra_info": {
+            name: rng.integers(0, 2, args.samples).astype(float) for name in ("acc", "format")
+        },
+    }
+
+    def rlotel_sources(labelled: bool) -> tuple[float, float]:
+        """(record_samples seconds, with the publisher's work drained) of one step."""
+        with tel.step(9):
+            start = time.perf_counter()
+            tel.record_samples(**rewarded, **(by_source if labelled else {}))
+            recorded = time.perf_counter() - start
+        tel.flush(60)
+        return recorded, time.perf_counter() - start
+
+    source_pairs = []  # (thread extra s, thread ratio, whole extra s, whole ratio)
+    for index in range(args.pairs):
+        order = (False, True) if index % 2 else (True, False)
+        seconds = {labelled: rlotel_sources(labelled) for labelled in order}
+        (plain_thread, plain_whole), (ours_thread, ours_whole) = seconds[False], seconds[True]
+        source_pairs.append(
+            (
+                ours_thread - plain_thread,
+                ours_thread / plain_thread,
+                ours_whole - plain_whole,
+                ours_whole / plain_whole,
+            )
+        )
+    by_source_median = np.median(np.array(source_pairs), axis=0)
     tel.set_mode("fully_async")
     bias_pairs, record_pairs = [], []
     for index in range(args.pairs):  # each order half the time: the second run of a pair
@@ -176,6 +211,13 @@ def main() -> None:
         f"weight versions (staleness histograms, verl's off_policy keys; median of "
         f"{args.pairs} paired runs): {extra:+.0%} "
         f"({'met' if extra <= 0.20 else 'NOT met'}: ≤ 20 %)"
+    )
+    thread_s, thread_ratio, whole_s, whole_ratio = by_source_median.tolist()
+    console.print(
+        f"by data source (2 sources, 2 reward components; median of {args.pairs} paired "
+        f"runs): record_samples {thread_s * 1e3:+.1f} ms ({thread_ratio - 1:+.0%}), whole "
+        f"path with the series and the step's figures {whole_s * 1e3:+.1f} ms "
+        f"({whole_ratio - 1:+.0%}), for {args.samples:,} samples"
     )
     console.print(
         f"async-bias bookkeeping, 10 % discarded (median of {args.pairs} paired runs): "

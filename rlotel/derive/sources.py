@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -51,18 +52,22 @@ class SourceLabels:
         given = np.asarray(data_source, dtype=object).ravel().tolist()
         if len(given) != batch.size:  # counted once, as its spans' field (build_batch)
             return
-        texts = [_text(value) for value in given]
-        names = {text: self._name(text) for text in dict.fromkeys(texts)}  # in order seen
-        folded = sum(1 for text in texts if names[text] == OTHER and text != OTHER)
+        try:
+            counts = Counter(given)  # in C: the distinct values, in order seen, and how many
+        except TypeError:  # an unhashable entry (a list): it has no source
+            given = [value if isinstance(value, str) else None for value in given]
+            counts = Counter(given)
+        names = {value: self._name(_text(value)) for value in counts}
+        folded = sum(n for value, n in counts.items() if names[value] == OTHER != _text(value))
         if folded:
             self._on_fold(folded)
-        bad = sum(1 for value in given if not (isinstance(value, str) and value))
+        bad = sum(n for value, n in counts.items() if _text(value) is not value)
         if bad:
             self._drops.add(
                 "samples", "bad_data_source", f"{bad} sample(s) labelled {UNKNOWN}", bad
             )
-        labels = np.array([names[text] for text in texts], dtype=object)
-        batch.sources = labels
+        same = all(name is value for value, name in names.items())  # the usual case
+        batch.sources = np.array(given if same else [names[v] for v in given], dtype=object)
 
     def _name(self, name: str) -> str:
         with self._lock:
@@ -117,9 +122,8 @@ def reward_components(extra: Mapping[str, Any] | None, drops: Drops) -> dict[str
 
 def _groups(batch: SampleBatch) -> Iterable[tuple[str, np.ndarray]]:
     """(label, that label's sample indices) of a labelled batch."""
-    names, inverse = np.unique(batch.sources.astype(str), return_inverse=True)
-    for index, name in enumerate(names.tolist()):
-        yield name, np.flatnonzero(inverse == index)
+    for name in dict.fromkeys(batch.sources.tolist()):
+        yield name, np.flatnonzero(batch.sources == name)
 
 
 def _at(batch: SampleBatch, field: str, rows: np.ndarray) -> np.ndarray | None:
@@ -180,7 +184,7 @@ def step_figures(batches: Iterable[SampleBatch]) -> dict[str, SourceFigures]:
     labelled = [b for b in batches if b.sources is not None and b.discarded is None]
     if not labelled:
         return {}
-    labels = np.concatenate([b.sources.astype(str) for b in labelled])
+    labels = np.concatenate([b.sources for b in labelled])
 
     reward, response, generate = (
         _joined(labelled, field) for field in (REWARD, voc.RESPONSE_LENGTH, voc.GENERATE_SEQUENCES)
