@@ -213,3 +213,26 @@ def test_compare_without_figures_on_one_side_has_no_by_source_table(tmp_path) ->
     assert comparison.sources == [] and comparison.as_json()["sources"] == {}
     assert compare.format_sources(comparison) == ""
     assert "By data source" not in compare.render_html(comparison)
+
+
+def test_analyze_prints_each_source_weighed_by_its_samples(tmp_path, capsys) -> None:
+    traces = tmp_path / "traces.jsonl"
+    write_run(traces, RUN)
+    assert cli.main(["analyze", str(traces)]) == 0
+    shown = capsys.readouterr().out
+    assert "by data source" in shown, shown
+    rows = {
+        cells[0]: cells
+        for cells in (
+            [cell.strip() for cell in line.split("│")[1:-1]]
+            for line in shown.splitlines()
+            if line.count("│") == 8
+        )
+    }
+    for source in ("math", "code"):
+        want = expected(RUN, source)
+        steps, samples, _, reward, response, p90 = rows[source][1:]
+        assert (int(steps), int(samples)) == (want["steps"], want["samples"])
+        assert reward == f"{want['reward_mean']:.4f}" != f"{want['mean_of_means']:.4f}"
+        assert response == f"{want['response_mean']:.1f}"
+        assert p90 == f"{want['generate_p90_s']:.3f} s"

@@ -355,8 +355,48 @@ def _analyze(args: argparse.Namespace) -> int:
         chunk = steps[start : start + every]
         title = f"steps {chunk[0].number}–{chunk[-1].number}"
         console.print(_ledger_table(chunk, title))
+        table = _by_source_table(chunk, title)
+        if table is not None:
+            console.print(table)
         console.print(_verdict_summary(verdicts[start : start + every]))
     return 0
+
+
+def _by_source_table(steps, title: str) -> Table | None:
+    """The steps' trained samples by data source (None where no step has them): samples and
+    their share, mean reward and response tokens weighed by samples, median generate p90."""
+    from rlotel.offline import sources
+
+    totals = sources.by_source(steps)
+    if not totals:
+        return None
+    everything = sources.total_samples(totals)
+    table = Table(title=f"{title} by data source (means weigh each step by its samples)")
+    columns = (
+        "data source",
+        "steps",
+        "samples",
+        "share",
+        "mean reward",
+        "mean response",
+        "gen p90",
+    )
+    for column in columns:
+        table.add_column(
+            column, justify="left" if column == "data source" else "right", no_wrap=True
+        )
+    for total in totals.values():
+        reward, response, p90 = total.reward_mean, total.response_mean, total.generate_p90_s
+        table.add_row(
+            total.name,
+            str(total.steps),
+            str(total.samples),
+            f"{total.samples / everything:.1%}",
+            "–" if reward is None else f"{reward:.4f}",
+            "–" if response is None else f"{response:.1f}",
+            "–" if p90 is None else f"{p90:.3f} s",
+        )
+    return table
 
 
 def _replay(args: argparse.Namespace) -> int:
