@@ -382,9 +382,7 @@ def _by_source_table(steps, title: str) -> Table | None:
         "gen p90",
     )
     for column in columns:
-        table.add_column(
-            column, justify="left" if column == "data source" else "right", no_wrap=True
-        )
+        table.add_column(column, justify="left" if column == "data source" else "right")
     for total in totals.values():
         reward, response, p90 = total.reward_mean, total.response_mean, total.generate_p90_s
         table.add_row(
