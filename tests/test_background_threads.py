@@ -35,20 +35,35 @@ class Recorder:
 
 
 def test_an_idle_worker_sleeps_until_its_tick_or_a_put() -> None:
+    ticked = threading.Condition()
     ticks: list[float] = []
-    worker = Worker("idle", Recorder(), Drops(), 8, tick=lambda: ticks.append(1), tick_s=0.5)
+
+    def tick() -> None:
+        with ticked:
+            ticks.append(time.monotonic())
+            ticked.notify_all()
+
+    def until_ticks(count: int) -> int:
+        """Blocks (no polling: no wake of its own to take the GIL) until `count` ticks."""
+        with ticked:
+            assert ticked.wait_for(lambda: len(ticks) >= count, timeout=4 * WAIT_S), ticks
+            return len(ticks)
+
+    worker = Worker("idle", Recorder(), Drops(), 8, tick=tick, tick_s=0.5)
     untimed = Worker("untimed", Recorder(), Drops(), 8, batch=4, delay_s=0.05)
     try:
-        time.sleep(0.1)  # both threads are in their first wait
+        # after the first tick both threads are in their waits; the window measured is the
+        # next two ticks (however late a loaded machine makes them): two wakes of the first
+        # thread, nothing for the second
+        first = until_ticks(1)
         before = wakes(worker._thread), wakes(untimed._thread)
-        time.sleep(1.05)  # the window measured: two ticks of the first, nothing for the second
+        last = until_ticks(first + 2)
         after = wakes(worker._thread), wakes(untimed._thread)
     finally:
         worker.stop(time.monotonic() + WAIT_S)
         untimed.stop(time.monotonic() + WAIT_S)
-    assert len(ticks) >= 2
     # a thread that polled every 50 ms (as it did) would have woken ~20 times
-    assert after[0] - before[0] <= len(ticks) + 1, (before, after, ticks)
+    assert after[0] - before[0] <= (last - first) + 1, (before, after, ticks)
     assert after[1] - before[1] <= 1, (before, after)
 
 
