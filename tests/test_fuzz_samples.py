@@ -244,7 +244,7 @@ EXTRA = st.one_of(
 )
 
 
-@fuzz(60)
+@fuzz(40)
 @given(
     source=SOURCES,
     rewards=st.lists(st.floats(-10, 10) | st.none(), min_size=1, max_size=8),
