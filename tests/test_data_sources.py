@@ -105,6 +105,12 @@ def test_the_step_span_says_each_sources_sums_and_counts(make_tel, span_exporter
             )
             p90 = np.percentile(given["generate_sequences"][mine], 90)
             assert attrs["rl.data_source.generate_sequences.p90_s"][index] == pytest.approx(p90)
+        read = sources.from_attributes(dict(attrs))  # what the report and analyze read back
+        assert list(read) == names
+        assert [f.samples for f in read.values()] == list(attrs["rl.data_source.samples"])
+        assert [f.generate_p90_s for f in read.values()] == list(
+            attrs["rl.data_source.generate_sequences.p90_s"]
+        )
 
 
 def test_sample_spans_carry_their_source_and_reward_components(make_tel, span_exporter) -> None:

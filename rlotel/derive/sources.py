@@ -178,6 +178,10 @@ class SourceFigures(NamedTuple):
     response_tokens: float  # summed over the samples with a response length
     generate_p90_s: float | None  # of generate_sequences seconds (numpy's linear p90)
 
+    @property
+    def reward_mean(self) -> float | None:
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
 
 def step_figures(batches: Iterable[SampleBatch]) -> dict[str, SourceFigures]:
     """The step's trained samples by data source (labelled batches only)."""
@@ -231,3 +235,45 @@ def attributes(figures: Mapping[str, SourceFigures]) -> dict[str, Any]:
     if all(f.generate_p90_s is not None for f in values):
         result[attr.DATA_SOURCE_GENERATE_P90] = [f.generate_p90_s for f in values]
     return result
+
+
+# The step span's arrays in SourceFigures' order (the p90 is optional): `attributes` writes
+# them, `from_attributes` reads them back.
+_ARRAYS = (
+    attr.DATA_SOURCE_SAMPLES,
+    attr.DATA_SOURCE_REWARDED,
+    attr.DATA_SOURCE_REWARD_SUM,
+    attr.DATA_SOURCE_RESPONSE_SUM,
+    attr.DATA_SOURCE_GENERATE_P90,
+)
+
+
+def from_attributes(attributes: Mapping[str, Any]) -> dict[str, SourceFigures]:
+    """A step span's figures by source; {} where it has none or they do not line up (an
+    array of another length, a value that is not a finite number)."""
+    names = attributes.get(attr.DATA_SOURCES)
+    if not isinstance(names, (list, tuple)) or not names:
+        return {}
+    columns = [attributes.get(key) for key in _ARRAYS]
+    p90 = columns.pop()
+    if p90 is not None:
+        columns.append(p90)
+    if any(not isinstance(c, (list, tuple)) or len(c) != len(names) for c in columns):
+        return {}
+    numbers = [[_finite(value) for value in column] for column in columns]
+    if any(value is None for column in numbers for value in column):
+        return {}
+    if p90 is None:
+        numbers.append([None] * len(names))
+    return {
+        str(name): SourceFigures(int(samples), int(rewarded), reward_sum, response, p90_s)
+        for name, samples, rewarded, reward_sum, response, p90_s in zip(
+            names, *numbers, strict=True
+        )
+    }
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if np.isfinite(value) else None

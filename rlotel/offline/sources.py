@@ -17,62 +17,14 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
+from rlotel.derive.sources import SourceFigures, from_attributes
 from rlotel.offline.analyze import StepRecord
-from rlotel.schema import attributes as attr
-
-# The arrays every step with figures has, in SourceStep's order (the p90 is optional).
-_ARRAYS = (
-    attr.DATA_SOURCE_SAMPLES,
-    attr.DATA_SOURCE_REWARDED,
-    attr.DATA_SOURCE_REWARD_SUM,
-    attr.DATA_SOURCE_RESPONSE_SUM,
-)
 
 
-class SourceStep(NamedTuple):
-    """One data source's trained samples in one step, as its step span says."""
-
-    samples: int
-    rewarded: int  # of them with a reward
-    reward_sum: float
-    response_tokens: float
-    generate_p90_s: float | None  # p90 of the samples' generate_sequences seconds
-
-    @property
-    def reward_mean(self) -> float | None:
-        return self.reward_sum / self.rewarded if self.rewarded else None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def step_sources(step: StepRecord) -> dict[str, SourceStep]:
+def step_sources(step: StepRecord) -> dict[str, SourceFigures]:
     """A step's figures by data source; {} for a step without them (or not read)."""
-    attributes = step.span.attributes if step.span is not None else {}
-    names = attributes.get(attr.DATA_SOURCES)
-    if not isinstance(names, (list, tuple)) or not names:
-        return {}
-    columns = [attributes.get(key) for key in _ARRAYS]
-    p90 = attributes.get(attr.DATA_SOURCE_GENERATE_P90)
-    if p90 is not None:
-        columns.append(p90)
-    if any(not isinstance(c, (list, tuple)) or len(c) != len(names) for c in columns):
-        return {}
-    numbers = [[_number(v) for v in column] for column in columns]
-    if any(v is None for column in numbers for v in column):
-        return {}
-    figures = {}
-    for index, name in enumerate(names):
-        samples, rewarded, reward_sum, response, *rest = (column[index] for column in numbers)
-        figures[str(name)] = SourceStep(
-            int(samples), int(rewarded), reward_sum, response, rest[0] if rest else None
-        )
-    return figures
+    return from_attributes(step.span.attributes if step.span is not None else {})
 
 
 @dataclass(frozen=True)
@@ -102,7 +54,7 @@ class SourceTotals:
 
 def by_source(steps: Iterable[StepRecord]) -> dict[str, SourceTotals]:
     """Every data source of the steps, the most samples first; {} when no step has figures."""
-    per_source: dict[str, list[tuple[int, SourceStep]]] = {}
+    per_source: dict[str, list[tuple[int, SourceFigures]]] = {}
     for step in steps:
         for name, figures in step_sources(step).items():
             per_source.setdefault(name, []).append((step.number, figures))
