@@ -117,7 +117,7 @@ def reply_path_us(ranks: int = 8) -> dict[str, float]:
     replies (recording them into the open phase) before verl collects them."""
     import rlotel
     from rlotel.integrations import verl_workers
-    from rlotel.record.ranks import RankReply
+    from rlotel.integrations.data_moves import RankReply
 
     tel = rlotel.init(run="bench", prometheus_port=None)
     carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}

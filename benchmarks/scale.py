@@ -57,7 +57,7 @@ import ray
 import rlotel
 from rlotel.integrations import ray as ray_integration
 from rlotel.integrations import verl_workers
-from rlotel.record.ranks import RankReply
+from rlotel.integrations.data_moves import RankReply
 from rlotel.schema import attributes as attr
 
 PHASES = ("old_log_prob", "update_actor")  # one worker-group call on every rank each

@@ -13,7 +13,8 @@ import random
 from pathlib import Path
 
 import rlotel
-from rlotel.record.ranks import RankReply, RankTime
+from rlotel.integrations.data_moves import RankReply
+from rlotel.record.ranks import RankTime
 from rlotel.schema import attributes as attr
 from rlotel.schema import data_moves as dm
 

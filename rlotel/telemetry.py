@@ -39,7 +39,7 @@ from rlotel.record.ledger import (
     innermost_open,
 )
 from rlotel.record.propagation import parse, traceparent
-from rlotel.record.ranks import RankCompute, RankReply, RankSeconds
+from rlotel.record.ranks import RankCompute, RankSeconds, Replied
 from rlotel.record.samples import build_batch, use_remote_spans
 from rlotel.schema import attributes as attr
 from rlotel.schema.data_moves import DataMoves
@@ -278,7 +278,7 @@ class Telemetry:
         its seconds and the spread (slowest ÷ median)."""
         self._add_to_phase("rank_seconds", RankSeconds, seconds_by_rank)
 
-    def record_rank_compute(self, replies: Mapping[int, RankReply]) -> None:
+    def record_rank_compute(self, replies: Mapping[int, Replied]) -> None:
         """Each rank's compute and collective seconds of work the innermost open phase
         waited for (their replies to a worker-group call; calls in one phase add up): its
         span then names the rank that computed longest and the compute spread."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import pickle
 import re
 import threading
 import time
@@ -27,8 +28,8 @@ import rlotel
 from rlotel.base.drops import HOOK_FAILURES
 from rlotel.derive.diagnose import StepFacts, diagnose
 from rlotel.integrations import collectives, verl_workers
+from rlotel.integrations.data_moves import RankReply
 from rlotel.integrations.registered import REGISTRY, TORCH_COLLECTIVE
-from rlotel.record.ranks import RankReply
 from rlotel.schema import attributes as attr
 from tests.helpers import parse_exposition, scrape
 
@@ -322,6 +323,36 @@ def test_a_process_that_is_no_rank_times_nothing(groups, make_tel):
     assert not dist.is_initialized()
     call = worker_call("update_actor", carrier)
     assert call.timing is verl_workers._UNTIMED and call.end(None, "result") == "result"
+
+
+class TimedPickling:
+    """A result whose own pickling does real work (joining a list of strings) and times it."""
+
+    def __init__(self, parts: int) -> None:
+        self.parts = [f"row {i}" for i in range(parts)]
+        self.seconds = 0.0
+
+    def __reduce__(self) -> tuple:
+        started = time.perf_counter()
+        joined = "\n".join(self.parts)
+        self.seconds = time.perf_counter() - started
+        return str, (joined,)
+
+
+def test_a_reply_carries_the_seconds_its_rank_took_to_pickle_its_result():
+    """The rank pickles its result as Ray sends the reply, after its call has returned: the
+    reply measures that pickling as it happens and the driver unpickles the seconds with it.
+    By construction they lie between the result's own pickling work and the whole dumps."""
+    result = TimedPickling(200_000)
+    reply = RankReply(result, 0.2, 0.0, (0.0, 0.0, 0, 0, 0.01))
+    started = time.perf_counter()
+    blob = pickle.dumps(reply, protocol=5)
+    dumps_s = time.perf_counter() - started
+    received = pickle.loads(blob)
+    assert type(received) is RankReply and received.value == "\n".join(result.parts)
+    assert (received.compute_s, received.moved) == (0.2, (0.0, 0.0, 0, 0, 0.01))
+    assert result.seconds <= received.serialized_s <= dumps_s, (result.seconds, dumps_s)
+    assert pickle.loads(pickle.dumps(RankReply(None, 0.0, 0.0))).serialized_s < dumps_s
 
 
 def test_the_driver_unwraps_replies_and_names_the_rank_that_computed_longest(

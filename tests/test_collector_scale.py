@@ -17,7 +17,7 @@ import pytest
 import yaml
 from opentelemetry.trace import StatusCode
 
-from rlotel.record.ranks import RankReply
+from rlotel.integrations.data_moves import RankReply
 from rlotel.record.samples import DURATION_FIELDS
 from rlotel.schema import attributes as attr
 from tests.helpers import finished_spans

@@ -9,7 +9,8 @@ into transfer, TransferQueue reads, work and TransferQueue writes (`rlotel.schem
 The batches verl passed give the bytes sent and returned. Sizes are what the batches hold
 (tensor and array `nbytes`): nothing is pickled a second time. verl's own pickling of its
 batches (`DataProto.__getstate__` / `__setstate__`, timed where it runs: inside a watched
-call on the driver, before a rank's call for its arguments) is serialize and deserialize.
+call on the driver, before a rank's call for its arguments) is serialize and deserialize, with
+the rank's pickling of its result, which its reply measures as Ray pickles it (`RankReply`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import Any
 from rlotel.base.queue_moves import QUEUE_MOVES
 from rlotel.integrations.hooks import Hook
 from rlotel.integrations.registered import DATA_PROTO, MESSAGE_QUEUE, TRANSFER_QUEUE, WORKER_GROUP
-from rlotel.record.ranks import RankReply
 from rlotel.schema import data_moves as dm
 
 PUT, GET = "put", "get"
@@ -52,6 +52,47 @@ def nbytes(value: Any, depth: int = 0) -> int:
 
 
 # --- a worker-group call on the driver ---------------------------------------------------
+
+
+class RankReply:
+    """A rank's reply to a worker-group call that asked for its account: the method's
+    value, its compute and collective seconds, its TransferQueue moves and its arguments'
+    unpickling (`moved`), and, once the driver has it, the seconds the rank took to pickle
+    the value (`serialized_s`). verl's driver sees only the value (`verl_workers`)."""
+
+    __slots__ = ("collective_s", "compute_s", "moved", "serialized_s", "value")
+
+    def __init__(
+        self,
+        value: object,
+        compute_s: float,
+        collective_s: float,
+        moved: tuple[float, ...] | None = None,
+        serialized_s: float = 0.0,
+    ) -> None:
+        self.value = value
+        self.compute_s = compute_s
+        self.collective_s = collective_s
+        self.moved = moved  # TQ read s, write s, read bytes, written bytes; unpickled s
+        self.serialized_s = serialized_s
+
+    def __reduce__(self) -> tuple:
+        # pickle saves these in order, so `value` is pickled (by Ray, as it sends the reply)
+        # between now and `_Since`'s own reduce: the rank's serialization of its result
+        since = _Since(time.perf_counter())
+        return RankReply, (self.value, self.compute_s, self.collective_s, self.moved, since)
+
+
+class _Since:
+    """Pickled as the seconds from its making to its own pickling."""
+
+    __slots__ = ("started",)
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+
+    def __reduce__(self) -> tuple:
+        return float, (time.perf_counter() - self.started,)
 
 
 class CallMoves:
@@ -106,11 +147,13 @@ class CallMoves:
             unpickled = slowest.moved[4] if slowest.moved and len(slowest.moved) > 4 else 0.0
             inside = min(1.0, wait / wall) if wall > 0 else 0.0  # clocks of two processes
             carried = call.get(f"{dm.SENT}_bytes", 0) + call.get(f"{dm.RETURNED}_bytes", 0)
-            outside = max(0.0, wait - wall)  # the rank's arguments unpickled in it
+            outside = max(0.0, wait - wall)  # its arguments unpickled, its result pickled
             unpickled = min(unpickled, outside)
+            pickled = min(slowest.serialized_s, outside - unpickled)
             call[dm.DESERIALIZE] = call.get(dm.DESERIALIZE, 0.0) + unpickled
+            call[dm.SERIALIZE] = call.get(dm.SERIALIZE, 0.0) + pickled
             # with no batch carried, what the ranks do not account for is Ray's scheduling
-            call[dm.TRANSFER if carried else dm.WAIT] = outside - unpickled
+            call[dm.TRANSFER if carried else dm.WAIT] = outside - unpickled - pickled
             call[dm.READ] = read * inside
             call[dm.WRITE] = write * inside
             call[dm.WORK] = max(0.0, wall - read - write) * inside

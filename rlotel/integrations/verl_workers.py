@@ -35,6 +35,7 @@ import rlotel
 from rlotel.base import clock, env
 from rlotel.integrations import collectives, data_moves, guard, service, verl_captures
 from rlotel.integrations.clock_exchange import CLOCK_KEY, ClockExchange
+from rlotel.integrations.data_moves import RankReply
 from rlotel.integrations.registered import (
     RAY_ACTOR_CLASS,
     RAY_ACTOR_SUBMIT,
@@ -42,7 +43,7 @@ from rlotel.integrations.registered import (
     WORKER_GROUP,
 )
 from rlotel.record.propagation import run_of, traceparent, with_run
-from rlotel.record.ranks import RankReply, RankTime
+from rlotel.record.ranks import RankTime
 from rlotel.schema import attributes as attr
 from rlotel.schema import data_moves as dm
 from rlotel.schema import vocabulary

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from rlotel.schema import attributes as attr
 
@@ -99,26 +99,11 @@ class RankTime(NamedTuple):
         }
 
 
-class RankReply:
-    """A worker's reply with its compute and collective seconds, for a caller that asked
-    (the driver's worker-group call unwraps it before verl collects the results)."""
+class Replied(Protocol):
+    """A rank's account of one call (`rlotel.integrations.data_moves.RankReply`)."""
 
-    __slots__ = ("collective_s", "compute_s", "moved", "value")
-
-    def __init__(
-        self,
-        value: object,
-        compute_s: float,
-        collective_s: float,
-        moved: tuple[float, ...] | None = None,
-    ) -> None:
-        self.value = value
-        self.compute_s = compute_s
-        self.collective_s = collective_s
-        self.moved = moved  # TQ read s, write s, read bytes, written bytes; unpickled s
-
-    def __reduce__(self) -> tuple:
-        return RankReply, (self.value, self.compute_s, self.collective_s, self.moved)
+    compute_s: float
+    collective_s: float
 
 
 class ComputeSpread(NamedTuple):
@@ -156,7 +141,7 @@ class RankCompute:
         self.compute: dict[int, float] = {}
         self.collective: dict[int, float] = {}
 
-    def add(self, replies: Mapping[int, RankReply]) -> None:
+    def add(self, replies: Mapping[int, Replied]) -> None:
         compute, collective = self.compute, self.collective
         for rank, reply in replies.items():
             compute[rank] = compute.get(rank, 0.0) + reply.compute_s

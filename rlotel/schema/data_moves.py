@@ -4,13 +4,14 @@ verl's single controller makes each call as dispatch (split the batch per rank) 
 (pickle each rank's share, put it in Ray's object store, submit) → the ranks' replies →
 fetch (`ray.get`: transfer and unpickle the replies) → collect (`concat`), then removes the
 padding. The pickling of verl's batches (`DataProto.__getstate__`) is carved out of submit
-as serialize, their unpickling (`__setstate__`) out of fetch as deserialize, with the
-slowest rank's unpickling of its arguments (carved out of transfer).
+as serialize, their unpickling (`__setstate__`) out of fetch as deserialize; the slowest
+rank's unpickling of its arguments and pickling of its result are carved out of transfer
+(as deserialize and serialize).
 
 While the driver waits for the replies, the slowest rank (the one whose call took longest)
 reports its call's seconds: TransferQueue reads (V1's data path), work and TransferQueue
 writes; what is left of the wait is transfer (the batch's way to the rank and back:
-object-store transfer, the rank pickling its result, scheduling), or wait where the call
+object-store puts and transfer, scheduling), or wait where the call
 carried no batch (V1 passes metadata: what is left is Ray's scheduling). A call whose ranks
 report nothing keeps its wait whole. The driver's marks are contiguous, so the stages add
 up to the call's wall time; `other` is what lies between verl's steps (padding removal,
