@@ -30,11 +30,14 @@ from rlotel.schema import data_moves as dm
 PUT, GET = "put", "get"
 
 
+REFERENCE = 8  # bytes: an item of an object column, as numpy's `nbytes` counts it
+
+
 def nbytes(value: Any, depth: int = 0) -> int:
-    """What a batch holds in memory: tensor and array `nbytes` of a `DataProto` (its
-    non-tensor columns as arrays: an object column counts its references), a TensorDict,
-    a tensor, an array, or a list or tuple of them (per-rank shares); 0 for anything else
-    (metadata, futures, scalars)."""
+    """What a batch holds in memory: tensor and array `nbytes` of a `DataProto` or a
+    TensorDict, non-tensor columns included (an object column, or a TensorDict's
+    `NonTensorStack`, counts its references), a tensor, an array, or a list or tuple of them
+    (per-rank shares); 0 for anything else (metadata, futures, scalars)."""
     if isinstance(value, (list, tuple)) and depth < 2:
         return sum(nbytes(item, depth + 1) for item in value)
     size = getattr(value, "nbytes", None)
@@ -42,13 +45,20 @@ def nbytes(value: Any, depth: int = 0) -> int:
         return size
     tensordict = sys.modules.get("tensordict")
     if tensordict is not None and isinstance(value, tensordict.TensorDictBase):
-        leaves = value.values(include_nested=True, leaves_only=True)
-        return sum(leaf.nbytes for leaf in leaves if isinstance(getattr(leaf, "nbytes", 0), int))
+        leaves = value.values(True, True, is_leaf=tensordict.is_leaf_nontensor)
+        return sum(_leaf_bytes(leaf, tensordict.NonTensorStack) for leaf in leaves)
     protocol = sys.modules.get("verl.protocol")
     if protocol is not None and isinstance(value, protocol.DataProto):
         arrays = sum(column.nbytes for column in (value.non_tensor_batch or {}).values())
         return (0 if value.batch is None else nbytes(value.batch, depth)) + arrays
     return 0
+
+
+def _leaf_bytes(leaf: Any, stack: type) -> int:
+    if isinstance(leaf, stack):  # a column of Python objects, one a sample
+        return REFERENCE * leaf.batch_size.numel()
+    size = getattr(leaf, "nbytes", None)
+    return size if isinstance(size, int) else 0  # NonTensorData: one value for the batch
 
 
 # --- a worker-group call on the driver ---------------------------------------------------

@@ -273,6 +273,17 @@ def environment(
     return environ
 
 
+def tq_probe(work: Path, wanted: bool) -> dict[str, str]:
+    """The environment that loads the test's TransferQueue probe in every verl process
+    (`verl_cpu/rlotel_test_tq_probe.py`), writing under WORK/tq_probe."""
+    if not wanted:
+        return {}
+    return {
+        "VERL_USE_EXTERNAL_MODULES": "rlotel_test_cpu_platform,rlotel_test_tq_probe",
+        "RLOTEL_TEST_TQ_PROBE": str(work / "tq_probe"),
+    }
+
+
 def scrape(url: str) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -656,6 +667,9 @@ def main() -> int:
     parser.add_argument("--one-step-off", action="store_true", help="verl's one-step-off policy")
     parser.add_argument("--rl-insight", action="store_true", help="verl's RL-Insight logger too")
     parser.add_argument(
+        "--tq-probe", action="store_true", help="the test's own count of TransferQueue hops"
+    )
+    parser.add_argument(
         "--scrape-every", type=float, default=SCRAPE_EVERY_S, help="seconds between scrapes"
     )
     parser.add_argument("extra", nargs="*", help="more Hydra overrides")
@@ -685,7 +699,7 @@ def main() -> int:
         options.hold_port,
         options.faults,
         options.until_stalled,
-        dict(item.split("=", 1) for item in options.env),
+        {**dict(item.split("=", 1) for item in options.env), **tq_probe(work, options.tq_probe)},
         options.prometheus,
         entry_of(options),
         options.scrape_every,

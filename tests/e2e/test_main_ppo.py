@@ -84,11 +84,14 @@ PROFILE = (  # verl's torch profiler on the actor for step 2, written under its 
 # the toy reward as a dict: verl's reward_extra_info carries its components (score, acc)
 SCORED_WITH_ACC = "reward.custom_reward_function.name=compute_score_with_acc"
 COMPONENTS = ("score", "acc")
+REFERENCE = 8  # bytes an object column holds a sample (numpy's nbytes of a dtype=object array)
 
 
-# scraped as shipped, verl's RL-Insight logger and its own stack beside rlotel, and the
-# rewards as a dict (its components by data source)
-declare_main_ppo("plugin_on", "--prometheus", "--rl-insight", SCORED_WITH_ACC, *PROFILE)
+# scraped as shipped, verl's RL-Insight logger and its own stack beside rlotel, the rewards
+# as a dict (its components by data source), and the test's own count of TransferQueue's hops
+declare_main_ppo(
+    "plugin_on", "--prometheus", "--rl-insight", "--tq-probe", SCORED_WITH_ACC, *PROFILE
+)
 declare_main_ppo("plugin_off", "--off", *PROFILE)
 declare_main_ppo("every_hook_failing", "--faults", "all", *PROFILE)
 
@@ -426,6 +429,29 @@ def test_the_data_ledger_of_every_worker_group_call(plugin_on: Path) -> None:
     assert worst_other < 0.05
     updates = [s for s in windows if s["name"] == "update_actor"]
     assert all(s["attrs"]["rl.data.read_bytes"] > 0 for s in updates)  # read from TransferQueue
+    # bytes, window by window, against the test's own count of the ranks' TransferQueue hops
+    # where verl turns metadata into batches and back (verl_cpu/rlotel_test_tq_probe.py):
+    # tensors' elements × element size, non-tensor columns' items as references
+    probed = [
+        json.loads(line)
+        for path in (plugin_on / "tq_probe").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    counted = dict.fromkeys(("get", "put"), 0)
+    for span in windows:
+        start, end = span["start"] / 1e9, span["end"] / 1e9
+        for direction, op in (("read", "get"), ("write", "put")):
+            hops = [h for h in probed if h["op"] == op and start <= h["start"] <= h["end"] <= end]
+            size = sum(h["tensor_bytes"] + REFERENCE * h["non_tensor_items"] for h in hops)
+            assert span["attrs"][f"rl.data.{direction}_bytes"] == size, (span["name"], op, hops)
+            counted[op] += size
+    assert counted["get"] > 0 and sum(h["op"] == "get" for h in probed) >= len(updates)
+    every = sum(h["tensor_bytes"] + REFERENCE * h["non_tensor_items"] for h in probed)
+    assert sum(counted.values()) == every  # the ranks move data only in a window's calls
+    figure(
+        f"bytes equal the test's own count in every window: {len(probed)} hops, "
+        f"{counted['get']:,} read, {counted['put']:,} written"
+    )
     for step in (s for s in trainer if s["name"] == "step"):
         assert not step["attrs"]["rl.bottleneck"].startswith("data-movement"), step["attrs"]
     hops: dict[tuple[str, str], list[float]] = {}
