@@ -421,7 +421,8 @@ def terminate(process: subprocess.Popen) -> None:
 
 
 def write_received(receiver: HttpReceiver, path: Path) -> None:
-    """What every process exported over OTLP, one span a line: service, ids, name."""
+    """What every process exported over OTLP, one span a line: service, ids, name and its
+    size in the OTLP protobuf it came in (the span message alone, without its resource)."""
     with path.open("w") as out:
         for span, resource in receiver.spans():
             record = {
@@ -431,6 +432,7 @@ def write_received(receiver: HttpReceiver, path: Path) -> None:
                 "trace": span.trace_id.hex(),
                 "id": span.span_id.hex(),
                 "parent": span.parent_span_id.hex(),
+                "bytes": span.ByteSize(),
             }
             out.write(json.dumps(record) + "\n")
 

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shutil
+import statistics
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -602,6 +603,15 @@ def test_engine_requests_under_the_trajectory_they_served(plugin_on: Path) -> No
     spans = otlp_spans(plugin_on)
     requests = [s for s in spans.values() if s["name"] == "llm_request"]
     assert len(requests) >= STEPS * TRAJECTORIES, len(requests)
+    # what vLLM's request spans add to the traces a Collector takes: one per request
+    sent = {service: [s["bytes"] for s in spans.values() if s["service"] == service]
+            for service in ("vllm", "rlotel")}  # fmt: skip
+    figure(
+        f"OTLP spans over {STEPS} steps of {TRAJECTORIES} trajectories: vLLM {len(requests)} "
+        f"llm_request spans, {statistics.median(s['bytes'] for s in requests):.0f} B each "
+        f"(protobuf), {sum(sent['vllm']) / STEPS / 1e3:.1f} kB a step with its start-up spans; "
+        f"rlotel {len(sent['rlotel'])} spans, {sum(sent['rlotel']) / STEPS / 1e3:.1f} kB a step"
+    )
     for request in requests:
         assert request["service"] == "vllm"  # vLLM's own span, from its own tracer
         parent = spans.get(request["parent"])  # rlotel's `generate` span in the server
