@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import linecache
+import os
 import re
 import shutil
 import subprocess
@@ -92,9 +93,60 @@ def tally(raw: Path, stacks: Counter | None = None) -> tuple[int, Counter]:
     return busy, own
 
 
-def attach(out: Path, rate: int, done: threading.Event) -> list[subprocess.Popen]:
-    """py-spy on each verl process as soon as it appears (until the run ends)."""
+THREAD = re.compile(r'^Thread (\d+) \(\w+\): "rlotel-', re.MULTILINE)
+
+
+class ThreadClocks:
+    """Each process's threads' CPU from their own clocks (`/proc/PID/task/TID/stat`, read
+    every half second until the process ends), and which threads are rlotel's (named
+    `rlotel-*`, their Python names as `py-spy dump` shows them). py-spy's --nonblocking
+    samples count a thread waiting for the GIL inside rlotel's code as busy there; the
+    thread clocks count only what the threads ran."""
+
+    def __init__(self) -> None:
+        self.ticks: dict[int, dict[int, int]] = {}  # pid → tid → utime + stime
+        self.rlotel: dict[int, set[int]] = {}  # pid → rlotel's thread ids
+
+    def watch(self, pid: int, spy: str, done: threading.Event) -> None:
+        threading.Thread(target=self._watch, args=(pid, spy, done), daemon=True).start()
+
+    def _watch(self, pid: int, spy: str, done: threading.Event) -> None:
+        ticks, named, last_dump = (
+            self.ticks.setdefault(pid, {}),
+            self.rlotel.setdefault(pid, set()),
+            0.0,
+        )
+        while not done.is_set():
+            try:
+                tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            except FileNotFoundError:
+                return  # the process ended: its threads' last readings stand
+            for task in tasks:
+                try:  # fields 14 and 15 of stat, after the name in parentheses
+                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # the thread ended
+                ticks[int(task.name)] = int(fields[11]) + int(fields[12])
+            if time.monotonic() - last_dump > 5:  # rlotel's threads start with its telemetry
+                dump = subprocess.run([spy, "dump", "-p", str(pid)], capture_output=True, text=True)
+                named.update(int(tid) for tid in THREAD.findall(dump.stdout))
+                last_dump = time.monotonic()
+            time.sleep(0.5)
+
+    def seconds(self, pid: int) -> tuple[float, float]:
+        """(every thread's CPU, rlotel's threads' CPU) in seconds."""
+        ticks, hertz = self.ticks.get(pid, {}), os.sysconf("SC_CLK_TCK")
+        own = sum(ticks.get(tid, 0) for tid in self.rlotel.get(pid, ()))
+        return sum(ticks.values()) / hertz, own / hertz
+
+
+def attach(
+    out: Path, rate: int, done: threading.Event, clocks: ThreadClocks
+) -> tuple[list[subprocess.Popen], dict[str, int]]:
+    """py-spy on each verl process as soon as it appears (until the run ends), and its
+    threads' clocks."""
     spies: dict[str, subprocess.Popen] = {}
+    processes: dict[str, int] = {}
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
     while not done.is_set() and len(spies) < len(PROCESSES):
         for name in PROCESSES:
@@ -108,8 +160,10 @@ def attach(out: Path, rate: int, done: threading.Event) -> list[subprocess.Popen
                 spies[name] = subprocess.Popen(
                     command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
                 )
+                processes[name] = int(pids[0])
+                clocks.watch(processes[name], spy, done)
         time.sleep(0.5)
-    return list(spies.values())
+    return list(spies.values()), processes
 
 
 def main() -> None:
@@ -125,14 +179,16 @@ def main() -> None:
             target=lambda: (run_isolated([str(work), "--steps", str(options.steps)]), done.set())
         )
         runner.start()
-        spies = attach(work, options.rate, done)
+        clocks = ThreadClocks()
+        spies, processes = attach(work, options.rate, done, clocks)
         runner.join()
         for spy in spies:
             spy.wait(timeout=60)
         print(f"rlotel's own CPU in verl's processes, real main_ppo, {options.steps} steps")
-        print(f"(py-spy, {options.rate} Hz, busy samples only; seconds):")
+        print(f"(py-spy, {options.rate} Hz, busy samples only; the threads' own clocks; s):")
         print(f"  {'process':<20}{'busy':>8}{'rlotel':>9}{'share':>8}"
-              f"{'start-up':>10}{'per call':>10}{'export':>8}")  # fmt: skip
+              f"{'start-up':>10}{'per call':>10}{'export':>8}"
+              f"{'CPU':>8}{'rlotel threads':>16}")  # fmt: skip
         for name in PROCESSES:
             raw = work / f"{name}.txt"
             if not raw.exists():
@@ -142,9 +198,11 @@ def main() -> None:
             busy, own = tally(raw, stacks)
             total = sum(own.values())
             seconds = {kind: own[kind] / options.rate for kind in KINDS}
+            cpu, threads = clocks.seconds(processes[name])
             print(f"  {name:<20}{busy / options.rate:8.2f}{total / options.rate:9.2f}"
                   f"{total / max(busy, 1):8.1%}{seconds['start-up']:10.2f}"
-                  f"{seconds['per call']:10.2f}{seconds['export']:8.2f}")  # fmt: skip
+                  f"{seconds['per call']:10.2f}{seconds['export']:8.2f}"
+                  f"{cpu:8.2f}{threads:9.2f} {threads / max(cpu, 1e-9):6.1%}")  # fmt: skip
             for stack, count in stacks.most_common(options.top):
                 print(f"      {count / options.rate:6.2f}  {stack}")
     finally:
