@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks import series_budget as sb
 from rlotel.cli import commands as cli
 from rlotel.cli import doctor
 from rlotel.integrations.registered import HOOKS
@@ -467,6 +468,35 @@ def test_the_data_ledger_of_every_worker_group_call(plugin_on: Path) -> None:
     for op in ("put", "get"):
         seconds, moved, operations = hops[("transfer_queue", op)]
         assert operations > 0 and seconds > 0 and moved > 0, (op, hops)
+
+
+def test_each_process_serves_within_the_documented_series_bound(plugin_on: Path) -> None:
+    """docs/production.md's series table is a bound computed from the catalogue: each process
+    of the real run, at its last scrape, serves within it (the trainer a driver's, every
+    other process a worker's); the measured counts are printed beside the bounds."""
+    scale = sb.Scale(8)
+    bounds = {"driver": sb.process_series(sb.DRIVER, scale),
+              "worker": sb.process_series(sb.WORKER, scale)}  # fmt: skip
+    role_of = {path.stem.rsplit("-", 1)[-1]: path.name.split("-", 1)[0]
+               for path in (plugin_on / "traces").glob("*.jsonl")}  # fmt: skip
+
+    def rlotel_series(text: str) -> int:
+        return sum(name.startswith("rlotel_") for name, _ in parse_exposition(text))
+
+    trainer = rlotel_series(sorted((plugin_on / "scrapes").glob("*.txt"))[-1].read_text())
+    workers = {
+        role_of.get(path.stem.removeprefix("rlotel-"), path.stem): rlotel_series(path.read_text())
+        for path in (plugin_on / "targets").glob("rlotel-*.txt")
+    }
+    figure(
+        f"series served, measured against the documented bound: trainer {trainer} of "
+        f"{bounds['driver']:,};",
+        ", ".join(f"{role} {count}" for role, count in sorted(workers.items())),
+        f"of {bounds['worker']} each",
+    )
+    assert 0 < trainer <= bounds["driver"]
+    assert {"actor", "rollout", "agent_loop"} <= set(workers), workers
+    assert all(0 < count <= bounds["worker"] for count in workers.values()), workers
 
 
 def test_plugin_off_trains_with_the_same_keys(plugin_on: Path, plugin_off: Path) -> None:
