@@ -377,7 +377,11 @@ def start_prometheus(work: Path) -> subprocess.Popen:
     for watched in ("sd", "engines"):  # watched from the start: else re-read every 5 min
         (work / watched).mkdir(exist_ok=True)
     config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": {
+            "scrape_interval": "1s",
+            "scrape_timeout": f"{SCRAPE_TIMEOUT_S:g}s",
+            "evaluation_interval": "1s",
+        },
         "rule_files": [str(PROMETHEUS_CONFIG.parent / rule) for rule in shipped["rule_files"]],
         "scrape_configs": jobs,
     }
@@ -507,6 +511,7 @@ def _rl_insight_server(action: str, home: Path) -> list[str]:
 
 
 SCRAPE_EVERY_S = 0.5  # the tests read what a run showed while it ran
+SCRAPE_TIMEOUT_S = 1.0  # the run's Prometheus: a target slower than this is down
 
 
 def run(
