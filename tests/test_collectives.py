@@ -352,7 +352,9 @@ def test_a_reply_carries_the_seconds_its_rank_took_to_pickle_its_result():
     assert type(received) is RankReply and received.value == "\n".join(result.parts)
     assert (received.compute_s, received.moved) == (0.2, (0.0, 0.0, 0, 0, 0.01))
     assert result.seconds <= received.serialized_s <= dumps_s, (result.seconds, dumps_s)
-    assert pickle.loads(pickle.dumps(RankReply(None, 0.0, 0.0))).serialized_s < dumps_s
+    started = time.perf_counter()  # a reply of nothing: the same bounds
+    blob = pickle.dumps(RankReply(None, 0.0, 0.0))
+    assert 0 < pickle.loads(blob).serialized_s <= time.perf_counter() - started
 
 
 def test_the_driver_unwraps_replies_and_names_the_rank_that_computed_longest(
