@@ -111,11 +111,8 @@ class ThreadClocks:
         threading.Thread(target=self._watch, args=(pid, spy, done), daemon=True).start()
 
     def _watch(self, pid: int, spy: str, done: threading.Event) -> None:
-        ticks, named, last_dump = (
-            self.ticks.setdefault(pid, {}),
-            self.rlotel.setdefault(pid, set()),
-            0.0,
-        )
+        ticks, named = self.ticks.setdefault(pid, {}), self.rlotel.setdefault(pid, set())
+        last_dump = 0.0
         while not done.is_set():
             try:
                 tasks = list(Path(f"/proc/{pid}/task").iterdir())

@@ -21,8 +21,6 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from verl.utils import transferqueue_utils as bridge
 
-REFERENCE = 8  # bytes: one item of an object column
-
 
 def size(value: Any) -> tuple[int, int]:
     """(tensor bytes, non-tensor items) of a batch, walking it key by key."""
