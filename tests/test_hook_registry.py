@@ -442,3 +442,29 @@ def test_every_hook_label_is_a_registered_hook_by_construction() -> None:
                 if (name, node.func.attr) in counted:
                     callers.append(f"{path.relative_to(package)}:{node.lineno}")
     assert callers and all(c.startswith("integrations/hooks.py:") for c in callers), callers
+
+
+def test_each_hooks_failure_line_stays_its_own_through_rays_log_deduplication(
+    monkeypatch, caplog
+) -> None:
+    """Ray forwards each worker's lines to the driver's console and folds lines of different
+    processes that match once their words with a digit are dropped, printing only the last
+    (its log deduplication, on by default). The `verl_v1_*` names differ by such words alone:
+    a turn hook failing in the agent-loop worker showed as the trainer's score hook,
+    `[repeated 2x across cluster]`. Every hook's line must stay its own under that rule."""
+    import logging
+    import re
+
+    from rlotel.base import drops
+
+    monkeypatch.setattr(drops, "HOOK_FAILURES", drops.HookFailures())  # nothing said yet
+    with caplog.at_level(logging.WARNING, logger="rlotel"):
+        for hook in HOOKS:
+            hook.failed(RuntimeError("rlotel's part raised"))
+    lines = [
+        record.getMessage() for record in caplog.records if "hook failed" in record.getMessage()
+    ]
+    assert len(lines) == len(HOOKS)
+    # Ray's rule: words containing a number (or hex) are not compared
+    folded = {" ".join(w for w in line.split() if not re.search(r"\d", w)) for line in lines}
+    assert len(folded) == len(HOOKS), sorted(folded)

@@ -57,17 +57,22 @@ def fault(hook: str) -> None:
         raise InjectedFault(f"test fault in the {hook} hook")
 
 
-def failed(hook: str, error: BaseException) -> None:
-    """rlotel's part of `hook` raised `error`: count it; the first time, say so."""
+def failed(hook: str, error: BaseException, loses: str) -> None:
+    """rlotel's part of `hook` raised `error`: count it; the first time, say so and what the
+    process `loses`. Ray folds lines of different processes that match once their words with
+    digits are dropped (its log deduplication) and prints the last: what the hook gives keeps
+    each hook's line its own where names differ by digits alone (the `verl_v1_*` hooks)."""
     try:
         from rlotel.base.drops import HOOK_FAILURES  # numpy's module: loaded on failure only
 
         if HOOK_FAILURES.add(hook) == 1:
             log.warning(
-                "rlotel: the %s hook failed (%r); that call, and any later one where it "
-                "fails, runs without rlotel (counted in rlotel_integration_failures_total)",
+                "rlotel: the %s hook failed (%r), so this process loses: %s. That call, and "
+                "any later one where it fails, runs without rlotel (counted in "
+                "rlotel_integration_failures_total)",
                 hook,
                 error,
+                loses,
             )
             log.debug("rlotel: the %s hook's failure", hook, exc_info=error)
     except Exception:  # the logging setup of the host process is not ours to break

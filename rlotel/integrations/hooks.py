@@ -88,7 +88,7 @@ class Hook:
         guard.fault(self.name)
 
     def failed(self, error: BaseException) -> None:
-        guard.failed(self.name, error)
+        guard.failed(self.name, error, self.gives)
 
     def attempt(self, function: Callable[..., Any], *args: Any) -> None:
         """rlotel's `function(*args)`, guarded."""
