@@ -74,6 +74,8 @@ ROWS = (
     ("spread_cpu_ms", "ms", "driver CPU per call, replies spread (1 real actor)"),
     ("spread_get_ms", "ms", "  for scale: verl's ray.get alone, same replies"),
     ("spread_added_ms", "ms", "  rlotel's added CPU (the difference)"),
+    ("clock_cpu_ms", "ms", "driver CPU per call in the clock exchange (each rank's first two)"),
+    ("clock_added_ms", "ms", "  the exchange's part (stamps, carriers, replies noted)"),
     ("step_cpu_ms", "ms", "driver CPU for telemetry per step"),
     ("step_cpu_pct", "%", "  of a 60 s step"),
     ("stuck_named_s", "s", f"a stuck rank named with its process (stall_after_s {STALL_S:g} s)"),
@@ -216,6 +218,31 @@ def stuck_rank(tel: rlotel.Telemetry, actor: Any, calls: Calls, step: int) -> di
     thread.join(30)
     assert named_s, f"the stuck rank {rank} of {calls.n} was not named"
     return {"stuck_named_s": named_s[0]}
+
+
+def clock_exchange(tel: rlotel.Telemetry, calls: Calls, step: int) -> dict[str, float]:
+    """The driver's side of the clock exchange (`verl_workers.CLOCK`, as the submit hook and
+    the reply timing use it) over N actors' first two calls: each rank's first call carries
+    t1 and its reply's arrival is noted as t4 by the call's own wait; its second carries
+    "t1,t4" and ends the exchange. The driver CPU of such a call, stamps included."""
+    exchange, context = (
+        verl_workers.CLOCK,
+        {verl_workers.TRACEPARENT: f"00-{'1' * 32}-{'2' * 16}-01"},
+    )
+    actors = [f"sim-actor-{calls.n}-{rank}" for rank in range(calls.n)]
+    cpus = []
+    for repeat in range(2):
+        with tel.step(step + repeat), tel.phase(PHASES[0]):
+            started = time.process_time()
+            for actor, ref in zip(actors, calls.refs, strict=True):
+                carrier, stamped = exchange.stamp(actor, context)
+                assert verl_workers.CLOCK_KEY in carrier
+                if stamped:
+                    exchange.sent(ref, actor)
+            calls.call()  # its wait notes each reply's t4 while the exchange awaits it
+            cpus.append(time.process_time() - started)
+    assert exchange.done >= set(actors) and not exchange.awaiting, "the exchange did not end"
+    return {"clock_cpu_ms": statistics.median(cpus) * 1e3}
 
 
 def staggered(
@@ -369,6 +396,8 @@ def at(n: int, steps_per_size: int, workdir: Path, actor: Any, spread_s: float) 
         figures["metrics_ms"] = scrape_s * 1e3
         figures.update(staggered(tel, actor, n, 2 + steps_per_size, spread_s))
         figures.update(stuck_rank(tel, actor, calls, 4 + steps_per_size))
+        figures.update(clock_exchange(tel, calls, 5 + steps_per_size))
+        figures["clock_added_ms"] = figures["clock_cpu_ms"] - figures["call_cpu_ms"]
         figures.update(heartbeats(n, directory, directory.url))
     finally:
         tel.shutdown()
