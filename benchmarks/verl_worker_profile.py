@@ -1,5 +1,6 @@
 """Where rlotel's time goes inside verl's own processes on the real `main_ppo` (the e2e run
-of `tests/e2e/main_ppo.py`: V1, GRPO, vLLM rollout, plugin on): py-spy samples every verl
+of `tests/e2e/main_ppo.py`: V1, GRPO, vLLM rollout, plugin on, scraped every 15 s as in
+`verl_e2e.py`): py-spy samples every verl
 process (trainer, actor, rollout server, agent-loop and reward workers) for the whole run,
 and each busy sample whose innermost rlotel frame runs rlotel's own work (not the verl or
 vLLM code it wraps) is counted, split three ways:
@@ -31,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.verl_e2e import SCRAPE_EVERY_S
 from tests.e2e.main_ppo import run_isolated
 
 KINDS = ("start-up", "per call", "export")
@@ -173,7 +175,18 @@ def main() -> None:
     done = threading.Event()
     try:
         runner = threading.Thread(
-            target=lambda: (run_isolated([str(work), "--steps", str(options.steps)]), done.set())
+            target=lambda: (
+                run_isolated(
+                    [
+                        str(work),
+                        "--steps",
+                        str(options.steps),
+                        "--scrape-every",
+                        str(SCRAPE_EVERY_S),
+                    ]
+                ),
+                done.set(),
+            )
         )
         runner.start()
         clocks = ThreadClocks()
