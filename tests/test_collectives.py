@@ -535,7 +535,10 @@ def test_under_fsdp2_every_rank_replies_together_and_compute_names_the_slow_rank
         for span in (slow, fast):  # FSDP2's all-gathers and reduce-scatters, timed
             assert span.attributes[attr.COLLECTIVE_CALLS] >= 3
             total = span.attributes[attr.COMPUTE_S] + span.attributes[attr.COLLECTIVE_S]
-            assert total == pytest.approx(span.seconds, abs=0.01)
+            # measured inside the span, just before it closes: a little less than the span,
+            # by what a loaded machine's scheduler takes between (38 ms beside two CPU hogs)
+            assert total <= span.seconds
+            assert total == pytest.approx(span.seconds, rel=0.02, abs=0.01)
         assert fast.attributes[attr.COLLECTIVE_S] > slow.attributes[attr.COLLECTIVE_S]
         assert slow.attributes[attr.COMPUTE_S] > 2 * fast.attributes[attr.COMPUTE_S]
         # `rlotel analyze` reads the same verdict back from the traces.
