@@ -225,10 +225,8 @@ def clock_exchange(tel: rlotel.Telemetry, calls: Calls, step: int) -> dict[str, 
     the reply timing use it) over N actors' first two calls: each rank's first call carries
     t1 and its reply's arrival is noted as t4 by the call's own wait; its second carries
     "t1,t4" and ends the exchange. The driver CPU of such a call, stamps included."""
-    exchange, context = (
-        verl_workers.CLOCK,
-        {verl_workers.TRACEPARENT: f"00-{'1' * 32}-{'2' * 16}-01"},
-    )
+    exchange = verl_workers.CLOCK
+    context = {verl_workers.TRACEPARENT: f"00-{'1' * 32}-{'2' * 16}-01"}
     actors = [f"sim-actor-{calls.n}-{rank}" for rank in range(calls.n)]
     cpus = []
     for repeat in range(2):

@@ -450,8 +450,8 @@ def test_each_hooks_failure_line_stays_its_own_through_rays_log_deduplication(
     """Ray forwards each worker's lines to the driver's console and folds lines of different
     processes that match once their words with a digit are dropped, printing only the last
     (its log deduplication, on by default). The `verl_v1_*` names differ by such words alone:
-    a turn hook failing in the agent-loop worker showed as the trainer's score hook,
-    `[repeated 2x across cluster]`. Every hook's line must stay its own under that rule."""
+    the agent-loop worker's turn and score lines were folded into the trainer's replay-batch
+    line, `[repeated 3x across cluster]`. Every hook's line must stay its own under that rule."""
     import logging
     import re
 
